@@ -1,0 +1,1 @@
+"""splatloss: exact, fast SSIM / MS-SSIM and photometric losses for Gaussian splatting."""
