@@ -1,0 +1,145 @@
+"""Validated SSIM configuration: window, constants and padding, checked once.
+
+Every backend receives an :class:`SSIMConfig` that has already passed validation, so kernels never
+re-check user input. Hydra can build it through ``_target_: splatloss.config.SSIMConfig``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+__all__ = ["SSIMConfig", "MS_SSIM_WEIGHTS", "PADDINGS", "WINDOWS", "min_size"]
+
+#: Wang, Simoncelli & Bovik 2003 (and TF ``ssim_multiscale``) power factors, finest scale first.
+MS_SSIM_WEIGHTS = (0.0448, 0.2856, 0.3001, 0.2363, 0.1333)
+
+#: "valid": no padding, the map shrinks by ``window_size - 1`` (skimage, TF, pytorch-msssim);
+#: "same": zero padding (3DGS reference, fused-ssim); "reflect": mirror padding without repeating
+#: the edge sample (``torch.nn.functional.pad(mode="reflect")``, numpy "reflect", scipy "mirror").
+PADDINGS = ("valid", "same", "reflect")
+WINDOWS = ("gaussian", "uniform")
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _positive_float(name: str, value) -> float:
+    if not _is_real(value):
+        raise TypeError(f"{name} must be a positive real number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class SSIMConfig:
+    """SSIM settings shared by every backend.
+
+    Args:
+        window_size: side of the square window, odd and >= 3 (default 11).
+        sigma: standard deviation of the Gaussian window in pixels, > 0 (default 1.5). Ignored
+            by the uniform window.
+        window: ``"gaussian"`` (normalised to sum 1) or ``"uniform"`` (box of equal taps).
+        k1, k2: stability constants, ``C1 = (k1 * data_range) ** 2``, ``C2 = (k2 * data_range) ** 2``.
+        c1, c2: give ``C1`` / ``C2`` directly (overrides ``k1`` / ``k2``), > 0.
+        data_range: dynamic range of the images (1.0 for images in [0, 1]; never 255 by default).
+        padding: ``"valid"`` | ``"same"`` (zeros) | ``"reflect"`` (mirror, edge not repeated).
+
+    Examples:
+        >>> cfg = SSIMConfig()
+        >>> cfg.C1, round(cfg.C2, 10)
+        (0.0001, 0.0009)
+        >>> w = cfg.window_1d(torch.float64, "cpu")
+        >>> w.shape, round(float(w.sum()), 12)
+        (torch.Size([11]), 1.0)
+        >>> SSIMConfig(window_size=10)
+        Traceback (most recent call last):
+        ...
+        ValueError: window_size must be an odd integer >= 3, got 10
+    """
+
+    window_size: int = 11
+    sigma: float = 1.5
+    window: str = "gaussian"
+    k1: float = 0.01
+    k2: float = 0.03
+    c1: Optional[float] = None
+    c2: Optional[float] = None
+    data_range: float = 1.0
+    padding: str = "valid"
+
+    def __post_init__(self):
+        ws = self.window_size
+        if not isinstance(ws, numbers.Integral) or isinstance(ws, bool):
+            raise TypeError(f"window_size must be an odd integer >= 3, got {ws!r} ({type(ws).__name__})")
+        if ws < 3 or ws % 2 == 0:
+            raise ValueError(f"window_size must be an odd integer >= 3, got {ws}")
+        object.__setattr__(self, "window_size", int(ws))
+        object.__setattr__(self, "sigma", _positive_float("sigma", self.sigma))
+        if not isinstance(self.window, str) or self.window not in WINDOWS:
+            raise ValueError(f"window must be one of {WINDOWS}, got {self.window!r}")
+        object.__setattr__(self, "k1", _positive_float("k1", self.k1))
+        object.__setattr__(self, "k2", _positive_float("k2", self.k2))
+        if self.c1 is not None:
+            object.__setattr__(self, "c1", _positive_float("c1", self.c1))
+        if self.c2 is not None:
+            object.__setattr__(self, "c2", _positive_float("c2", self.c2))
+        object.__setattr__(self, "data_range", _positive_float("data_range", self.data_range))
+        if not isinstance(self.padding, str) or self.padding not in PADDINGS:
+            raise ValueError(f"padding must be one of {PADDINGS}, got {self.padding!r}")
+
+    @property
+    def C1(self) -> float:
+        """Luminance constant: ``c1`` if given, else ``(k1 * data_range) ** 2``."""
+        return self.c1 if self.c1 is not None else (self.k1 * self.data_range) ** 2
+
+    @property
+    def C2(self) -> float:
+        """Contrast-structure constant: ``c2`` if given, else ``(k2 * data_range) ** 2``."""
+        return self.c2 if self.c2 is not None else (self.k2 * self.data_range) ** 2
+
+    @property
+    def pad(self) -> int:
+        """Half window: the border each side loses with "valid" or gains by padding."""
+        return self.window_size // 2
+
+    def window_1d(self, dtype: torch.dtype = torch.float32, device="cpu") -> torch.Tensor:
+        """1-D window of ``window_size`` taps summing to 1; the 2-D window is its outer product.
+
+        The Gaussian taps are ``exp(-(i - r)^2 / (2 sigma^2))`` for ``i = 0..window_size-1``,
+        ``r = window_size // 2``, normalised in float64 and then cast (as scipy's
+        ``gaussian_filter`` with ``truncate`` giving the same radius, and TF's ``_fspecial_gauss``).
+        """
+        n = self.window_size
+        if self.window == "uniform":
+            w = torch.full((n,), 1.0 / n, dtype=torch.float64)
+        else:
+            x = torch.arange(n, dtype=torch.float64) - (n // 2)
+            w = torch.exp(-(x * x) / (2.0 * self.sigma * self.sigma))
+            w = w / w.sum()
+        return w.to(dtype=dtype, device=device)
+
+    def min_size(self) -> int:
+        """Smallest image side this configuration can filter (see :func:`min_size`)."""
+        return min_size(self.window_size, self.padding)
+
+
+def min_size(window_size: int, padding: str) -> int:
+    """Smallest image side (H or W) that one SSIM evaluation accepts.
+
+    "valid" needs the whole window inside the image; "reflect" needs the mirrored border
+    (``window_size // 2``) to exist, so a side of at least ``window_size // 2 + 1``; "same" (zero
+    padding) accepts any side >= 1.
+    """
+    if padding == "valid":
+        return window_size
+    if padding == "reflect":
+        return window_size // 2 + 1
+    return 1

@@ -1,0 +1,129 @@
+"""Plain-torch SSIM and MS-SSIM through autograd: the oracle every backend is tested against.
+
+Readable first, never optimised: one 2-D depthwise convolution per statistic, gradients by
+autograd. Inputs are already validated ``(B, C, H, W)`` tensors of one float dtype on one device
+(``splatloss.functional`` does the checking); the computation runs in the accumulation dtype
+(float32 for fp16 / bf16 / fp32, float64 for fp64) and values come back in that dtype, while the
+gradients autograd returns are in the input's dtype.
+
+Conventions (see README "Conventions"):
+
+* population (co)variances: ``sigma_xy = E_w[x y] - E_w[x] E_w[y]``;
+* ``SSIM = (2 mu_x mu_y + C1)(2 sigma_xy + C2) / ((mu_x^2 + mu_y^2 + C1)(sigma_x^2 + sigma_y^2 + C2))``,
+  ``cs`` the second factor alone;
+* padding "valid" (no padding), "same" (zeros), "reflect" (mirror without repeating the edge);
+* MS-SSIM as TF's ``tf.image.ssim_multiscale``: "valid" SSIM per scale, cs at scales 1..M-1 and
+  SSIM at scale M (means per image and channel), each clamped with relu, raised to its weight,
+  multiplied over scales per channel, then averaged over channels. Between scales, an odd side
+  is padded by repeating its last row / column (bottom / right) and 2x2 blocks are averaged.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .config import MS_SSIM_WEIGHTS, SSIMConfig
+
+__all__ = ["ssim_map", "ssim_stats", "ms_ssim", "downsample2x", "accumulation_dtype"]
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 input, float32 for everything else (fp16, bf16, fp32)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _filter(x: torch.Tensor, window_2d: torch.Tensor, padding: str) -> torch.Tensor:
+    """Weighted local mean of every channel of ``x`` [B, C, H, W] under the window."""
+    channels = x.shape[1]
+    k = window_2d.shape[-1]
+    r = k // 2
+    if padding == "same":
+        x = F.pad(x, (r, r, r, r))  # zeros
+    elif padding == "reflect":
+        x = F.pad(x, (r, r, r, r), mode="reflect")
+    weight = window_2d.expand(channels, 1, k, k)  # one copy of the window per channel
+    return F.conv2d(x, weight, groups=channels)
+
+
+def ssim_map(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, return_cs: bool = False):
+    """SSIM map ``[B, C, H', W']`` (and the contrast-structure map when ``return_cs``).
+
+    ``H' = H - window_size + 1`` with "valid" padding, ``H`` otherwise.
+
+    Examples:
+        >>> x = torch.rand(1, 3, 16, 16)
+        >>> m = ssim_map(x, x, SSIMConfig())
+        >>> m.shape, bool(torch.allclose(m, torch.ones_like(m)))
+        (torch.Size([1, 3, 6, 6]), True)
+    """
+    acc = accumulation_dtype(img1.dtype)
+    x = img1.to(acc)
+    y = img2.to(acc)
+    w1 = cfg.window_1d(acc, x.device)
+    w2 = torch.outer(w1, w1)  # [k, k], sums to 1
+
+    mu_x = _filter(x, w2, cfg.padding)
+    mu_y = _filter(y, w2, cfg.padding)
+    var_x = _filter(x * x, w2, cfg.padding) - mu_x * mu_x
+    var_y = _filter(y * y, w2, cfg.padding) - mu_y * mu_y
+    cov_xy = _filter(x * y, w2, cfg.padding) - mu_x * mu_y
+
+    c1, c2 = cfg.C1, cfg.C2
+    luminance = (2 * mu_x * mu_y + c1) / (mu_x * mu_x + mu_y * mu_y + c1)
+    cs = (2 * cov_xy + c2) / (var_x + var_y + c2)
+    ssim = luminance * cs
+    if return_cs:
+        return ssim, cs
+    return ssim
+
+
+def ssim_stats(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-image, per-channel means of the SSIM map and of the cs map: ``([B, C], [B, C])``."""
+    ssim, cs = ssim_map(img1, img2, cfg, return_cs=True)
+    return ssim.mean(dim=(-2, -1)), cs.mean(dim=(-2, -1))
+
+
+def downsample2x(x: torch.Tensor) -> torch.Tensor:
+    """Halve each side: repeat the last row / column of an odd side, then average 2x2 blocks.
+
+    This is TF ``ssim_multiscale``'s pyramid step (SYMMETRIC pad of the remainder at the
+    bottom / right, then 2x2 VALID average pooling), so every input pixel feeds the next scale
+    and keeps a gradient. ``(H, W) -> (ceil(H / 2), ceil(W / 2))``.
+    """
+    h, w = x.shape[-2:]
+    if h % 2 or w % 2:
+        x = F.pad(x, (0, w % 2, 0, h % 2), mode="replicate")
+    return F.avg_pool2d(x, kernel_size=2, stride=2)
+
+
+def ms_ssim(
+    img1: torch.Tensor,
+    img2: torch.Tensor,
+    cfg: SSIMConfig,
+    weights: Sequence[float] = MS_SSIM_WEIGHTS,
+) -> torch.Tensor:
+    """MS-SSIM per image, shape ``[B]``, exactly as TF's ``ssim_multiscale`` (relu-clamped terms).
+
+    ``prod_{j<M} relu(cs_j)^{w_j} * relu(ssim_M)^{w_M}`` per channel, then the mean over channels;
+    ``cs_j`` / ``ssim_M`` are the means of the maps at scale ``j`` (with ``cfg.padding``).
+
+    Examples:
+        >>> x = torch.rand(2, 3, 161, 161)
+        >>> ms_ssim(x, x, SSIMConfig())
+        tensor([1., 1.])
+    """
+    acc = accumulation_dtype(img1.dtype)
+    x, y = img1.to(acc), img2.to(acc)  # the pyramid averages in the accumulation dtype too
+    terms = []
+    for j in range(len(weights)):
+        if j > 0:
+            x, y = downsample2x(x), downsample2x(y)
+        ssim_mean, cs_mean = ssim_stats(x, y, cfg)  # [B, C] each
+        terms.append(cs_mean if j < len(weights) - 1 else ssim_mean)
+    stacked = torch.stack(terms, dim=-1)  # [B, C, M]
+    w = torch.tensor(list(weights), dtype=stacked.dtype, device=stacked.device)
+    per_channel = torch.prod(torch.relu(stacked) ** w, dim=-1)  # [B, C]
+    return per_channel.mean(dim=-1)
