@@ -1,0 +1,217 @@
+"""3D Gaussians as an ``nn.Module`` and their export to the 3DGS ``.ply`` layout."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["Gaussians", "SH_C0", "rgb_to_sh", "sh_to_rgb"]
+
+SH_C0 = 0.28209479177387814  # the degree-0 spherical harmonic basis value, 1 / (2 sqrt(pi))
+
+
+def rgb_to_sh(rgb: torch.Tensor) -> torch.Tensor:
+    """RGB in [0, 1] -> SH DC coefficient (3DGS convention: colour = 0.5 + SH_C0 * dc)."""
+    return (rgb - 0.5) / SH_C0
+
+
+def sh_to_rgb(sh: torch.Tensor) -> torch.Tensor:
+    return sh * SH_C0 + 0.5
+
+
+def _knn_mean_dist(points: torch.Tensor, k: int = 3, chunk: int = 2048) -> torch.Tensor:
+    """Mean distance of each point to its ``k`` nearest neighbours (chunked brute force)."""
+    n = points.shape[0]
+    if n <= 1:
+        return torch.ones(n, dtype=points.dtype)
+    k = min(k, n - 1)
+    out = torch.empty(n, dtype=points.dtype)
+    for s in range(0, n, chunk):
+        d = torch.cdist(points[s : s + chunk], points)  # [c, N]
+        d = d.topk(k + 1, dim=1, largest=False).values[:, 1:]  # drop the point itself
+        out[s : s + chunk] = d.mean(dim=1)
+    return out
+
+
+class Gaussians(nn.Module):
+    """A set of N anisotropic 3D Gaussians with view-independent colour (SH degree 0).
+
+    Parameters (all ``nn.Parameter``, one optimizer group each):
+        means ``[N, 3]``: centres, world coordinates.
+        quats ``[N, 4]``: rotations as (w, x, y, z) quaternions, not necessarily normalised.
+        log_scales ``[N, 3]``: log of the standard deviations along the rotated axes.
+        opacity_logits ``[N]``: opacity = sigmoid(opacity_logits).
+        colors ``[N, 3]``: the SH DC coefficient of each channel (3DGS convention),
+            so RGB = 0.5 + SH_C0 * colors (clamped at 0 by the renderer, as gsplat).
+
+    Examples:
+        >>> g = Gaussians.random(8, extent=1.0, seed=0)
+        >>> g.num, tuple(g.scales.shape), bool((g.opacities > 0).all())
+        (8, (8, 3), True)
+    """
+
+    param_names = ("means", "quats", "log_scales", "opacity_logits", "colors")
+
+    def __init__(self, means, quats, log_scales, opacity_logits, colors):
+        super().__init__()
+        n = means.shape[0]
+        shapes = {
+            "means": (means, (n, 3)),
+            "quats": (quats, (n, 4)),
+            "log_scales": (log_scales, (n, 3)),
+            "opacity_logits": (opacity_logits, (n,)),
+            "colors": (colors, (n, 3)),
+        }
+        for name, (t, shape) in shapes.items():
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"Gaussians: {name} must be a torch.Tensor, got {type(t).__name__}")
+            if tuple(t.shape) != shape:
+                raise ValueError(f"Gaussians: {name} must have shape {shape}, got {tuple(t.shape)}")
+        self.means = nn.Parameter(means.detach().clone().float())
+        self.quats = nn.Parameter(quats.detach().clone().float())
+        self.log_scales = nn.Parameter(log_scales.detach().clone().float())
+        self.opacity_logits = nn.Parameter(opacity_logits.detach().clone().float())
+        self.colors = nn.Parameter(colors.detach().clone().float())
+
+    # -- construction -----------------------------------------------------------------------------
+    @classmethod
+    def from_points(
+        cls,
+        points: torch.Tensor,
+        colors: torch.Tensor | None = None,
+        init_opacity: float = 0.5,
+        scale_mult: float = 1.0,
+        seed: int = 0,
+    ) -> "Gaussians":
+        """Isotropic Gaussians at ``points [N, 3]`` with RGB ``colors [N, 3]`` (grey when None).
+
+        The scale of each is its mean distance to its 3 nearest neighbours (times ``scale_mult``),
+        as in 3DGS; quaternions are random (seeded) unit rotations.
+        """
+        points = torch.as_tensor(points, dtype=torch.float32)
+        if points.ndim != 2 or points.shape[1] != 3 or points.shape[0] < 1:
+            raise ValueError(f"Gaussians.from_points: points must have shape [N, 3] with N >= 1, got {tuple(points.shape)}")
+        n = points.shape[0]
+        if colors is None:
+            colors = torch.full((n, 3), 0.5)
+        colors = torch.as_tensor(colors, dtype=torch.float32)
+        if tuple(colors.shape) != (n, 3):
+            raise ValueError(f"Gaussians.from_points: colors must have shape ({n}, 3), got {tuple(colors.shape)}")
+        if not 0.0 < init_opacity < 1.0:
+            raise ValueError(f"Gaussians.from_points: init_opacity must be in (0, 1), got {init_opacity}")
+        g = torch.Generator().manual_seed(seed)
+        dist = _knn_mean_dist(points).clamp_min(1e-7) * scale_mult
+        log_scales = torch.log(dist)[:, None].repeat(1, 3)
+        quats = torch.randn(n, 4, generator=g)
+        quats = quats / quats.norm(dim=-1, keepdim=True)
+        logit = math.log(init_opacity / (1 - init_opacity))
+        return cls(points, quats, log_scales, torch.full((n,), logit), rgb_to_sh(colors.clamp(0, 1)))
+
+    @classmethod
+    def random(cls, n: int, extent: float = 1.0, seed: int = 0, **kwargs) -> "Gaussians":
+        """``n`` Gaussians uniform in the cube ``[-extent, extent]^3`` with random colours."""
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"Gaussians.random: n must be an integer >= 1, got {n!r}")
+        g = torch.Generator().manual_seed(seed)
+        pts = (torch.rand(n, 3, generator=g) * 2 - 1) * extent
+        cols = torch.rand(n, 3, generator=g)
+        return cls.from_points(pts, cols, seed=seed, **kwargs)
+
+    # -- derived quantities -----------------------------------------------------------------------
+    @property
+    def num(self) -> int:
+        return self.means.shape[0]
+
+    @property
+    def scales(self) -> torch.Tensor:
+        return torch.exp(self.log_scales)
+
+    @property
+    def opacities(self) -> torch.Tensor:
+        return torch.sigmoid(self.opacity_logits)
+
+    @property
+    def rgb(self) -> torch.Tensor:
+        return sh_to_rgb(self.colors)
+
+    def params(self) -> dict:
+        """The parameters by name (the keys of :attr:`param_names`)."""
+        return {k: getattr(self, k) for k in self.param_names}
+
+    def replace_params(self, new: dict) -> None:
+        """Swap every parameter for a new tensor (densification); all must share one N."""
+        n = {k: v.shape[0] for k, v in new.items()}
+        if set(n) != set(self.param_names) or len(set(n.values())) != 1:
+            raise ValueError(f"Gaussians.replace_params: expected all of {self.param_names} with one N, got {n}")
+        for k, v in new.items():
+            setattr(self, k, v if isinstance(v, nn.Parameter) else nn.Parameter(v))
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        # A checkpoint may hold a different number of Gaussians (densification): resize first.
+        for k in self.param_names:
+            if k in state_dict and state_dict[k].shape != getattr(self, k).shape:
+                setattr(self, k, nn.Parameter(torch.empty_like(state_dict[k])))
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    # -- export -----------------------------------------------------------------------------------
+    def export_ply(self, path: str) -> None:
+        """Write the Gaussians as a binary little-endian ``.ply`` in the layout of the 3DGS
+        reference (x y z nx ny nz f_dc_0..2 opacity scale_0..2 rot_0..3; opacity as a logit and
+        scales as logs, as that viewer ecosystem expects). Written to a temporary file in the same
+        directory and moved into place, so a reader never sees a partial file."""
+        with torch.no_grad():
+            m = self.means.detach().cpu().float().numpy()
+            n = m.shape[0]
+            cols = [
+                ("x", m[:, 0]), ("y", m[:, 1]), ("z", m[:, 2]),
+                ("nx", np.zeros(n, np.float32)), ("ny", np.zeros(n, np.float32)), ("nz", np.zeros(n, np.float32)),
+            ]
+            dc = self.colors.detach().cpu().float().numpy()
+            cols += [(f"f_dc_{i}", dc[:, i]) for i in range(3)]
+            cols += [("opacity", self.opacity_logits.detach().cpu().float().numpy())]
+            ls = self.log_scales.detach().cpu().float().numpy()
+            cols += [(f"scale_{i}", ls[:, i]) for i in range(3)]
+            q = self.quats.detach().cpu().float().numpy()
+            cols += [(f"rot_{i}", q[:, i]) for i in range(4)]
+        dtype = np.dtype([(name, "<f4") for name, _ in cols])
+        data = np.empty(n, dtype=dtype)
+        for name, v in cols:
+            data[name] = v
+        header = "ply\nformat binary_little_endian 1.0\n"
+        header += f"element vertex {n}\n"
+        header += "".join(f"property float {name}\n" for name, _ in cols)
+        header += "end_header\n"
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".ply", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(header.encode("ascii"))
+                fh.write(data.tobytes())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+def read_ply(path: str) -> dict:
+    """Read back a binary little-endian float-only ``.ply`` written by :meth:`Gaussians.export_ply`
+    as ``{property name: np.ndarray}``."""
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    end = raw.find(b"end_header\n")
+    if not raw.startswith(b"ply\n") or end < 0:
+        raise ValueError(f"read_ply: {path!r} is not a ply file (expected a 'ply' header ending in 'end_header')")
+    header = raw[:end].decode("ascii").splitlines()
+    if "format binary_little_endian 1.0" not in header:
+        raise ValueError(f"read_ply: {path!r}: expected format binary_little_endian 1.0, got {header[1]!r}")
+    n = next(int(h.split()[2]) for h in header if h.startswith("element vertex"))
+    names = [h.split()[2] for h in header if h.startswith("property float")]
+    arr = np.frombuffer(raw[end + len(b"end_header\n"):], dtype=np.dtype([(k, "<f4") for k in names]), count=n)
+    return {k: np.array(arr[k]) for k in names}
