@@ -1,0 +1,311 @@
+"""The compiled CPU kernel behind ``backend="torch"`` on CPU tensors: build, cache, load, run.
+
+Why a small C file compiled with the system compiler rather than ``torch.compile``: the SSIM
+forward+backward is a handful of separable filters whose cost is memory traffic between passes.
+Written as one streaming pass over ring buffers a few rows high (``_ssim_cpu.c``), it reads the
+two images and writes the gradient, and nothing map-sized exists in between; inductor fuses the
+point-wise work but still materialises every filtered map. The C file compiles in about a second
+(inductor needs tens of seconds cold for the same graph), image sizes are run-time arguments (no
+recompilation for new shapes or MS-SSIM scales, no dynamic-shape guards), and it needs nothing
+beyond torch and a C compiler: the same compiler ``torch.compile`` itself needs on the CPU.
+
+Without a compiler (or with ``SPLATLOSS_NO_CPU_KERNEL=1``) :func:`get` returns ``None``, the backend
+keeps to its plain torch-ops path, and a warning says so once.
+
+The shared library is cached under ``$SPLATLOSS_CACHE_DIR`` (default
+``$XDG_CACHE_HOME/splatloss`` or ``~/.cache/splatloss``), keyed by the source, the flags, the
+compiler's version and the CPU's feature flags (the build uses ``-march=native``), and written
+atomically, so concurrent processes never load a half-written file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = ["get", "unavailable_reason", "SSIMStatsCPU", "ssim_stats_cpu", "usable"]
+
+_SOURCE = Path(__file__).with_name("_ssim_cpu.c")
+_BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-ffp-contract=fast", "-std=gnu11"]
+
+_lock = threading.Lock()
+_libs: dict = {}  # torch dtype -> ctypes library (or None after a failure)
+_reason: Optional[str] = None
+_warned = False
+_pool: Optional[ThreadPoolExecutor] = None
+_pool_size = 0
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("SPLATLOSS_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "splatloss"
+
+
+def _compiler() -> Optional[str]:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_signature() -> str:
+    """The CPU's feature flags (the build is -march=native: never load it on another CPU)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    return platform.processor() + platform.machine()
+
+
+def _build(cc: str, real: str) -> Path:
+    src = _SOURCE.read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    key_flags = None
+    errors = []
+    # -march=native first; a compiler that does not know it gets the portable build.
+    for arch in (["-march=native"], []):
+        flags = _BASE_FLAGS + arch + [f"-DREAL={real}"]
+        key = hashlib.sha256(src + " ".join(flags).encode() + version.encode() + _cpu_signature().encode())
+        out = _cache_dir() / f"ssim_cpu_{real}_{key.hexdigest()[:16]}.so"
+        if out.exists():
+            return out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            proc = subprocess.run([cc, *flags, "-o", tmp, str(_SOURCE)], capture_output=True, text=True, timeout=300)
+            if proc.returncode == 0:
+                os.replace(tmp, out)  # atomic: other processes see the old state or the whole file
+                return out
+            errors.append(proc.stderr.strip()[-500:])
+            key_flags = flags
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    raise RuntimeError(f"{cc} {' '.join(key_flags or [])} failed: {errors[-1] if errors else ''}")
+
+
+def _load(dtype: torch.dtype):
+    real = "double" if dtype == torch.float64 else "float"
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (looked for $CC, cc, gcc, clang)")
+    lib = ctypes.CDLL(str(_build(cc, real)))
+    R = ctypes.c_double if real == "double" else ctypes.c_float
+    P, I = ctypes.c_void_p, ctypes.c_int
+    lib.splat_ssim_workspace.restype = ctypes.c_size_t
+    lib.splat_ssim_workspace.argtypes = [I, I]
+    lib.splat_ssim_fwd.restype = None
+    lib.splat_ssim_fwd.argtypes = [P, P, I, I, P, I, R, R, I, I, P, P]
+    lib.splat_ssim_bwd.restype = None
+    lib.splat_ssim_bwd.argtypes = [P, P, I, I, P, I, R, R, R, R, I, I, P, P, P]
+    return lib
+
+
+def get(dtype: torch.dtype):
+    """The loaded kernel library for ``dtype`` (float32 or float64), or ``None`` (warned once)."""
+    global _reason, _warned
+    lib = _libs.get(dtype, False)
+    if lib is not False:
+        return lib
+    with _lock:
+        if dtype not in _libs:
+            if os.environ.get("SPLATLOSS_NO_CPU_KERNEL", "0") not in ("", "0"):
+                _reason = "SPLATLOSS_NO_CPU_KERNEL is set"
+                _libs[dtype] = None
+            else:
+                try:
+                    _libs[dtype] = _load(dtype)
+                except Exception as exc:  # no compiler, compile error, unloadable library
+                    _reason = f"{type(exc).__name__}: {exc}"
+                    _libs[dtype] = None
+        lib = _libs[dtype]
+        if lib is None and not _warned:
+            _warned = True
+            warnings.warn(
+                "splatloss: the compiled CPU SSIM kernel is unavailable "
+                f"({_reason}); backend='torch' runs on its plain torch-ops path, which gives the "
+                "same values but is several times slower. Install a C compiler (gcc or clang) "
+                "for the fast path.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return lib
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why the kernel could not be built or loaded (``None`` if it loaded or was never tried)."""
+    return _reason
+
+
+def usable(img1: torch.Tensor, img2: torch.Tensor) -> bool:
+    """Whether this call can take the compiled path (CPU, float32/64, no forward-mode AD or
+    functorch transform in flight, kernel available)."""
+    if img1.device.type != "cpu" or img1.dtype not in (torch.float32, torch.float64):
+        return False
+    if torch._C._are_functorch_transforms_active():
+        return False
+    # forward-mode AD (dual tensors) needs a jvp rule this kernel does not have
+    from torch.autograd import forward_ad
+
+    if forward_ad._current_level >= 0:
+        for t in (img1, img2):
+            if forward_ad.unpack_dual(t).tangent is not None:
+                return False
+    return get(img1.dtype) is not None
+
+
+def _run(fn, ntasks: int) -> None:
+    """Run ``fn(t)`` for t in range(ntasks) on torch's intra-op thread count (ctypes calls
+    release the GIL, so Python threads run the C code in parallel)."""
+    global _pool, _pool_size
+    threads = max(1, torch.get_num_threads())
+    if threads == 1 or ntasks == 1:
+        for t in range(ntasks):
+            fn(t)
+        return
+    with _lock:
+        if _pool is None or _pool_size != threads:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="splatloss")
+            _pool_size = threads
+        pool = _pool
+    for f in [pool.submit(fn, t) for t in range(ntasks)]:
+        f.result()
+
+
+def _strips(rows: int, planes: int) -> int:
+    """Row strips per plane: one when single-threaded (each strip of the backward recomputes
+    ``window_size - 1`` rows of statistics), else enough tasks to keep every thread busy."""
+    threads = max(1, torch.get_num_threads())
+    if threads == 1:
+        return 1
+    want = math.ceil(2 * threads / planes)
+    return max(1, min(want, rows // 32 if rows >= 64 else 1))
+
+
+def _bounds(n: int, parts: int, i: int) -> Tuple[int, int]:
+    return (n * i) // parts, (n * (i + 1)) // parts
+
+
+def _forward(lib, x: torch.Tensor, y: torch.Tensor, window: torch.Tensor, c1: float, c2: float):
+    """Means of the SSIM and cs maps ("valid") per plane of ``x``, ``y`` [B, C, H, W] (contiguous)."""
+    B, C, H, W = x.shape
+    K = window.numel()
+    Hp, Wp = H - K + 1, W - K + 1
+    P = B * C
+    rows = torch.empty(P, Hp, 2, dtype=torch.float64)  # per-map-row sums: partition-independent
+    ns = _strips(Hp, P)
+    nws = lib.splat_ssim_workspace(W, K)
+    workspaces = threading.local()
+    esz = x.element_size()
+    xp, yp, rp, gp = x.data_ptr(), y.data_ptr(), rows.data_ptr(), window.data_ptr()
+
+    def task(t: int) -> None:
+        ws = getattr(workspaces, "buf", None)
+        if ws is None:
+            ws = workspaces.buf = torch.zeros(nws, dtype=x.dtype)
+        p, s = divmod(t, ns)
+        m0, m1 = _bounds(Hp, ns, s)
+        off = p * H * W * esz
+        lib.splat_ssim_fwd(xp + off, yp + off, H, W, gp, K, c1, c2, m0, m1, ws.data_ptr(), rp + (p * Hp + m0) * 16)
+
+    _run(task, P * ns)
+    sums = rows.sum(dim=1) / float(Hp * Wp)  # [P, 2], summed in float64 in a fixed order
+    sums = sums.to(x.dtype).view(B, C, 2)
+    return sums[..., 0].contiguous(), sums[..., 1].contiguous()
+
+
+def _backward(lib, x, y, window, c1, c2, gs: torch.Tensor, gc: torch.Tensor, need_x: bool, need_y: bool):
+    """Gradients of ``sum(gs * mean ssim + gc * mean cs)`` w.r.t. ``x`` and ``y`` (None if not needed)."""
+    B, C, H, W = x.shape
+    K = window.numel()
+    Hp, Wp = H - K + 1, W - K + 1
+    P = B * C
+    scale = 1.0 / float(Hp * Wp)
+    gsl = (gs.reshape(P).double() * scale).tolist()
+    gcl = (gc.reshape(P).double() * scale).tolist()
+    gx = torch.empty_like(x) if need_x else None
+    gy = torch.empty_like(y) if need_y else None
+    ns = _strips(H, P)
+    nws = lib.splat_ssim_workspace(W, K)
+    workspaces = threading.local()
+    esz = x.element_size()
+    xp, yp, gp = x.data_ptr(), y.data_ptr(), window.data_ptr()
+    gxp = gx.data_ptr() if need_x else 0
+    gyp = gy.data_ptr() if need_y else 0
+
+    def task(t: int) -> None:
+        ws = getattr(workspaces, "buf", None)
+        if ws is None:
+            ws = workspaces.buf = torch.zeros(nws, dtype=x.dtype)
+        p, s = divmod(t, ns)
+        q0, q1 = _bounds(H, ns, s)
+        off = p * H * W * esz
+        lib.splat_ssim_bwd(
+            xp + off, yp + off, H, W, gp, K, c1, c2, gsl[p], gcl[p], q0, q1, ws.data_ptr(),
+            (gxp + off) if need_x else None, (gyp + off) if need_y else None,
+        )
+
+    _run(task, P * ns)
+    return gx, gy
+
+
+class SSIMStatsCPU(torch.autograd.Function):
+    """``(mean ssim map, mean cs map)`` per (B, C) of a "valid" SSIM, fused forward and backward.
+
+    Saves only the two inputs (which the caller holds anyway): the backward recomputes the
+    statistics it needs row by row while it writes the gradient, so no map-sized tensor is kept
+    between forward and backward. The backward is not itself differentiable (double backward
+    raises); ``functional`` callers wanting that use ``backend="reference"``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, y, window, c1, c2):
+        lib = get(x.dtype)
+        ctx.set_materialize_grads(False)
+        ctx.lib, ctx.c1, ctx.c2 = lib, c1, c2
+        ctx.save_for_backward(x, y, window)
+        return _forward(lib, x, y, window, c1, c2)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gs, gc):
+        x, y, window = ctx.saved_tensors
+        need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if (gs is None and gc is None) or not (need_x or need_y):
+            return None, None, None, None, None
+        zeros = torch.zeros(x.shape[:2], dtype=x.dtype)
+        gs = zeros if gs is None else gs
+        gc = zeros if gc is None else gc
+        gx, gy = _backward(ctx.lib, x, y, window, ctx.c1, ctx.c2, gs, gc, need_x, need_y)
+        return gx, gy, None, None, None
+
+
+def ssim_stats_cpu(x: torch.Tensor, y: torch.Tensor, window: torch.Tensor, c1: float, c2: float):
+    """Entry point: ``x``, ``y`` [B, C, H, W] float32/float64 CPU tensors already padded for the
+    configuration (so the SSIM here is "valid"); ``window`` the 1-D taps in the same dtype."""
+    x = x.contiguous()
+    y = y.contiguous()
+    window = window.to(dtype=x.dtype).contiguous()
+    return SSIMStatsCPU.apply(x, y, window, float(c1), float(c2))
