@@ -20,7 +20,7 @@ Conventions (see README "Conventions"):
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -104,11 +104,14 @@ def ms_ssim(
     img2: torch.Tensor,
     cfg: SSIMConfig,
     weights: Sequence[float] = MS_SSIM_WEIGHTS,
+    tau: Optional[float] = None,
 ) -> torch.Tensor:
     """MS-SSIM per image, shape ``[B]``, exactly as TF's ``ssim_multiscale`` (relu-clamped terms).
 
     ``prod_{j<M} relu(cs_j)^{w_j} * relu(ssim_M)^{w_M}`` per channel, then the mean over channels;
     ``cs_j`` / ``ssim_M`` are the means of the maps at scale ``j`` (with ``cfg.padding``).
+    With ``tau`` (the training loss), relu is replaced by the smooth positive extension
+    ``x if x >= tau else tau^2 / (2 tau - x)`` (written out here independently of functional).
 
     Examples:
         >>> x = torch.rand(2, 3, 161, 161)
@@ -125,5 +128,10 @@ def ms_ssim(
         terms.append(cs_mean if j < len(weights) - 1 else ssim_mean)
     stacked = torch.stack(terms, dim=-1)  # [B, C, M]
     w = torch.tensor(list(weights), dtype=stacked.dtype, device=stacked.device)
-    per_channel = torch.prod(torch.relu(stacked) ** w, dim=-1)  # [B, C]
+    if tau is None:
+        clamped = torch.relu(stacked)
+    else:
+        below = tau * tau / (2 * tau - torch.minimum(stacked, torch.full_like(stacked, tau)))
+        clamped = torch.where(stacked >= tau, stacked, below)
+    per_channel = torch.prod(clamped ** w, dim=-1)  # [B, C]
     return per_channel.mean(dim=-1)

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from ..config import SSIMConfig
 from ..reference import accumulation_dtype
 
-__all__ = ["ssim_map", "ssim_stats"]
+__all__ = ["ssim_map", "ssim_stats", "ssim_mean_and_grad"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -297,3 +297,17 @@ def ssim_map(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, return_cs:
 def ssim_stats(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig):
     """``(ssim_mean, cs_mean)``, each ``[B, C]``: means of the SSIM and cs maps per image and channel."""
     return _SSIMStatsFn.apply(img1, img2, _window(img1, cfg), cfg.padding, cfg.C1, cfg.C2)
+
+
+def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, upstream: torch.Tensor):
+    """``(ssim_mean [B, C], grad_img1)`` without autograd: ``grad = d sum(upstream * ssim_mean) / d img1``.
+
+    Used by :func:`splatloss.dssim_with_gradient` (no graph is built). ``upstream`` is ``[B, C]``
+    in the accumulation dtype; the gradient comes back in ``img1``'s dtype.
+    """
+    x, y = _to_acc(img1), _to_acc(img2)
+    w = _window(img1, cfg)
+    ssim, _, _ = _forward(x, y, w, cfg.padding, cfg.C1, cfg.C2)
+    n = ssim.shape[-2] * ssim.shape[-1]
+    gx, _ = _backward(x, y, w, cfg.padding, cfg.C1, cfg.C2, (upstream / n)[..., None, None], None, True, False)
+    return ssim.mean(dim=(-2, -1)), gx.to(img1.dtype)
