@@ -1,0 +1,241 @@
+"""Callbacks for any LightningModule that trains with a :class:`splatloss.PhotometricLoss`.
+
+* :class:`LossTerms` logs every term of the loss and its weight, and can schedule the weights
+  over steps (piecewise linear in the global step, so a resumed run gets the same weights).
+* :class:`HeldOutMetrics` evaluates PSNR, SSIM and MS-SSIM on the validation views and saves
+  side-by-side renders (prediction | ground truth).
+
+Neither needs :class:`~splatloss.lightning.SplatModule`: ``LossTerms`` finds the loss as the
+module's ``loss`` attribute (or its only ``PhotometricLoss`` submodule); ``HeldOutMetrics`` reads
+the dict a ``validation_step`` returns: ``{"pred": (B, 3, H, W), "target": (B, 3, H, W)}`` in
+``[0, 1]``, optionally ``"name"``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import lightning as L
+import numpy as np
+import torch
+
+__all__ = ["LossTerms", "HeldOutMetrics", "find_loss", "interpolate_schedule", "ms_ssim_weights_for"]
+
+
+def find_loss(pl_module: torch.nn.Module, attr: str = "loss"):
+    """The module's photometric loss: ``pl_module.<attr>`` if it has ``terms``, else the only
+    submodule exposing ``terms`` and ``set_weight``.
+
+    Raises:
+        ValueError: none or several candidates.
+    """
+    cand = getattr(pl_module, attr, None)
+    if cand is not None and hasattr(cand, "terms") and hasattr(cand, "weights"):
+        return cand
+    found = [m for m in pl_module.modules() if hasattr(m, "terms") and hasattr(m, "set_weight")]
+    if len(found) != 1:
+        raise ValueError(
+            f"expected the LightningModule to hold exactly one PhotometricLoss (as .{attr} or a submodule), "
+            f"found {len(found)}"
+        )
+    return found[0]
+
+
+def interpolate_schedule(points: Sequence[Sequence[float]], step: int) -> float:
+    """Piecewise-linear value at ``step`` through ``[(step_0, value_0), (step_1, value_1), ...]``.
+
+    Constant before the first and after the last point.
+
+    Examples:
+        >>> interpolate_schedule([(0, 0.0), (100, 0.2)], 50)
+        0.1
+        >>> interpolate_schedule([(0, 0.0), (100, 0.2)], 500)
+        0.2
+    """
+    pts = [(float(s), float(v)) for s, v in points]
+    if step <= pts[0][0]:
+        return pts[0][1]
+    for (s0, v0), (s1, v1) in zip(pts, pts[1:]):
+        if step <= s1:
+            return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
+    return pts[-1][1]
+
+
+def _check_schedules(schedules: Mapping[str, Any]) -> Dict[str, List[tuple]]:
+    out = {}
+    for name, points in dict(schedules).items():
+        try:
+            pts = [(int(p[0]), float(p[1])) for p in points]
+        except (TypeError, ValueError, IndexError):
+            raise ValueError(
+                f"schedule for {name!r} must be a list of [step, weight] pairs, got {points!r}"
+            ) from None
+        if not pts:
+            raise ValueError(f"schedule for {name!r} must have at least one [step, weight] pair, got []")
+        steps = [s for s, _ in pts]
+        if any(b <= a for a, b in zip(steps, steps[1:])) or steps[0] < 0:
+            raise ValueError(f"schedule for {name!r}: steps must be >= 0 and strictly increasing, got {steps}")
+        bad = [w for _, w in pts if not (w >= 0 and math.isfinite(w))]
+        if bad:
+            raise ValueError(f"schedule for {name!r}: weights must be finite and >= 0, got {bad[0]}")
+        out[name] = pts
+    return out
+
+
+class LossTerms(L.Callback):
+    """Log each loss term (``loss/<term>``) and weight (``weight/<term>``); schedule weights.
+
+    Args:
+        schedules: ``{term: [[step, weight], ...]}``, piecewise linear in the global step; the
+            weight is set through ``loss.set_weight`` before every training batch. Terms not listed
+            keep their configured weight.
+        log_every_n_steps: log the terms every this many steps (the values are detached tensors,
+            so logging adds no extra device sync beyond Lightning's own).
+        loss_attr: name of the loss attribute on the LightningModule.
+    """
+
+    def __init__(self, schedules: Optional[Mapping[str, Any]] = None, log_every_n_steps: int = 10,
+                 loss_attr: str = "loss"):
+        self.schedules = _check_schedules(schedules or {})
+        if not isinstance(log_every_n_steps, int) or log_every_n_steps < 1:
+            raise ValueError(f"log_every_n_steps must be an integer >= 1, got {log_every_n_steps!r}")
+        self.log_every_n_steps = log_every_n_steps
+        self.loss_attr = loss_attr
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        loss = find_loss(pl_module, self.loss_attr)
+        unknown = sorted(set(self.schedules) - set(loss.weights))
+        if unknown:
+            raise ValueError(
+                f"LossTerms: schedules name terms the loss does not have: {unknown}; "
+                f"its terms are {sorted(loss.weights)}"
+            )
+        self._apply(loss, trainer.global_step)
+
+    def _apply(self, loss, step: int) -> None:
+        for name, pts in self.schedules.items():
+            loss.set_weight(name, interpolate_schedule(pts, step))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._apply(find_loss(pl_module, self.loss_attr), trainer.global_step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step - 1  # the step that just ran
+        if step % self.log_every_n_steps:
+            return
+        loss = find_loss(pl_module, self.loss_attr)
+        for name, value in (loss.terms or {}).items():
+            pl_module.log(f"loss/{name}", value, batch_size=1)
+        for name, w in (loss.weights or {}).items():
+            pl_module.log(f"weight/{name}", float(w), batch_size=1)
+
+
+def ms_ssim_weights_for(size: int, window_size: int = 11) -> tuple:
+    """The standard MS-SSIM weights truncated to the scales a ``size``-pixel side allows with
+    "valid" padding, renormalised to sum to 1; all five when the image is large enough (>= 161 px
+    for an 11-px window). The metric stays comparable between runs on one scene, not with
+    full five-scale MS-SSIM numbers published for large images.
+
+    Examples:
+        >>> len(ms_ssim_weights_for(256)), len(ms_ssim_weights_for(64))
+        (5, 3)
+    """
+    from ..config import MS_SSIM_WEIGHTS
+
+    scales = 0
+    while scales < len(MS_SSIM_WEIGHTS) and size >= (window_size - 1) * 2**scales + 1:
+        scales += 1
+    if scales == 0:
+        raise ValueError(f"images of side {size} are too small for SSIM with a {window_size}-px window")
+    w = MS_SSIM_WEIGHTS[:scales]
+    total = sum(w)
+    return tuple(x / total for x in w)
+
+
+def _write_png_atomic(path: str, rgb: np.ndarray) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.image as mpimg
+
+    d = os.path.dirname(path) or "."
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, suffix=".png.tmp")
+    os.close(fd)
+    try:
+        mpimg.imsave(tmp, np.clip(rgb, 0, 1), format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class HeldOutMetrics(L.Callback):
+    """PSNR, SSIM and MS-SSIM on the validation views, plus side-by-side renders.
+
+    Logged (mean over the held-out views, synchronised across processes): ``val/psnr``,
+    ``val/ssim``, ``val/ms_ssim``. :attr:`last` holds the latest values and the MS-SSIM weights
+    used. SSIM is splatloss's default (11-px Gaussian window, sigma 1.5, "valid", data range 1);
+    MS-SSIM uses the standard weights truncated to the scales the image size allows
+    (:func:`ms_ssim_weights_for`), recorded in :attr:`last`.
+
+    Args:
+        save_renders: write ``<dirpath>/<tag>/<name>.png`` (prediction | ground truth) for the first
+            ``max_renders`` views, on global rank 0 only.
+        dirpath: folder for renders; default ``<trainer.default_root_dir>/renders``.
+        max_renders: how many views to save per evaluation.
+    """
+
+    def __init__(self, save_renders: bool = True, dirpath: Optional[str] = None, max_renders: int = 4):
+        self.save_renders = save_renders
+        self.dirpath = dirpath
+        self.max_renders = max_renders
+        self.tag: Optional[str] = None
+        self.last: Dict[str, Any] = {}
+        self._rows: List[Dict[str, float]] = []
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        self._rows = []
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        from .. import ms_ssim, ssim
+
+        if not isinstance(outputs, Mapping) or "pred" not in outputs or "target" not in outputs:
+            raise ValueError(
+                "HeldOutMetrics: validation_step must return a dict with 'pred' and 'target' "
+                f"images (B, 3, H, W), got {type(outputs).__name__}"
+            )
+        pred = outputs["pred"].detach().float().clamp(0, 1)
+        target = outputs["target"].detach().float()
+        if pred.shape != target.shape or pred.ndim != 4:
+            raise ValueError(
+                f"HeldOutMetrics: pred and target must both be (B, C, H, W) of one shape, got "
+                f"{tuple(pred.shape)} and {tuple(target.shape)}"
+            )
+        mse = ((pred - target) ** 2).flatten(1).mean(1)  # [B]
+        psnr = -10.0 * torch.log10(mse.clamp_min(1e-12))
+        s = ssim(pred, target, data_range=1.0, reduction="none")
+        weights = ms_ssim_weights_for(min(pred.shape[-2:]))
+        ms = ms_ssim(pred, target, data_range=1.0, weights=weights, reduction="none")
+        for b in range(pred.shape[0]):
+            self._rows.append({"psnr": float(psnr[b]), "ssim": float(s[b]), "ms_ssim": float(ms[b])})
+        self.last["ms_ssim_scales"] = len(weights)
+        if self.save_renders and trainer.is_global_zero and batch_idx < self.max_renders:
+            root = self.dirpath or os.path.join(trainer.default_root_dir, "renders")
+            tag = self.tag or f"step_{trainer.global_step:06d}"
+            name = str(outputs.get("name") or f"view_{batch_idx:03d}")
+            side = torch.cat([pred[0], target[0]], dim=-1).permute(1, 2, 0).cpu().numpy()  # [H, 2W, 3]
+            _write_png_atomic(os.path.join(root, tag, f"{name}.png"), side)
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if not self._rows:
+            return
+        for key in ("psnr", "ssim", "ms_ssim"):
+            value = sum(r[key] for r in self._rows) / len(self._rows)
+            pl_module.log(f"val/{key}", value, sync_dist=True, batch_size=len(self._rows))
+            self.last[key] = value
+        self.last["num_views"] = len(self._rows)

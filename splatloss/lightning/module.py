@@ -1,0 +1,235 @@
+"""SplatModule: 3D Gaussians trained through a renderer with a :class:`splatloss.PhotometricLoss`.
+
+Manual optimization, because densification replaces the parameter tensors mid-run: the module
+owns one Adam optimizer with one parameter group per Gaussian attribute (so Lightning counts one
+``global_step`` per training step), and the densification strategy rewrites both the tensors and
+their Adam moments. A checkpoint holds however many Gaussians there were when it was written;
+:meth:`SplatModule.on_load_checkpoint` resizes the parameters before Lightning loads the weights
+and then the optimizer state, so a resumed run continues exactly.
+
+One step, timed part by part (the run reports the step time and the loss's share of it):
+
+1. render the view (forward through the rasterizer);
+2. the photometric loss forward and backward on a detached copy of the render, which gives
+   ``dL/dimage`` (by the chain rule this equals backpropagating through everything at once);
+3. backpropagate ``dL/dimage`` through the renderer to the Gaussians;
+4. Adam step, learning-rate schedule, densification.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import lightning as L
+import torch
+from torch import nn
+
+from ..splat.gaussians import Gaussians
+from ..splat.renderer import render
+from ..splat.scenes import View
+
+__all__ = ["SplatModule"]
+
+_PARAM_NAMES = ("means", "quats", "log_scales", "opacity_logits", "colors")
+
+
+def _view_from_batch(batch: Mapping[str, Any]) -> View:
+    """A ``ViewDataset`` item (dict of tensors) back to the renderer's :class:`View`."""
+    image = batch["image"]  # [H, W, 3]
+    return View(image=image, viewmat=batch["viewmat"], K=batch["K"], width=int(image.shape[1]),
+                height=int(image.shape[0]), name=str(int(batch["index"])) if "index" in batch else "")
+
+
+class SplatModule(L.LightningModule):
+    """Gaussians + renderer + photometric loss, trained with Adam; optional densification.
+
+    Args:
+        gaussians: the :class:`~splatloss.splat.gaussians.Gaussians` to train (their count may
+            change when ``strategy`` densifies).
+        loss: the photometric loss, called as ``loss(pred, target)`` on ``(1, 3, H, W)`` images;
+            a :class:`splatloss.PhotometricLoss` exposes ``terms`` / ``weights`` for the callbacks.
+        lr: learning rate per attribute, keys among ``means, quats, log_scales, opacity_logits,
+            colors`` (all five required).
+        means_lr_final_factor: the means' learning rate decays exponentially from ``lr["means"]``
+            to ``lr["means"] * means_lr_final_factor`` over ``lr_decay_steps`` (3DGS schedule).
+        lr_decay_steps: steps of that decay (the run's ``max_steps``); after it the rate stays.
+        strategy: densification / pruning, an object with ``pre_backward(out)``,
+            ``post_step(gaussians, optimizer, out, step) -> bool`` and ``state_dict()`` /
+            ``load_state_dict()``; ``None`` trains a fixed set of Gaussians.
+        render_backend: passed to :func:`splatloss.splat.renderer.render` (``"auto"``, ``"cpu"``,
+            ``"cuda"``).
+        render_options: further keyword arguments of ``render`` (e.g. the CPU path's
+            ``tile_size``, ``max_per_tile``).
+        background: RGB the renders are composited on, or ``None`` for the renderer's default.
+        adam_eps: Adam's epsilon (3DGS uses 1e-15: the gradients of tiny Gaussians are tiny).
+    """
+
+    def __init__(
+        self,
+        gaussians: Gaussians,
+        loss: nn.Module,
+        lr: Mapping[str, float],
+        means_lr_final_factor: float = 0.01,
+        lr_decay_steps: int = 1000,
+        strategy: Optional[Any] = None,
+        render_backend: str = "auto",
+        render_options: Optional[Mapping[str, Any]] = None,
+        background: Optional[Sequence[float]] = None,
+        adam_eps: float = 1e-15,
+    ):
+        super().__init__()
+        if not isinstance(gaussians, nn.Module) or not all(hasattr(gaussians, k) for k in _PARAM_NAMES):
+            raise TypeError(f"gaussians must be a splatloss.splat.gaussians.Gaussians, got {type(gaussians).__name__}")
+        if not callable(loss):
+            raise TypeError(f"loss must be a callable nn.Module, got {type(loss).__name__}")
+        lr = dict(lr)
+        if set(lr) != set(_PARAM_NAMES):
+            raise ValueError(f"lr must give exactly the keys {sorted(_PARAM_NAMES)}, got {sorted(lr)}")
+        for k, v in lr.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or not math.isfinite(v):
+                raise ValueError(f"lr[{k!r}] must be a finite number >= 0, got {v!r}")
+        if not 0 < means_lr_final_factor <= 1:
+            raise ValueError(f"means_lr_final_factor must be in (0, 1], got {means_lr_final_factor!r}")
+        if not isinstance(lr_decay_steps, int) or lr_decay_steps < 1:
+            raise ValueError(f"lr_decay_steps must be an integer >= 1, got {lr_decay_steps!r}")
+        self.automatic_optimization = False
+        self.gaussians = gaussians
+        self.loss = loss
+        self.lr = {k: float(v) for k, v in lr.items()}
+        self.means_lr_final_factor = float(means_lr_final_factor)
+        self.lr_decay_steps = lr_decay_steps
+        self.strategy = strategy
+        self.render_backend = render_backend
+        self.render_options = dict(render_options or {})
+        self.background = None if background is None else tuple(float(c) for c in background)
+        self.adam_eps = adam_eps
+        # Wall-clock sums per part of the step (seconds), skipping the first `_warmup` steps.
+        self._warmup = 3
+        self._timing = {"render": 0.0, "loss": 0.0, "backward": 0.0, "optim": 0.0, "step": 0.0, "n": 0}
+
+    # -- rendering ---------------------------------------------------------------------------------
+    def _background(self, device) -> Optional[torch.Tensor]:
+        return None if self.background is None else torch.tensor(self.background, device=device)
+
+    def render_view(self, view: View) -> Dict[str, torch.Tensor]:
+        """Render one view with the current Gaussians; ``out["image"]`` is ``[H, W, 3]``."""
+        return render(self.gaussians, view, backend=self.render_backend, background=self._background(view.image.device),
+                      **self.render_options)
+
+    @staticmethod
+    def _to_bchw(img: torch.Tensor) -> torch.Tensor:
+        return img.permute(2, 0, 1).unsqueeze(0)  # [H, W, 3] -> [1, 3, H, W]
+
+    # -- optimisation ------------------------------------------------------------------------------
+    def configure_optimizers(self):
+        groups = [{"params": [getattr(self.gaussians, k)], "lr": self.lr[k], "name": k} for k in _PARAM_NAMES]
+        return torch.optim.Adam(groups, lr=0.0, eps=self.adam_eps)
+
+    def means_lr(self, step: int) -> float:
+        """The 3DGS exponential decay of the means' learning rate, a function of the step alone."""
+        t = min(step, self.lr_decay_steps) / self.lr_decay_steps
+        return self.lr["means"] * self.means_lr_final_factor**t
+
+    def _sync_optimizer_params(self, optimizer: torch.optim.Optimizer) -> None:
+        # After densification the Gaussians hold new tensors; each group must point at them.
+        for group in optimizer.param_groups:
+            current = getattr(self.gaussians, group["name"])
+            if group["params"][0] is not current:
+                raise RuntimeError(
+                    f"optimizer group {group['name']!r} lost track of its parameter after densification: "
+                    "the strategy must update the optimizer's params and state together"
+                )
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        optimizer = opt.optimizer if hasattr(opt, "optimizer") else opt
+        view = _view_from_batch(batch)
+        t0 = time.perf_counter()
+        out = self.render_view(view)
+        pred = self._to_bchw(out["image"])  # [1, 3, H, W]
+        target = self._to_bchw(view.image)
+        if self.strategy is not None:
+            self.strategy.pre_backward(out)
+        t1 = time.perf_counter()
+        # The loss forward+backward on its own, so its cost is measured apart from the renderer's.
+        pred_leaf = pred.detach().requires_grad_(True)
+        loss = self.loss(pred_leaf, target)
+        (grad,) = torch.autograd.grad(loss, pred_leaf)
+        t2 = time.perf_counter()
+        self.manual_backward(pred, grad)
+        t3 = time.perf_counter()
+        step = self.global_step
+        for group in optimizer.param_groups:
+            if group["name"] == "means":
+                group["lr"] = self.means_lr(step)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if self.strategy is not None:
+            with torch.no_grad():
+                changed = self.strategy.post_step(self.gaussians, optimizer, out, step)
+            if changed:
+                self._sync_optimizer_params(optimizer)
+        t4 = time.perf_counter()
+        if step >= self._warmup:
+            tm = self._timing
+            tm["render"] += t1 - t0
+            tm["loss"] += t2 - t1
+            tm["backward"] += t3 - t2
+            tm["optim"] += t4 - t3
+            tm["step"] += t4 - t0
+            tm["n"] += 1
+        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=1)
+        self.log("num_gaussians", float(self.gaussians.means.shape[0]), prog_bar=True, batch_size=1)
+        if self._timing["n"]:
+            tm = self._timing
+            self.log("step_ms", 1000.0 * tm["step"] / tm["n"], prog_bar=True, batch_size=1)
+            self.log("loss_share", tm["loss"] / tm["step"], prog_bar=True, batch_size=1)
+        return loss.detach()
+
+    def timing(self) -> Dict[str, float]:
+        """Mean seconds per training step and per part (after the first few steps)."""
+        tm = self._timing
+        n = max(tm["n"], 1)
+        res = {f"{k}_seconds": tm[k] / n for k in ("render", "loss", "backward", "optim", "step")}
+        res["loss_share"] = tm["loss"] / tm["step"] if tm["step"] > 0 else float("nan")
+        res["timed_steps"] = tm["n"]
+        return res
+
+    # -- evaluation ---------------------------------------------------------------------------------
+    def validation_step(self, batch, batch_idx):
+        view = _view_from_batch(batch)
+        with torch.no_grad():
+            out = self.render_view(view)
+        return {"pred": self._to_bchw(out["image"]).clamp(0, 1), "target": self._to_bchw(view.image),
+                "name": view.name}
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
+        checkpoint["splatloss"] = {
+            "num_gaussians": int(self.gaussians.means.shape[0]),
+            "strategy": None if self.strategy is None else self.strategy.state_dict(),
+            # Densification draws random numbers: the resumed run must draw the same ones.
+            "torch_rng": torch.get_rng_state(),
+            "loss_weights": dict(getattr(self.loss, "weights", {}) or {}),
+        }
+
+    def on_load_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
+        # Resize the parameters to the checkpoint's count before Lightning copies the weights in
+        # (load_state_dict copies into existing tensors and rejects a shape change); the optimizer
+        # is built afterwards from these tensors and then given the checkpoint's Adam moments.
+        sd = checkpoint["state_dict"]
+        for k in _PARAM_NAMES:
+            key = f"gaussians.{k}"
+            if key in sd and sd[key].shape != getattr(self.gaussians, k).shape:
+                setattr(self.gaussians, k, nn.Parameter(torch.empty_like(sd[key], device=getattr(self.gaussians, k).device)))
+        extra = checkpoint.get("splatloss", {})
+        if self.strategy is not None and extra.get("strategy") is not None:
+            self.strategy.load_state_dict(extra["strategy"])
+        if "torch_rng" in extra:
+            torch.set_rng_state(extra["torch_rng"])
+        weights = extra.get("loss_weights") or {}
+        if weights and hasattr(self.loss, "set_weight"):
+            for name, w in weights.items():
+                self.loss.set_weight(name, w)

@@ -1,0 +1,243 @@
+"""The training entry point: ``train(cfg)`` builds everything from a Hydra config, fits, evaluates.
+
+``python scripts/train.py loss=dssim_l1`` calls :func:`main` (Hydra) which calls :func:`train`.
+A run writes into its folder (Hydra's ``outputs/<date>/<time>/``, or ``multirun/...`` for
+``-m``):
+
+- ``metrics.json``: held-out ``psnr`` / ``ssim`` / ``ms_ssim`` of the trained model and the same
+  of the untrained one (``psnr_init``, ...), ``steps``, ``train_seconds``, the step time and the
+  loss's share of it, the final number of Gaussians, and the loss configuration;
+- ``checkpoints/last.ckpt`` (end of every epoch and of the run; ``resume=true`` continues from it);
+- ``renders/{init,final}/<view>.png``: prediction | ground truth for the held-out views;
+- ``point_cloud.ply``: the trained Gaussians (3DGS layout).
+
+Everything a config can get wrong (an unknown loss, negative weights, a missing dataset, images
+of different sizes, a missing checkpoint) stops with a ``ValueError`` before training starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["train", "main", "write_json_atomic", "check_config"]
+
+CONFIG_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, "configs"))
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` through a temporary file and ``os.replace``: a reader
+    sees the old file or the whole new one, never a partial write."""
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, allow_nan=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _numbers(node, prefix: str) -> List[tuple]:
+    """(dotted path, value) of every number in a plain nested dict / list."""
+    if isinstance(node, dict):
+        return [x for k, v in node.items() for x in _numbers(v, f"{prefix}.{k}")]
+    if isinstance(node, (list, tuple)):
+        return [x for i, v in enumerate(node) for x in _numbers(v, f"{prefix}[{i}]")]
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        return [(prefix, node)]
+    return []
+
+
+def check_config(cfg) -> None:
+    """Checks that need no heavy object: raise ``ValueError`` naming the key, what was expected
+    and what came. (Objects validate their own arguments too when they are built, still before
+    training: :func:`train` builds everything first.)"""
+    from omegaconf import DictConfig
+
+    for group in ("loss", "data", "model", "trainer"):
+        if group not in cfg or not isinstance(cfg[group], DictConfig):
+            raise ValueError(f"config group {group!r} is missing: expected e.g. {group}=<choice> in the defaults list")
+    if "_target_" not in cfg.loss:
+        raise ValueError(f"loss config must name a class with _target_, got keys {sorted(cfg.loss.keys())}")
+    # Loss weights: every number under loss.weights (or a key ending in "weight") must be >= 0.
+    from omegaconf import OmegaConf
+
+    for path, value in _numbers(OmegaConf.to_container(cfg.loss, resolve=True), "loss"):
+        leaf = path.rsplit(".", 1)[-1]
+        if (".weights." in path or leaf.endswith("weight") or leaf in ("alpha", "lambda_dssim")) and not (
+            value >= 0 and math.isfinite(value)
+        ):
+            raise ValueError(f"{path} must be a finite number >= 0, got {value}")
+    data = cfg.data
+    if "path" in data:
+        path = data.path
+        if path is None or str(path).strip() == "" or str(path) == "???":
+            raise ValueError(f"data.path must be set for data={data.get('kind', 'this dataset')}, got {path!r}")
+        if not os.path.isdir(str(path)):
+            raise ValueError(f"data.path {str(path)!r} does not exist or is not a directory")
+    steps = cfg.trainer.get("max_steps", -1)
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"trainer.max_steps must be an integer >= 1, got {steps!r}")
+
+
+def _resolve_ckpt(cfg) -> Optional[str]:
+    ckpt = cfg.get("ckpt_path")
+    if cfg.get("resume", False):
+        last = os.path.join(cfg.output_dir, "checkpoints", "last.ckpt")
+        if ckpt is None:
+            if not os.path.isfile(last):
+                raise ValueError(
+                    f"resume=true but there is no checkpoint to resume from: expected {last!r}. "
+                    "Resume in the interrupted run's folder (hydra.run.dir=<that folder>) or pass ckpt_path=<file>"
+                )
+            ckpt = last
+    if ckpt is not None and not os.path.isfile(str(ckpt)):
+        raise ValueError(f"ckpt_path {str(ckpt)!r} does not exist")
+    return None if ckpt is None else str(ckpt)
+
+
+def _validate(trainer, module, dm, evaluator, tag: str) -> Dict[str, float]:
+    if evaluator is not None:
+        evaluator.tag = tag
+    res = trainer.validate(module, datamodule=dm, verbose=False)
+    row = res[0] if res else {}
+    return {k.split("/", 1)[1]: float(v) for k, v in row.items() if k.startswith("val/")}
+
+
+def train(cfg) -> Dict[str, Any]:
+    """Build data, model, loss, callbacks and trainer from ``cfg``; fit; evaluate; write metrics.
+
+    Returns:
+        The metrics dict also written to ``<cfg.output_dir>/metrics.json``.
+    """
+    import lightning as L
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from .lightning import HeldOutMetrics, SceneDataModule, SplatModule, check_scene
+
+    check_config(cfg)
+    out_dir = os.path.abspath(str(cfg.output_dir))
+    ckpt_path = _resolve_ckpt(cfg)
+    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+
+    # Build every object first, so a bad config fails here and not after minutes of training.
+    try:
+        loss = instantiate(cfg.loss)
+    except Exception as e:  # hydra wraps the constructor's error; keep its message visible
+        raise ValueError(f"could not build the loss from loss={cfg.loss.get('_target_')}: {_root_message(e)}") from e
+    try:
+        scene = instantiate(cfg.data.scene)
+    except Exception as e:
+        raise ValueError(f"could not build the scene from data: {_root_message(e)}") from e
+    check_scene(scene)
+    gaussians = instantiate(cfg.model.gaussians, points=scene.points, colors=scene.colors)
+    strategy = instantiate(cfg.model.strategy) if cfg.model.get("strategy") is not None else None
+    module = SplatModule(
+        gaussians=gaussians,
+        loss=loss,
+        lr=_plain(cfg.model.lr),
+        means_lr_final_factor=float(cfg.model.means_lr_final_factor),
+        lr_decay_steps=int(cfg.trainer.max_steps),
+        strategy=strategy,
+        render_backend=cfg.model.render_backend,
+        render_options=_plain(cfg.model.get("render_options")),
+        background=cfg.model.get("background"),
+    )
+    dm = SceneDataModule(scene, seed=int(cfg.seed))
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    evaluator = next((c for c in callbacks if isinstance(c, HeldOutMetrics)), None)
+    if evaluator is not None and evaluator.dirpath is None:
+        evaluator.dirpath = os.path.join(out_dir, "renders")
+    logger = instantiate(cfg.logger) if cfg.get("logger") else False
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, default_root_dir=out_dir)
+
+    init = _validate(trainer, module, dm, evaluator, "init")
+    t0 = time.perf_counter()
+    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    train_seconds = time.perf_counter() - t0
+    if trainer.interrupted:
+        log.warning("training was interrupted at step %d; resume with resume=true", trainer.global_step)
+    final = _validate(trainer, module, dm, evaluator, "final")
+
+    timing = module.timing()
+    metrics: Dict[str, Any] = dict(final)
+    metrics.update({f"{k}_init": v for k, v in init.items()})
+    metrics.update(
+        {
+            "steps": int(trainer.global_step),
+            "interrupted": bool(trainer.interrupted),
+            "resumed_from": ckpt_path,
+            "train_seconds": train_seconds,
+            "step_seconds": timing["step_seconds"],
+            "loss_seconds": timing["loss_seconds"],
+            "loss_share": timing["loss_share"],
+            "render_seconds": timing["render_seconds"],
+            "render_backward_seconds": timing["backward_seconds"],
+            "optim_seconds": timing["optim_seconds"],
+            "timed_steps": timing["timed_steps"],
+            "num_gaussians": int(module.gaussians.means.shape[0]),
+            "ms_ssim_scales": (evaluator.last.get("ms_ssim_scales") if evaluator is not None else None),
+            "image_size": list(scene.train[0].image.shape[:2]),
+            "num_train_views": len(scene.train),
+            "num_test_views": len(scene.test),
+            "world_size": int(trainer.world_size),
+            "seed": int(cfg.seed),
+            "loss": OmegaConf.to_container(cfg.loss, resolve=True),
+            "loss_name": cfg.get("loss_name"),
+        }
+    )
+    if trainer.is_global_zero:
+        write_json_atomic(os.path.join(out_dir, "metrics.json"), metrics)
+        if cfg.get("export_ply", True):
+            module.gaussians.export_ply(os.path.join(out_dir, "point_cloud.ply"))
+        log.info(
+            "held-out PSNR %.2f dB (untrained %.2f dB), SSIM %.4f, MS-SSIM %.4f; %d steps in %.1f s, "
+            "%.1f ms/step, loss %.1f%% of the step; wrote %s",
+            metrics.get("psnr", float("nan")), metrics.get("psnr_init", float("nan")), metrics.get("ssim", float("nan")),
+            metrics.get("ms_ssim", float("nan")), metrics["steps"], train_seconds, 1000 * metrics["step_seconds"],
+            100 * metrics["loss_share"], os.path.join(out_dir, "metrics.json"),
+        )
+    return metrics
+
+
+def _plain(node) -> dict:
+    from omegaconf import OmegaConf
+
+    return {} if node is None else OmegaConf.to_container(node, resolve=True)
+
+
+def _root_message(e: BaseException) -> str:
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return f"{type(e).__name__}: {e}"
+
+
+def main() -> Optional[float]:
+    """Hydra entry: ``python scripts/train.py [overrides]``; returns ``cfg.optimized_metric``'s
+    value (for the Optuna sweeper) when set."""
+    import hydra
+
+    @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+    def _main(cfg) -> Optional[float]:
+        torch.set_num_threads(int(cfg.get("num_threads") or torch.get_num_threads()))
+        metrics = train(cfg)
+        key = cfg.get("optimized_metric")
+        return None if not key else float(metrics[key])
+
+    return _main()
