@@ -495,14 +495,18 @@ def load_colmap(path: str, downscale: int = 1, test_every: int = 8, images_dir: 
 
     fn = os.path.join(model, "images.txt")
     entries = []
-    lines = list(_colmap_lines(fn))
-    # images.txt alternates a pose line and a 2D-points line; the points line may be empty, which
-    # _colmap_lines drops, so pose lines are recognised by their shape (10 tokens, name last).
-    for n, s in lines:
+    if not os.path.isfile(fn):
+        raise ValueError(f"load_colmap: expected the COLMAP text model file {fn!r}, it does not exist")
+    with open(fn) as fh:
+        raw = [(n, line.strip()) for n, line in enumerate(fh, 1) if not line.startswith("#")]
+    while raw and not raw[-1][1]:
+        raw.pop()
+    # images.txt alternates a pose line and a (possibly empty) 2D-points line.
+    for n, s in raw[::2]:
         tok = s.split()
-        if len(tok) != 10:
-            continue
         try:
+            if len(tok) < 10:
+                raise ValueError
             q = [float(t) for t in tok[1:5]]
             t = [float(t) for t in tok[5:8]]
             cid = int(tok[8])
@@ -512,7 +516,7 @@ def load_colmap(path: str, downscale: int = 1, test_every: int = 8, images_dir: 
             ) from None
         if cid not in cameras:
             raise ValueError(f"load_colmap: {fn}:{n}: camera id {cid} is not in cameras.txt (has {sorted(cameras)})")
-        entries.append((tok[9], q, t, cid))
+        entries.append((" ".join(tok[9:]), q, t, cid))
     if not entries:
         raise ValueError(f"load_colmap: {fn!r} lists no images (expected lines 'IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME')")
     entries.sort(key=lambda e: e[0])
