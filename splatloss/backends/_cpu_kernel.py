@@ -20,6 +20,7 @@ atomically, so concurrent processes never load a half-written file.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import math
@@ -35,8 +36,12 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["get", "unavailable_reason", "SSIMStatsCPU", "ssim_stats_cpu", "usable"]
+from ..config import SSIMConfig
+from ..reference import accumulation_dtype
+
+__all__ = ["get", "unavailable_reason", "cpu_kernel", "fast_path_ok", "ssim_stats", "ssim_mean_and_grad"]
 
 _SOURCE = Path(__file__).with_name("_ssim_cpu.c")
 _BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-ffp-contract=fast", "-std=gnu11"]
@@ -157,23 +162,6 @@ def unavailable_reason() -> Optional[str]:
     return _reason
 
 
-def usable(img1: torch.Tensor, img2: torch.Tensor) -> bool:
-    """Whether this call can take the compiled path (CPU, float32/64, no forward-mode AD or
-    functorch transform in flight, kernel available)."""
-    if img1.device.type != "cpu" or img1.dtype not in (torch.float32, torch.float64):
-        return False
-    if torch._C._are_functorch_transforms_active():
-        return False
-    # forward-mode AD (dual tensors) needs a jvp rule this kernel does not have
-    from torch.autograd import forward_ad
-
-    if forward_ad._current_level >= 0:
-        for t in (img1, img2):
-            if forward_ad.unpack_dual(t).tangent is not None:
-                return False
-    return get(img1.dtype) is not None
-
-
 def _run(fn, ntasks: int) -> None:
     """Run ``fn(t)`` for t in range(ntasks) on torch's intra-op thread count (ctypes calls
     release the GIL, so Python threads run the C code in parallel)."""
@@ -271,41 +259,130 @@ def _backward(lib, x, y, window, c1, c2, gs: torch.Tensor, gc: torch.Tensor, nee
     return gx, gy
 
 
-class SSIMStatsCPU(torch.autograd.Function):
-    """``(mean ssim map, mean cs map)`` per (B, C) of a "valid" SSIM, fused forward and backward.
+_use_cpu_kernel = True
 
-    Saves only the two inputs (which the caller holds anyway): the backward recomputes the
-    statistics it needs row by row while it writes the gradient, so no map-sized tensor is kept
-    between forward and backward. The backward is not itself differentiable (double backward
-    raises); ``functional`` callers wanting that use ``backend="reference"``.
+
+@contextlib.contextmanager
+def cpu_kernel(enabled: bool):
+    """Turn the compiled CPU kernel on or off inside a ``with`` block (benchmarks, tests).
+
+    Off, ``backend="torch"`` runs its plain torch-ops path on the CPU too (the same numbers to fp32
+    round-off, slower). A process-wide switch, not meant for use from several threads at once.
+
+    Examples:
+        >>> from splatloss.config import SSIMConfig
+        >>> from splatloss.backends.torch_fused import ssim_stats
+        >>> x, y = torch.rand(1, 1, 16, 16), torch.rand(1, 1, 16, 16)
+        >>> with cpu_kernel(False):
+        ...     slow, _ = ssim_stats(x, y, SSIMConfig())
+        >>> fast, _ = ssim_stats(x, y, SSIMConfig())
+        >>> bool(torch.allclose(slow, fast, atol=1e-6))
+        True
+    """
+    global _use_cpu_kernel
+    before = _use_cpu_kernel
+    _use_cpu_kernel = bool(enabled)
+    try:
+        yield
+    finally:
+        _use_cpu_kernel = before
+
+
+def fast_path_ok(img1: torch.Tensor, img2: torch.Tensor) -> bool:
+    """CPU, switch on, no torch.func transform or forward-mode tangent, kernel built and loaded."""
+    if not _use_cpu_kernel or img1.device.type != "cpu":
+        return False
+    if img1.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        return False
+    if torch._C._are_functorch_transforms_active():
+        return False
+    from torch.autograd import forward_ad  # dual tensors need a jvp rule this kernel lacks
+
+    if forward_ad._current_level >= 0:
+        for t in (img1, img2):
+            if forward_ad.unpack_dual(t).tangent is not None:
+                return False
+    return get(accumulation_dtype(img1.dtype)) is not None
+
+
+def padded(x: torch.Tensor, y: torch.Tensor, cfg: SSIMConfig):
+    """Accumulation dtype, then the configuration's padding: the kernel computes a "valid" SSIM.
+
+    Autograd differentiates the cast and the pad (a crop for zeros, a fold-back for reflect)."""
+    acc = accumulation_dtype(x.dtype)
+    x, y = x.to(acc), y.to(acc)
+    r = cfg.window_size // 2
+    if cfg.padding == "same":
+        x, y = F.pad(x, (r, r, r, r)), F.pad(y, (r, r, r, r))
+    elif cfg.padding == "reflect":
+        x, y = F.pad(x, (r, r, r, r), mode="reflect"), F.pad(y, (r, r, r, r), mode="reflect")
+    return x, y
+
+
+def unpad_grad(g: torch.Tensor, cfg: SSIMConfig, size) -> torch.Tensor:
+    """Adjoint of :func:`padded`'s padding, for a gradient w.r.t. the padded image."""
+    r = cfg.window_size // 2
+    if cfg.padding == "same":
+        return g[..., r:-r, r:-r]
+    if cfg.padding == "reflect":
+        shape = g.shape[:2] + tuple(size)
+        return torch.ops.aten.reflection_pad2d_backward(g, g.new_empty(shape), [r, r, r, r])
+    return g
+
+
+class SSIMStatsCPUFn(torch.autograd.Function):
+    """(padded x, padded y) -> per-(B, C) means of the "valid" SSIM and cs maps, compiled kernel.
+
+    Saves only the two inputs: the backward recomputes the statistics row by row as it writes the
+    gradient. Under ``create_graph=True`` the backward runs the torch-ops adjoint instead, so a
+    double backward works (at torch-ops speed) instead of failing.
     """
 
     @staticmethod
-    def forward(ctx, x, y, window, c1, c2):
-        lib = get(x.dtype)
+    def forward(ctx, x, y, w, c1, c2):
+        x, y = x.contiguous(), y.contiguous()
         ctx.set_materialize_grads(False)
-        ctx.lib, ctx.c1, ctx.c2 = lib, c1, c2
-        ctx.save_for_backward(x, y, window)
-        return _forward(lib, x, y, window, c1, c2)
+        ctx.c1, ctx.c2 = c1, c2
+        ctx.save_for_backward(x, y, w)
+        return _forward(get(x.dtype), x, y, w, c1, c2)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, gs, gc):
-        x, y, window = ctx.saved_tensors
+    def backward(ctx, g_s, g_c):
+        x, y, w = ctx.saved_tensors
         need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if (gs is None and gc is None) or not (need_x or need_y):
+        if (g_s is None and g_c is None) or not (need_x or need_y):
             return None, None, None, None, None
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward in torch ops
+            n = (x.shape[-2] - w.shape[0] + 1) * (x.shape[-1] - w.shape[0] + 1)
+            g_s = None if g_s is None else (g_s / n)[..., None, None]
+            g_c = None if g_c is None else (g_c / n)[..., None, None]
+            from .torch_fused import _backward as torch_ops_backward
+
+            gx, gy = torch_ops_backward(x, y, w, "valid", ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
+            return gx, gy, None, None, None
         zeros = torch.zeros(x.shape[:2], dtype=x.dtype)
-        gs = zeros if gs is None else gs
-        gc = zeros if gc is None else gc
-        gx, gy = _backward(ctx.lib, x, y, window, ctx.c1, ctx.c2, gs, gc, need_x, need_y)
+        g_s = zeros if g_s is None else g_s
+        g_c = zeros if g_c is None else g_c
+        gx, gy = _backward(get(x.dtype), x, y, w, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
         return gx, gy, None, None, None
 
 
-def ssim_stats_cpu(x: torch.Tensor, y: torch.Tensor, window: torch.Tensor, c1: float, c2: float):
-    """Entry point: ``x``, ``y`` [B, C, H, W] float32/float64 CPU tensors already padded for the
-    configuration (so the SSIM here is "valid"); ``window`` the 1-D taps in the same dtype."""
-    x = x.contiguous()
-    y = y.contiguous()
-    window = window.to(dtype=x.dtype).contiguous()
-    return SSIMStatsCPU.apply(x, y, window, float(c1), float(c2))
+def ssim_stats(img1: torch.Tensor, img2: torch.Tensor, cfg) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(ssim_mean, cs_mean)`` [B, C] through the kernel; the caller checked :func:`fast_path_ok`."""
+    x, y = padded(img1, img2, cfg)
+    w = cfg.window_1d(x.dtype, "cpu")
+    return SSIMStatsCPUFn.apply(x, y, w, cfg.C1, cfg.C2)
+
+
+def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg, upstream: torch.Tensor):
+    """``(ssim_mean [B, C], d sum(upstream * ssim_mean) / d img1)`` without a graph (accumulation
+    dtype); the caller checked :func:`fast_path_ok`."""
+    with torch.no_grad():
+        x, y = padded(img1.detach(), img2.detach(), cfg)
+        x, y = x.contiguous(), y.contiguous()
+        lib = get(x.dtype)
+        w = cfg.window_1d(x.dtype, "cpu")
+        s, _ = _forward(lib, x, y, w, cfg.C1, cfg.C2)
+        up = upstream.to(x.dtype)
+        gx, _ = _backward(lib, x, y, w, cfg.C1, cfg.C2, up, torch.zeros_like(up), True, False)
+    return s, unpad_grad(gx, cfg, img1.shape[-2:])

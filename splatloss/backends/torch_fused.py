@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from ..config import SSIMConfig
 from ..reference import accumulation_dtype
+from . import _cpu_kernel  # the compiled CPU fast path for ssim_stats (scripts/bench.py)
 
 __all__ = ["ssim_map", "ssim_stats", "ssim_mean_and_grad"]
 
@@ -295,7 +296,14 @@ def ssim_map(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, return_cs:
 
 
 def ssim_stats(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig):
-    """``(ssim_mean, cs_mean)``, each ``[B, C]``: means of the SSIM and cs maps per image and channel."""
+    """``(ssim_mean, cs_mean)``, each ``[B, C]``: means of the SSIM and cs maps per image and channel.
+
+    On CPU tensors this runs the compiled streaming kernel of :mod:`._cpu_kernel` when it can (same
+    algebra, values and gradients equal to fp32 round-off; see its docstring for what stays on the
+    torch-ops path).
+    """
+    if _cpu_kernel.fast_path_ok(img1, img2):
+        return _cpu_kernel.ssim_stats(img1, img2, cfg)
     return _SSIMStatsFn.apply(img1, img2, _window(img1, cfg), cfg.padding, cfg.C1, cfg.C2)
 
 
@@ -305,6 +313,9 @@ def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, 
     Used by :func:`splatloss.dssim_with_gradient` (no graph is built). ``upstream`` is ``[B, C]``
     in the accumulation dtype; the gradient comes back in ``img1``'s dtype.
     """
+    if _cpu_kernel.fast_path_ok(img1, img2):
+        ssim, gx = _cpu_kernel.ssim_mean_and_grad(img1, img2, cfg, upstream)
+        return ssim, gx.to(img1.dtype)
     x, y = _to_acc(img1), _to_acc(img2)
     w = _window(img1, cfg)
     ssim, _, _ = _forward(x, y, w, cfg.padding, cfg.C1, cfg.C2)

@@ -1,0 +1,555 @@
+#!/usr/bin/env python
+"""Time SSIM, MS-SSIM and the D-SSIM + L1 loss: every splatloss backend beside every installed peer.
+
+Same inputs for everyone, one process, runs alternating (the library order rotates each round)
+after a warm-up; medians, ratios to a baseline (pytorch-msssim by default) and, with ``--memory``,
+the added peak memory of each library measured in a fresh process. On a CUDA machine the same
+script times the Triton backend and fused-ssim with ``triton.testing.do_bench``.
+
+Examples::
+
+    python scripts/bench.py --threads 1                       # 1x3x256x256 and 1x3x720x1280
+    python scripts/bench.py --sizes 720x1280 --memory --cold-start --json bench.json --plot bench.png
+    python scripts/bench.py --full                            # 256x256 .. 1080x1920, C 1/3, B 1/8
+
+How memory is measured (CPU): each (library, op, size) runs in a fresh Python process where glibc is
+told to serve every allocation of 64 KiB or more with mmap and hand it back on free
+(``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``), so the resident set follows live memory.
+After one warm-up call (compilation, caches) the kernel's peak-RSS counter is reset
+(``/proc/self/clear_refs``) and one more call runs; the figure is peak RSS during that call minus
+RSS just before it: everything the call added, whoever allocated it (torch tensors, oneDNN scratch,
+our kernel's workspace), including the gradient it leaves in ``x.grad``. On CUDA it is
+``torch.cuda.max_memory_allocated`` over the call minus the memory allocated before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _early_threads(argv) -> None:
+    """Set the OpenMP / MKL thread counts before torch is imported (torch reads them at start)."""
+    n = None
+    for i, a in enumerate(argv):
+        if a == "--threads" and i + 1 < len(argv):
+            n = argv[i + 1]
+        elif a.startswith("--threads="):
+            n = a.split("=", 1)[1]
+    if n is not None:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(n)
+
+
+_early_threads(sys.argv[1:])
+
+import torch  # noqa: E402
+
+OPS = ("ssim", "ms_ssim", "dssim_l1")
+MODES = ("fwdbwd", "fwd")
+SPLAT_LIBS = ("splatloss-torch", "splatloss-torch-ops", "splatloss-reference", "splatloss-triton")
+PEER_LIBS = ("pytorch_msssim", "piq", "torchmetrics", "kornia", "fused_ssim")
+ALL_LIBS = SPLAT_LIBS + PEER_LIBS
+LAM = 0.2  # 3DGS: (1 - lam) * L1 + lam * (1 - SSIM)
+
+
+# ------------------------------------------------------------------------------------------------
+# Libraries: each entry builds ``loss(x, y) -> scalar`` for an op, or says why it cannot
+# ------------------------------------------------------------------------------------------------
+
+
+class Unavailable(Exception):
+    """This library cannot run this op here (not installed, needs CUDA, no such op)."""
+
+
+def _splat(backend: str, op: str, device: str, plain_torch: bool = False):
+    from splatloss import functional as SF
+
+    if backend == "triton" and device != "cuda":
+        raise Unavailable("needs CUDA (the CPU only runs Triton's interpreter, which is no benchmark)")
+    if plain_torch:
+        if device != "cpu":
+            raise Unavailable("the compiled kernel is CPU-only; on other devices 'torch' is already the torch-ops path")
+    if op == "ssim":
+        fn = lambda x, y: 1 - SF.ssim(x, y, backend=backend)  # noqa: E731
+    elif op == "ms_ssim":
+        fn = lambda x, y: 1 - SF.ms_ssim(x, y, backend=backend)  # noqa: E731
+    else:  # 3DGS's loss: zero ("same") padding
+        fn = lambda x, y: SF.dssim_l1(x, y, LAM, padding="same", backend=backend)  # noqa: E731
+    if not plain_torch:
+        return fn
+    from splatloss.backends import _cpu_kernel
+
+    def plain(x, y):
+        with _cpu_kernel.cpu_kernel(False):
+            return fn(x, y)
+
+    return plain
+
+
+def _pytorch_msssim(op: str, device: str):
+    try:
+        import pytorch_msssim as pm
+    except ImportError as exc:
+        raise Unavailable(f"not installed ({exc})")
+    if op == "ssim":
+        return lambda x, y: 1 - pm.ssim(x, y, data_range=1.0, size_average=True)
+    if op == "ms_ssim":
+        return lambda x, y: 1 - pm.ms_ssim(x, y, data_range=1.0, size_average=True)
+    return lambda x, y: (1 - LAM) * (x - y).abs().mean() + LAM * (1 - pm.ssim(x, y, data_range=1.0, size_average=True))
+
+
+def _piq(op: str, device: str):
+    try:
+        import piq
+    except Exception as exc:  # ImportError, or torchvision failing to load beside this torch
+        raise Unavailable(f"not installed or not importable ({type(exc).__name__}: {str(exc)[:80]})")
+    if op == "ssim":
+        return lambda x, y: 1 - piq.ssim(x, y, data_range=1.0)
+    if op == "ms_ssim":
+        return lambda x, y: 1 - piq.multi_scale_ssim(x, y, data_range=1.0)
+    return lambda x, y: (1 - LAM) * (x - y).abs().mean() + LAM * (1 - piq.ssim(x, y, data_range=1.0))
+
+
+def _torchmetrics(op: str, device: str):
+    try:
+        from torchmetrics.functional.image import (
+            multiscale_structural_similarity_index_measure as tm_ms,
+            structural_similarity_index_measure as tm_ssim,
+        )
+    except ImportError as exc:
+        raise Unavailable(f"not installed ({exc})")
+    if op == "ssim":
+        return lambda x, y: 1 - tm_ssim(x, y, data_range=1.0)
+    if op == "ms_ssim":
+        return lambda x, y: 1 - tm_ms(x, y, data_range=1.0)
+    return lambda x, y: (1 - LAM) * (x - y).abs().mean() + LAM * (1 - tm_ssim(x, y, data_range=1.0))
+
+
+def _kornia(op: str, device: str):
+    try:
+        import kornia
+    except ImportError as exc:
+        raise Unavailable(f"not installed ({exc})")
+    if op == "ms_ssim":
+        # kornia.losses.MS_SSIMLoss is Zhao et al.'s mixed MS-SSIM + L1 loss with its own sigmas,
+        # not MS-SSIM: timing it beside MS-SSIM would compare different things.
+        raise Unavailable("has no plain MS-SSIM (MS_SSIMLoss is a different, mixed loss)")
+    ssim = lambda x, y: kornia.metrics.ssim(x, y, window_size=11, max_val=1.0).mean()  # noqa: E731
+    if op == "ssim":
+        return lambda x, y: 1 - ssim(x, y)
+    return lambda x, y: (1 - LAM) * (x - y).abs().mean() + LAM * (1 - ssim(x, y))
+
+
+def _fused_ssim(op: str, device: str):
+    try:
+        from fused_ssim import fused_ssim
+    except Exception as exc:
+        raise Unavailable(f"not installed ({type(exc).__name__})")
+    if device != "cuda":
+        raise Unavailable("CUDA only")
+    if op == "ms_ssim":
+        raise Unavailable("has no MS-SSIM")
+    if op == "ssim":
+        return lambda x, y: 1 - fused_ssim(x, y, padding="valid", train=torch.is_grad_enabled())
+    return lambda x, y: (1 - LAM) * (x - y).abs().mean() + LAM * (
+        1 - fused_ssim(x, y, padding="same", train=torch.is_grad_enabled())
+    )
+
+
+def make_loss(lib: str, op: str, device: str):
+    """``loss(x, y)`` for ``lib`` and ``op``; raises :class:`Unavailable` with the reason."""
+    if lib == "splatloss-torch":
+        return _splat("torch", op, device)
+    if lib == "splatloss-torch-ops":
+        return _splat("torch", op, device, plain_torch=True)
+    if lib == "splatloss-reference":
+        return _splat("reference", op, device)
+    if lib == "splatloss-triton":
+        return _splat("triton", op, device)
+    return {
+        "pytorch_msssim": _pytorch_msssim,
+        "piq": _piq,
+        "torchmetrics": _torchmetrics,
+        "kornia": _kornia,
+        "fused_ssim": _fused_ssim,
+    }[lib](op, device)
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs and one timed call
+# ------------------------------------------------------------------------------------------------
+
+
+def make_inputs(b, c, h, w, dtype, device, seed=0):
+    """A rendered-looking pair: a smooth random image and a noisy, shifted copy of it."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.rand(b, c, (h + 7) // 8, (w + 7) // 8, generator=g)
+    base = torch.nn.functional.interpolate(base, size=(h, w), mode="bilinear", align_corners=False)
+    x = (base + 0.05 * torch.randn(b, c, h, w, generator=g)).clamp(0, 1)
+    y = (0.9 * base + 0.05 + 0.05 * torch.randn(b, c, h, w, generator=g)).clamp(0, 1)
+    return x.to(device=device, dtype=dtype), y.to(device=device, dtype=dtype)
+
+
+def make_call(loss, x, y, mode):
+    """A closure running one forward (no graph) or one forward+backward of ``loss`` on ``x``, ``y``."""
+    if mode == "fwd":
+        xi = x.detach()
+
+        def call():
+            with torch.no_grad():
+                return loss(xi, y)
+
+        call.reset = lambda: None
+        return call
+    xg = x.detach().clone().requires_grad_(True)
+
+    def call():
+        xg.grad = None
+        out = loss(xg, y)
+        out.backward()
+        return out
+
+    call.reset = lambda: setattr(xg, "grad", None)
+    return call
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_config(libs, op, mode, shape, dtype, device, repeats, warmup, baseline):
+    """Median time of each library on one configuration, runs alternating; list of records."""
+    b, c, h, w = shape
+    x, y = make_inputs(b, c, h, w, dtype, device)
+    calls, records = {}, {}
+    for lib in libs:
+        rec = dict(op=op, mode=mode, lib=lib, batch=b, channels=c, height=h, width=w,
+                   dtype=str(dtype).replace("torch.", ""), device=device, threads=torch.get_num_threads())
+        records[lib] = rec
+        try:
+            call = make_call(make_loss(lib, op, device), x, y, mode)
+            _sync(device)
+            t0 = time.perf_counter()
+            call()  # first call: compiles / builds caches
+            _sync(device)
+            rec["first_call_ms"] = 1e3 * (time.perf_counter() - t0)
+            for _ in range(warmup):
+                call()
+            calls[lib] = call
+        except Unavailable as exc:
+            rec["skipped"] = str(exc)
+        except Exception as exc:  # a library that fails on this input: say so, keep going
+            rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    times = {lib: [] for lib in calls}
+    if device == "cuda":
+        from triton.testing import do_bench
+
+        for lib, call in calls.items():
+            times[lib] = [do_bench(call, warmup=25, rep=max(100, 20 * repeats), return_mode="median")]
+    else:
+        order = list(calls)
+        for r in range(repeats):
+            k = r % len(order) if order else 0
+            for lib in order[k:] + order[:k]:  # rotate: nobody always runs right after the same peer
+                t0 = time.perf_counter()
+                calls[lib]()
+                times[lib].append(1e3 * (time.perf_counter() - t0))
+    for lib, ts in times.items():
+        records[lib]["median_ms"] = statistics.median(ts)
+        records[lib]["times_ms"] = [round(t, 3) for t in ts]
+    base = records.get(baseline, {}).get("median_ms")
+    for rec in records.values():
+        if base and "median_ms" in rec:
+            rec[f"speedup_vs_{baseline}"] = base / rec["median_ms"]
+    return list(records.values())
+
+
+# ------------------------------------------------------------------------------------------------
+# Memory and cold start: fresh processes
+# ------------------------------------------------------------------------------------------------
+
+
+def _status():
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, val = line.split(":")
+                out[key] = int(val.split()[0]) * 1024
+    return out
+
+
+def memory_child(lib, op, mode, shape, dtype, device):
+    """Run in a fresh process: added peak memory of one call, as a dict (printed as JSON)."""
+    b, c, h, w = shape
+    x, y = make_inputs(b, c, h, w, dtype, device)
+    try:
+        call = make_call(make_loss(lib, op, device), x, y, mode)
+    except Unavailable as exc:
+        return {"skipped": str(exc)}
+    call()  # warm-up: compilation, lazy imports and caches are not the call's memory
+    call.reset()  # drop the warm-up's gradient: the measured call allocates (and keeps) its own
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        call()
+        torch.cuda.synchronize()
+        return {"peak_added_bytes": torch.cuda.max_memory_allocated() - before, "method": "cuda_max_memory_allocated"}
+    import gc
+
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    before = _status()["VmRSS"]
+    call()
+    peak = _status()["VmHWM"]
+    return {"peak_added_bytes": peak - before, "method": "peak_rss_delta_mmap"}
+
+
+def run_memory(lib, op, mode, shape, dtype, device, threads):
+    env = dict(os.environ)
+    env.update(MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="65536",
+               OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    b, c, h, w = shape
+    cmd = [sys.executable, os.path.abspath(__file__), "--_memory-child", lib, op, mode,
+           f"{b}x{c}x{h}x{w}", str(dtype).replace("torch.", ""), device, "--threads", str(threads)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+    return json.loads(lines[-1])
+
+
+def cold_start_child(op, shape, dtype):
+    """Fresh process with an empty kernel cache: time of the first and second forward+backward."""
+    b, c, h, w = shape
+    t0 = time.perf_counter()
+    loss = make_loss("splatloss-torch", op, "cpu")
+    x, y = make_inputs(b, c, h, w, dtype, "cpu")
+    call = make_call(loss, x, y, "fwdbwd")
+    t1 = time.perf_counter()
+    call()
+    t2 = time.perf_counter()
+    call()
+    t3 = time.perf_counter()
+    return {"import_ms": 1e3 * (t1 - t0), "first_call_ms": 1e3 * (t2 - t1), "second_call_ms": 1e3 * (t3 - t2)}
+
+
+def run_cold_start(op, shape, dtype, threads):
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, SPLATLOSS_CACHE_DIR=cache, OMP_NUM_THREADS=str(threads))
+        b, c, h, w = shape
+        cmd = [sys.executable, os.path.abspath(__file__), "--_cold-child", op, f"{b}x{c}x{h}x{w}",
+               str(dtype).replace("torch.", ""), "--threads", str(threads)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+    return json.loads(lines[-1])
+
+
+# ------------------------------------------------------------------------------------------------
+# Output
+# ------------------------------------------------------------------------------------------------
+
+
+def machine_info(device):
+    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpu": platform.processor(), "logical_cpus": os.cpu_count(), "threads": torch.get_num_threads()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def _fmt_mb(b):
+    return "" if b is None else f"{b / 2**20:.0f}"
+
+
+def print_table(results, baseline, file=sys.stdout):
+    key = f"speedup_vs_{baseline}"
+    head = f"{'op':9} {'mode':6} {'shape':16} {'library':21} {'median ms':>10} {'x ' + baseline[:14]:>17} {'peak MB':>8} {'first ms':>9}"
+    print(head, file=file)
+    print("-" * len(head), file=file)
+    for r in results:
+        shape = f"{r['batch']}x{r['channels']}x{r['height']}x{r['width']}"
+        if "median_ms" in r:
+            ratio = f"{r[key]:.2f}" if key in r else ""
+            mem = _fmt_mb(r.get("peak_added_bytes"))
+            print(f"{r['op']:9} {r['mode']:6} {shape:16} {r['lib']:21} {r['median_ms']:10.2f} {ratio:>17} "
+                  f"{mem:>8} {r.get('first_call_ms', 0):9.0f}", file=file)
+        else:
+            why = r.get("skipped") or r.get("error", "")
+            print(f"{r['op']:9} {r['mode']:6} {shape:16} {r['lib']:21} {'-':>10}  ({why[:70]})", file=file)
+
+
+def write_json(path, payload):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    os.replace(tmp, path)
+
+
+def plot(results, path, baseline):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = [op for op in OPS if any(r["op"] == op and "median_ms" in r for r in results)]
+    if not ops:
+        return
+    fig, axes = plt.subplots(1, len(ops), figsize=(5.5 * len(ops), 4.5), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        rows = [r for r in results if r["op"] == op and r["mode"] == "fwdbwd" and "median_ms" in r]
+        if not rows:
+            rows = [r for r in results if r["op"] == op and "median_ms" in r]
+        for lib in sorted({r["lib"] for r in rows}):
+            pts = sorted((r["batch"] * r["channels"] * r["height"] * r["width"] / 1e6, r["median_ms"])
+                         for r in rows if r["lib"] == lib)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=lib)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("pixel-channels (millions)")
+        ax.set_ylabel("median time (ms)")
+        ax.set_title(f"{op}: {rows[0]['mode'] if rows else ''}, {rows[0]['threads'] if rows else ''} thread(s)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------------
+# Main
+# ------------------------------------------------------------------------------------------------
+
+
+def _csv(s):
+    return [p.strip() for p in s.split(",") if p.strip()]
+
+
+def _size(s):
+    try:
+        h, w = (int(v) for v in s.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"sizes are HxW, e.g. 720x1280, got {s!r}")
+    return h, w
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="256x256,720x1280", help="HxW list (default: 256x256,720x1280)")
+    p.add_argument("--channels", default="3", help="channel counts, e.g. 1,3")
+    p.add_argument("--batch", default="1", help="batch sizes, e.g. 1,8")
+    p.add_argument("--ops", default=",".join(OPS), help=f"subset of {','.join(OPS)}")
+    p.add_argument("--modes", default=",".join(MODES), help="fwdbwd (forward+backward) and/or fwd (forward, no graph)")
+    p.add_argument("--libs", default=",".join(ALL_LIBS), help=f"subset of {','.join(ALL_LIBS)}")
+    p.add_argument("--baseline", default="pytorch_msssim", help="library the ratios are taken against")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "float64"])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (and OMP/MKL); default 1")
+    p.add_argument("--repeats", type=int, default=7, help="timed rounds per configuration (median taken)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per library after the first")
+    p.add_argument("--memory", action="store_true", help="added peak memory per library, fresh process each")
+    p.add_argument("--memory-modes", default="fwdbwd", help="modes to measure memory for (default fwdbwd)")
+    p.add_argument("--cold-start", action="store_true", help="first-call time of splatloss-torch with an empty kernel cache")
+    p.add_argument("--full", action="store_true", help="sizes 256x256..1080x1920, channels 1,3, batch 1,8")
+    p.add_argument("--json", help="write every record (and the machine) to this JSON file")
+    p.add_argument("--plot", help="write a plot of time against size to this image file")
+    p.add_argument("--_memory-child", nargs=6, help=argparse.SUPPRESS)
+    p.add_argument("--_cold-child", nargs=3, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.full:
+        args.sizes, args.channels, args.batch = "256x256,512x512,720x1280,1080x1920", "1,3", "1,8"
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args._memory_child:
+        lib, op, mode, shape, dt, device = args._memory_child
+        print(json.dumps(memory_child(lib, op, mode, tuple(int(v) for v in shape.split("x")),
+                                      getattr(torch, dt), device)))
+        return 0
+    if args._cold_child:
+        op, shape, dt = args._cold_child
+        print(json.dumps(cold_start_child(op, tuple(int(v) for v in shape.split("x")), getattr(torch, dt))))
+        return 0
+
+    dtype = getattr(torch, args.dtype)
+    libs = _csv(args.libs)
+    unknown = [l for l in libs if l not in ALL_LIBS]
+    if unknown:
+        raise SystemExit(f"unknown libraries {unknown}; choose from {ALL_LIBS}")
+    ops = _csv(args.ops)
+    if any(o not in OPS for o in ops):
+        raise SystemExit(f"--ops must be a subset of {OPS}, got {ops}")
+    modes = _csv(args.modes)
+    if any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes must be a subset of {MODES}, got {modes}")
+    sizes = [_size(s) for s in _csv(args.sizes)]
+    shapes = [(b, c, h, w) for b in map(int, _csv(args.batch)) for c in map(int, _csv(args.channels)) for h, w in sizes]
+
+    print(f"# {machine_info(args.device)}", flush=True)
+    results = []
+    for shape in shapes:
+        for op in ops:
+            for mode in modes:
+                recs = time_config(libs, op, mode, shape, dtype, args.device, args.repeats, args.warmup, args.baseline)
+                if args.memory and mode in _csv(args.memory_modes):
+                    for r in recs:
+                        if "median_ms" in r:
+                            r.update(run_memory(r["lib"], op, mode, shape, dtype, args.device, args.threads))
+                    base = next((r.get("peak_added_bytes") for r in recs if r["lib"] == args.baseline), None)
+                    for r in recs:
+                        if base and r.get("peak_added_bytes"):
+                            r[f"memory_ratio_vs_{args.baseline}"] = base / r["peak_added_bytes"]
+                results.extend(recs)
+                print_table(recs, args.baseline)
+                print(flush=True)
+    cold = None
+    if args.cold_start and args.device == "cpu":
+        b, c, h, w = shapes[-1]
+        cold = {op: run_cold_start(op, shapes[-1], dtype, args.threads) for op in ops}
+        for op, rec in cold.items():
+            print(f"cold start {op} {b}x{c}x{h}x{w}: {rec}")
+    print("\n# summary (all configurations)")
+    print_table(results, args.baseline)
+    if args.json:
+        write_json(args.json, {"machine": machine_info(args.device), "argv": sys.argv[1:],
+                               "baseline": args.baseline, "results": results, "cold_start": cold})
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(results, args.plot, args.baseline)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
