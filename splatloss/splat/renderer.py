@@ -190,6 +190,7 @@ def render(
     tile_size: int = 8,
     groups: int = 4,
     max_per_tile: int | None = None,
+    compositor: str = "auto",
 ) -> dict:
     """Render ``gaussians`` (a :class:`~splatloss.splat.gaussians.Gaussians`) from one camera.
 
@@ -203,6 +204,9 @@ def render(
             its own longest list.
         max_per_tile: CPU: keep at most this many (nearest) Gaussians per tile; None keeps all
             (exactly gsplat's result).
+        compositor: CPU: "numba" (per-pixel loops compiled by numba, with early termination: the
+            fast one), "torch" (padded tensor blocks, :class:`_Composite`) or "auto" (numba when
+            importable). Both compute the same numbers (tested against each other).
 
     Returns:
         dict, see the module docstring.
@@ -213,6 +217,14 @@ def render(
     dev = gaussians.means.device
     if backend == "auto":
         backend = "cuda" if dev.type == "cuda" else "cpu"
+    if compositor not in ("auto", "numba", "torch"):
+        raise ValueError(f"render: compositor must be 'auto', 'numba' or 'torch', got {compositor!r}")
+    from splatloss.splat import _composite_numba
+
+    if compositor == "auto":
+        compositor = "numba" if _composite_numba.available() else "torch"
+    if compositor == "numba" and not _composite_numba.available():
+        raise ValueError("render: compositor='numba' needs the numba package, which is not importable")
     if backend == "cuda" and dev.type != "cuda":
         raise ValueError(f"render: backend='cuda' needs the Gaussians on a CUDA device, they are on {dev}")
     W, H = int(view.width), int(view.height)
@@ -226,7 +238,7 @@ def render(
             raise ValueError(f"render: background must have 3 values (RGB), got shape {tuple(bg.shape)}")
     if backend == "cuda":
         return _render_cuda(gaussians, viewmat, K, W, H, bg)
-    return _render_cpu(gaussians, viewmat, K, W, H, bg, tile_size, groups, max_per_tile)
+    return _render_cpu(gaussians, viewmat, K, W, H, bg, tile_size, groups, max_per_tile, compositor)
 
 
 def _render_cuda(g, viewmat, K, W, H, bg):
@@ -264,7 +276,7 @@ def _render_cuda(g, viewmat, K, W, H, bg):
     }
 
 
-def _render_cpu(g, viewmat, K, W, H, bg, tile_size, groups, max_per_tile):
+def _render_cpu(g, viewmat, K, W, H, bg, tile_size, groups, max_per_tile, compositor):
     from gsplat.cuda._torch_impl import (
         _fully_fused_projection,
         _quat_scale_to_covar_preci,
@@ -293,6 +305,25 @@ def _render_cpu(g, viewmat, K, W, H, bg, tile_size, groups, max_per_tile):
         keep = pos < max_per_tile
         tile_ids, gauss_ids, pos = tile_ids[keep], gauss_ids[keep], pos[keep]
         counts = counts.clamp_max(max_per_tile)
+
+    meta = {
+        "means2d": means2d,
+        "radii": radii,
+        "depths": depths,
+        "conics": conics,
+        "width": W,
+        "height": H,
+        "n_cameras": 1,
+        "backend": "cpu",
+        "n_isects": int(tile_ids.shape[0]),
+    }
+    if compositor == "numba":
+        from splatloss.splat._composite_numba import CompositeNumba
+
+        offs = torch.zeros(n_tiles + 1, dtype=torch.long)
+        offs[1:] = torch.cumsum(counts, 0)
+        image, alpha = CompositeNumba.apply(means2d, conics, opac, rgb, bg, offs, gauss_ids.contiguous(), W, H, tile_size, tw)
+        return {"image": image, "alpha": alpha, **meta}
 
     n = means.shape[0]
     dt = means.dtype
@@ -350,16 +381,4 @@ def _render_cpu(g, viewmat, K, W, H, bg, tile_size, groups, max_per_tile):
     # [th*tw, ts*ts, C] -> [H, W, C]
     image = img_t.reshape(th, tw, tile_size, tile_size, 3).permute(0, 2, 1, 3, 4).reshape(th * tile_size, tw * tile_size, 3)
     alpha = alp_t.reshape(th, tw, tile_size, tile_size).permute(0, 2, 1, 3).reshape(th * tile_size, tw * tile_size, 1)
-    return {
-        "image": image[:H, :W],
-        "alpha": alpha[:H, :W],
-        "means2d": means2d,
-        "radii": radii,
-        "depths": depths,
-        "conics": conics,
-        "width": W,
-        "height": H,
-        "n_cameras": 1,
-        "backend": "cpu",
-        "n_isects": int(tile_ids.shape[0]),
-    }
+    return {"image": image[:H, :W], "alpha": alpha[:H, :W], **meta}
