@@ -3,8 +3,10 @@
 Public names only; importing splatloss imports neither Triton, Lightning, Hydra nor gsplat.
 """
 
+from .compat import fused_ssim
 from .config import MS_SSIM_WEIGHTS, SSIMConfig
 from .functional import dssim, dssim_l1, dssim_with_gradient, ms_ssim, ssim, ssim_map
+from .losses import MSSSIMLoss, PhotometricLoss, SSIMLoss
 
 __all__ = [
     "SSIMConfig",
@@ -15,6 +17,10 @@ __all__ = [
     "dssim",
     "dssim_l1",
     "dssim_with_gradient",
+    "SSIMLoss",
+    "MSSSIMLoss",
+    "PhotometricLoss",
+    "fused_ssim",
 ]
 
 __version__ = "0.1.0"

@@ -283,7 +283,7 @@ def ssim(
 
     Examples:
         >>> x = torch.rand(2, 3, 32, 32)
-        >>> float(ssim(x, x))
+        >>> round(float(ssim(x, x)), 4)
         1.0
         >>> ssim(x, 1 - x, reduction="none").shape
         torch.Size([2])
@@ -304,8 +304,8 @@ def dssim(img1: torch.Tensor, img2: torch.Tensor, **kwargs) -> torch.Tensor:
 
     Examples:
         >>> x = torch.rand(1, 1, 16, 16)
-        >>> float(dssim(x, x))
-        0.0
+        >>> abs(float(dssim(x, x))) < 1e-6
+        True
     """
     reduction = kwargs.pop("reduction", "mean")
     _check_reduction(reduction)
@@ -353,7 +353,7 @@ def ms_ssim(
 
     Examples:
         >>> x = torch.rand(1, 3, 161, 170)
-        >>> float(ms_ssim(x, x))
+        >>> round(float(ms_ssim(x, x)), 4)
         1.0
         >>> float(ms_ssim(x, 1 - x))
         0.0

@@ -1,0 +1,264 @@
+"""Drop-in entry points: the calls fused-ssim and pytorch_msssim users already write.
+
+Switching is a one-line import change, and the numbers stay the same:
+
+* ``fused_ssim(img1, img2, padding="same", train=True)`` as the fused-ssim package (Taming 3DGS):
+  11x11 Gaussian window, sigma 1.5, ``C1 = 0.01^2``, ``C2 = 0.03^2`` (data range 1), "same" (zero)
+  or "valid" padding, the mean of the SSIM map over everything.
+* ``ssim``, ``ms_ssim``, ``SSIM``, ``MS_SSIM`` with pytorch_msssim 1.0's signature and defaults
+  (``data_range=255``, ``size_average``, ``win_size``, ``win_sigma``, ``K``, ``channel``,
+  ``weights``, ``nonnegative_ssim``), returning what pytorch_msssim returns for the same call --
+  including its MS-SSIM pyramid, which averages 2x2 blocks with *zero* padding on both sides of an
+  odd side (``avg_pool2d(padding=side % 2)``). That differs from TF / Wang's MS-SSIM by up to ~1e-2
+  on odd sizes; :func:`splatloss.ms_ssim` is the TF-exact one.
+
+All of them run on the splatloss backends (``backend="auto"`` by default), so they get the analytic
+backward, fp32 accumulation for fp16/bf16 and gradients for both images.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import backends, functional
+from .config import MS_SSIM_WEIGHTS, SSIMConfig
+from .reference import accumulation_dtype
+
+__all__ = ["fused_ssim", "ssim", "ms_ssim", "SSIM", "MS_SSIM"]
+
+
+def fused_ssim(img1: torch.Tensor, img2: torch.Tensor, padding: str = "same", train: bool = True) -> torch.Tensor:
+    """SSIM as the fused-ssim package computes it: the mean of the 11x11 (sigma 1.5) SSIM map.
+
+    Args:
+        img1, img2: ``(B, C, H, W)`` images in [0, 1] (``C1 = 0.01^2``, ``C2 = 0.03^2``).
+        padding: ``"same"`` (zero padding, fused-ssim's default and 3DGS's) or ``"valid"``.
+        train: ``False`` computes without recording anything for backward (fused-ssim's
+            inference mode); ``True`` gives gradients (to both images here; fused-ssim only
+            differentiates ``img1``).
+
+    Examples:
+        >>> x = torch.rand(1, 3, 32, 32, requires_grad=True)
+        >>> loss = 1 - fused_ssim(x, torch.rand(1, 3, 32, 32))
+        >>> loss.backward()
+        >>> round(float(fused_ssim(x, x, train=False)), 4)
+        1.0
+    """
+    if padding not in ("same", "valid"):
+        raise ValueError(f"padding must be 'same' or 'valid' (as fused-ssim), got {padding!r}")
+    if not isinstance(train, bool):
+        raise TypeError(f"train must be a bool, got {type(train).__name__}")
+    if train:
+        return functional.ssim(img1, img2, padding=padding)
+    with torch.no_grad():
+        return functional.ssim(img1, img2, padding=padding)
+
+
+# ------------------------------------------------------------------------------------------------
+# pytorch_msssim 1.0
+# ------------------------------------------------------------------------------------------------
+
+
+def _config(data_range, win_size, win_sigma, win, K) -> SSIMConfig:
+    if win is not None:
+        raise ValueError(
+            "win (a custom window tensor) is not supported by splatloss.compat; pass win_size and win_sigma "
+            "for a Gaussian window, or use splatloss.ssim(window='uniform', ...)"
+        )
+    if isinstance(K, (str, bytes)) or not isinstance(K, Sequence) or len(K) != 2:
+        raise ValueError(f"K must be a pair (K1, K2), got {K!r}")
+    return SSIMConfig(window_size=win_size, sigma=win_sigma, k1=K[0], k2=K[1], data_range=data_range, padding="valid")
+
+
+def _check_4d(X, Y):
+    for name, t in (("X", X), ("Y", Y)):
+        if isinstance(t, torch.Tensor) and t.dim() == 5:
+            raise ValueError(f"{name} is 5-D {tuple(t.shape)}: 3-D (volumetric) SSIM is not supported by splatloss.compat; expected (N, C, H, W)")
+        if isinstance(t, torch.Tensor) and t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D (N, C, H, W) tensor, got shape {tuple(t.shape)}")
+
+
+def _per_channel_ssim(X, Y, cfg, backend):
+    x, y, _ = functional._check_pair(X, Y)
+    functional._check_size(x, cfg)
+    return backends.resolve(backend, x).ssim_stats(x, y, cfg)  # ([B, C], [B, C])
+
+
+def ssim(
+    X: torch.Tensor,
+    Y: torch.Tensor,
+    data_range: float = 255,
+    size_average: bool = True,
+    win_size: int = 11,
+    win_sigma: float = 1.5,
+    win: Optional[torch.Tensor] = None,
+    K=(0.01, 0.03),
+    nonnegative_ssim: bool = False,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """``pytorch_msssim.ssim``: "valid" Gaussian SSIM, a scalar (``size_average``) or ``(N,)``.
+
+    Note pytorch_msssim's ``data_range=255`` default, kept here so the same call gives the same
+    number; pass ``data_range=1.0`` for images in [0, 1].
+
+    Examples:
+        >>> x = torch.rand(2, 3, 32, 32)
+        >>> round(float(ssim(x, x, data_range=1.0)), 4)
+        1.0
+        >>> ssim(x, x, data_range=1.0, size_average=False).shape
+        torch.Size([2])
+    """
+    _check_4d(X, Y)
+    cfg = _config(data_range, win_size, win_sigma, win, K)
+    s, _ = _per_channel_ssim(X, Y, cfg, backend)
+    if nonnegative_ssim:
+        s = torch.relu(s)
+    return s.mean() if size_average else s.mean(dim=1)
+
+
+def ms_ssim(
+    X: torch.Tensor,
+    Y: torch.Tensor,
+    data_range: float = 255,
+    size_average: bool = True,
+    win_size: int = 11,
+    win_sigma: float = 1.5,
+    win: Optional[torch.Tensor] = None,
+    weights: Optional[Sequence[float]] = None,
+    K=(0.01, 0.03),
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """``pytorch_msssim.ms_ssim``, including its pyramid (zero-padded 2x2 means on odd sides).
+
+    Like pytorch_msssim it needs the smaller side to exceed ``(win_size - 1) * 2^4`` whatever the
+    number of weights, and clamps each term with relu (so it has dead gradients where a term is
+    negative; :class:`splatloss.MSSSIMLoss` does not).
+
+    Examples:
+        >>> x = torch.rand(1, 3, 161, 161)
+        >>> round(float(ms_ssim(x, x, data_range=1.0)), 4)
+        1.0
+    """
+    _check_4d(X, Y)
+    cfg = _config(data_range, win_size, win_sigma, win, K)
+    w = functional._check_weights(MS_SSIM_WEIGHTS if weights is None else weights)
+    x, y, _ = functional._check_pair(X, Y)
+    smaller = min(x.shape[-2:])
+    need = (win_size - 1) * 2**4
+    if smaller <= need:
+        raise ValueError(
+            f"Image size should be larger than {need} due to the 4 downsamplings in ms-ssim (as pytorch_msssim), "
+            f"got {tuple(x.shape[-2:])}; use splatloss.ms_ssim with fewer scales or padding='same' for small images"
+        )
+    mod = backends.resolve(backend, x)
+    mcs = []
+    s = None
+    for i in range(len(w)):
+        s, cs = mod.ssim_stats(x, y, cfg)  # [B, C]
+        if i < len(w) - 1:
+            mcs.append(torch.relu(cs))
+            pad = (x.shape[-2] % 2, x.shape[-1] % 2)
+            if i == 0:
+                acc = accumulation_dtype(x.dtype)
+                x, y = x.to(acc), y.to(acc)
+            # pytorch_msssim's pyramid: zero padding on both sides of an odd side, counted in the mean
+            x = F.avg_pool2d(x, kernel_size=2, padding=pad)
+            y = F.avg_pool2d(y, kernel_size=2, padding=pad)
+    stacked = torch.stack(mcs + [torch.relu(s)], dim=0)  # [M, B, C]
+    wt = torch.tensor(w, dtype=stacked.dtype, device=stacked.device).view(-1, 1, 1)
+    val = torch.prod(stacked**wt, dim=0)  # [B, C]
+    return val.mean() if size_average else val.mean(dim=1)
+
+
+def _check_channel(channel, spatial_dims):
+    if not isinstance(channel, numbers.Integral) or isinstance(channel, bool) or channel < 1:
+        raise ValueError(f"channel must be an integer >= 1, got {channel!r}")
+    if spatial_dims != 2:
+        raise ValueError(f"spatial_dims must be 2 (3-D SSIM is not supported by splatloss.compat), got {spatial_dims!r}")
+
+
+def _check_input_channels(X, channel):
+    if isinstance(X, torch.Tensor) and X.dim() == 4 and X.shape[1] != channel:
+        raise ValueError(f"this module was built for channel={channel}, got an input with {X.shape[1]} channels {tuple(X.shape)}")
+
+
+class SSIM(nn.Module):
+    """``pytorch_msssim.SSIM`` module (same arguments and defaults, ``data_range=255``).
+
+    Examples:
+        >>> m = SSIM(data_range=1.0, channel=1)
+        >>> x = torch.rand(1, 1, 24, 24)
+        >>> round(float(m(x, x)), 4)
+        1.0
+    """
+
+    def __init__(
+        self,
+        data_range: float = 255,
+        size_average: bool = True,
+        win_size: int = 11,
+        win_sigma: float = 1.5,
+        channel: int = 3,
+        spatial_dims: int = 2,
+        K=(0.01, 0.03),
+        nonnegative_ssim: bool = False,
+        *,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        _check_channel(channel, spatial_dims)
+        _config(data_range, win_size, win_sigma, None, K)  # validate now
+        self.data_range, self.size_average, self.win_size, self.win_sigma = data_range, size_average, win_size, win_sigma
+        self.channel, self.K, self.nonnegative_ssim, self.backend = channel, tuple(K), nonnegative_ssim, backend
+
+    def forward(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+        _check_input_channels(X, self.channel)
+        return ssim(
+            X, Y, data_range=self.data_range, size_average=self.size_average, win_size=self.win_size,
+            win_sigma=self.win_sigma, K=self.K, nonnegative_ssim=self.nonnegative_ssim, backend=self.backend,
+        )
+
+
+class MS_SSIM(nn.Module):
+    """``pytorch_msssim.MS_SSIM`` module (same arguments and defaults, ``data_range=255``).
+
+    Examples:
+        >>> m = MS_SSIM(data_range=1.0, channel=3)
+        >>> x = torch.rand(1, 3, 161, 161)
+        >>> round(float(m(x, x)), 4)
+        1.0
+    """
+
+    def __init__(
+        self,
+        data_range: float = 255,
+        size_average: bool = True,
+        win_size: int = 11,
+        win_sigma: float = 1.5,
+        channel: int = 3,
+        spatial_dims: int = 2,
+        weights: Optional[Sequence[float]] = None,
+        K=(0.01, 0.03),
+        *,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        _check_channel(channel, spatial_dims)
+        _config(data_range, win_size, win_sigma, None, K)
+        self.weights = None if weights is None else functional._check_weights(weights)
+        self.data_range, self.size_average, self.win_size, self.win_sigma = data_range, size_average, win_size, win_sigma
+        self.channel, self.K, self.backend = channel, tuple(K), backend
+
+    def forward(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+        _check_input_channels(X, self.channel)
+        return ms_ssim(
+            X, Y, data_range=self.data_range, size_average=self.size_average, win_size=self.win_size,
+            win_sigma=self.win_sigma, weights=self.weights, K=self.K, backend=self.backend,
+        )

@@ -1,0 +1,481 @@
+"""Loss modules: thin ``nn.Module`` twins of the functions, plus the weighted photometric loss.
+
+Modules only hold validated configuration (a frozen :class:`~splatloss.config.SSIMConfig`, checked
+when the module is built, so a bad Hydra config fails before training) and call
+:mod:`splatloss.functional`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Dict, Mapping, Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import backends, functional
+from .config import MS_SSIM_WEIGHTS, SSIMConfig
+from .functional import DEFAULT_TAU, _check_reduction, _check_weights, _reduce
+from .reference import accumulation_dtype
+
+__all__ = ["SSIMLoss", "MSSSIMLoss", "PhotometricLoss", "TERMS"]
+
+#: Terms PhotometricLoss knows, each an unweighted per-image loss value:
+#: ``l1`` mean |pred - target|; ``l2`` mean (pred - target)^2; ``dssim`` 1 - SSIM;
+#: ``msssim`` 1 - MS-SSIM (with the smooth positive extension, see MSSSIMLoss);
+#: ``l1_gaussian`` the L1 error weighted by the coarsest-scale Gaussian (Zhao et al. 2017).
+TERMS = ("l1", "l2", "dssim", "msssim", "l1_gaussian")
+
+
+def _cfg_kwargs(cfg: SSIMConfig) -> dict:
+    return dict(
+        data_range=cfg.data_range, window_size=cfg.window_size, sigma=cfg.sigma, window=cfg.window,
+        k1=cfg.k1, k2=cfg.k2, c1=cfg.c1, c2=cfg.c2, padding=cfg.padding,
+    )
+
+
+def _check_tau(tau) -> Optional[float]:
+    if tau is None:
+        return None
+    if not isinstance(tau, numbers.Real) or isinstance(tau, bool) or not (0 < float(tau) < 1):
+        raise ValueError(f"tau must be a number in (0, 1) or None, got {tau!r}")
+    return float(tau)
+
+
+class SSIMLoss(nn.Module):
+    """``1 - SSIM`` as a module (the twin of :func:`splatloss.ssim`; takes the same keywords).
+
+    Examples:
+        >>> loss = SSIMLoss(padding="same")
+        >>> x = torch.rand(2, 3, 32, 32, requires_grad=True)
+        >>> value = loss(x, torch.rand(2, 3, 32, 32))
+        >>> value.backward()
+        >>> x.grad.shape
+        torch.Size([2, 3, 32, 32])
+    """
+
+    def __init__(
+        self,
+        *,
+        data_range: float = 1.0,
+        window_size: int = 11,
+        sigma: float = 1.5,
+        window: str = "gaussian",
+        k1: float = 0.01,
+        k2: float = 0.03,
+        c1: Optional[float] = None,
+        c2: Optional[float] = None,
+        padding: str = "valid",
+        reduction: str = "mean",
+        backend: str = "auto",
+    ):
+        super().__init__()
+        self.cfg = SSIMConfig(window_size, sigma, window, k1, k2, c1, c2, data_range, padding)
+        _check_reduction(reduction)
+        if not isinstance(backend, str) or backend not in backends.BACKENDS:
+            raise ValueError(f"backend must be one of {backends.BACKENDS}, got {backend!r}")
+        self.reduction = reduction
+        self.backend = backend
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return functional.dssim(pred, target, reduction=self.reduction, backend=self.backend, **_cfg_kwargs(self.cfg))
+
+    def extra_repr(self) -> str:
+        return f"{self.cfg}, reduction={self.reduction!r}, backend={self.backend!r}"
+
+
+class MSSSIMLoss(nn.Module):
+    """``1 - MS-SSIM`` as a module (the twin of :func:`splatloss.ms_ssim`), safe to train with.
+
+    How a non-positive term is handled: the metric (TF) clamps each scale's cs (and the last
+    scale's SSIM) with relu, so as soon as one scale's term is ``<= 0`` the product is 0 and its
+    gradient is 0 or NaN: training stalls exactly where the images disagree most (e.g. an
+    inverted image, or fine detail that agrees while coarse structure is inverted). This loss
+    replaces relu by the smooth positive extension ``f(x) = x`` for ``x >= tau`` and
+    ``tau^2 / (2 tau - x)`` below (``tau=0.01`` by default): continuous with continuous slope at
+    ``tau``, always positive, slope never zero. The loss therefore equals ``1 - ms_ssim`` whenever
+    every term is ``>= tau``, and otherwise stays finite with a non-zero gradient that pushes the
+    negative scale up. ``tau=None`` gives back the exact metric (and its dead gradients).
+
+    Examples:
+        >>> loss = MSSSIMLoss()
+        >>> x = torch.rand(1, 3, 161, 161, requires_grad=True)
+        >>> value = loss(x, 1 - x.detach())  # every scale anti-correlated
+        >>> value.backward()
+        >>> bool(torch.isfinite(x.grad).all()), bool((x.grad != 0).any())
+        (True, True)
+    """
+
+    def __init__(
+        self,
+        *,
+        data_range: float = 1.0,
+        weights: Sequence[float] = MS_SSIM_WEIGHTS,
+        window_size: int = 11,
+        sigma: float = 1.5,
+        window: str = "gaussian",
+        k1: float = 0.01,
+        k2: float = 0.03,
+        c1: Optional[float] = None,
+        c2: Optional[float] = None,
+        padding: str = "valid",
+        reduction: str = "mean",
+        backend: str = "auto",
+        tau: Optional[float] = DEFAULT_TAU,
+    ):
+        super().__init__()
+        self.cfg = SSIMConfig(window_size, sigma, window, k1, k2, c1, c2, data_range, padding)
+        _check_reduction(reduction)
+        if not isinstance(backend, str) or backend not in backends.BACKENDS:
+            raise ValueError(f"backend must be one of {backends.BACKENDS}, got {backend!r}")
+        self.weights = _check_weights(weights)
+        self.tau = _check_tau(tau)
+        self.reduction = reduction
+        self.backend = backend
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        per_image = functional.ms_ssim(
+            pred, target, weights=self.weights, tau=self.tau, reduction="none", backend=self.backend,
+            **_cfg_kwargs(self.cfg),
+        )
+        unbatched = per_image.dim() == 0
+        return _reduce(1 - per_image.reshape(-1), self.reduction, unbatched)
+
+    def extra_repr(self) -> str:
+        return f"{self.cfg}, weights={self.weights}, tau={self.tau}, reduction={self.reduction!r}, backend={self.backend!r}"
+
+
+# ------------------------------------------------------------------------------------------------
+# PhotometricLoss
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_weight(name: str, value) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"weight of term {name!r} must be a real number >= 0, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"weight of term {name!r} must be a finite number >= 0, got {value!r}")
+    return value
+
+
+def _gaussian_1d(sigma: float, dtype, device) -> torch.Tensor:
+    """Normalised Gaussian taps out to 3 sigma: ``2 * ceil(3 sigma) + 1`` taps."""
+    r = int(math.ceil(3 * sigma))
+    x = torch.arange(-r, r + 1, dtype=torch.float64)
+    w = torch.exp(-(x * x) / (2 * sigma * sigma))
+    return (w / w.sum()).to(dtype=dtype, device=device)
+
+
+def _sep_blur(x: torch.Tensor, w: torch.Tensor, padding: str) -> torch.Tensor:
+    """Depthwise separable filtering of ``x`` [B, C, H, W] with ``w``, padding as the SSIM config."""
+    c, k = x.shape[1], w.shape[0]
+    r = k // 2
+    if padding == "same":
+        x = F.pad(x, (r, r, r, r))
+    elif padding == "reflect":
+        x = F.pad(x, (r, r, r, r), mode="reflect")
+    x = F.conv2d(x, w.view(1, 1, 1, k).expand(c, 1, 1, k), groups=c)
+    return F.conv2d(x, w.view(1, 1, k, 1).expand(c, 1, k, 1), groups=c)
+
+
+def _weighted_mean(values: torch.Tensor, mask: Optional[torch.Tensor], dims) -> torch.Tensor:
+    """Mean of ``values`` over ``dims``, weighted by ``mask`` (broadcast) when given."""
+    if mask is None:
+        return values.mean(dim=dims)
+    m = mask.expand_as(values)
+    # An all-zero mask gives 0 (nothing to compare), never 0/0.
+    return (values * m).sum(dim=dims) / m.sum(dim=dims).clamp_min(torch.finfo(values.dtype).tiny)
+
+
+def _crop(t: torch.Tensor, r: int) -> torch.Tensor:
+    return t[..., r : t.shape[-2] - r, r : t.shape[-1] - r] if r > 0 else t
+
+
+class PhotometricLoss(nn.Module):
+    """Weighted sum of photometric terms, with an optional per-pixel mask and per-term logging.
+
+    ``total = sum_t weight_t * term_t`` per image, then ``reduction`` over the batch. Terms (each
+    unweighted, per image): ``l1`` = mean |pred - target|; ``l2`` = mean (pred - target)^2;
+    ``dssim`` = 1 - SSIM; ``msssim`` = 1 - MS-SSIM with the smooth positive extension of
+    :class:`MSSSIMLoss` (``tau``); ``l1_gaussian`` = the L1 error map filtered with the
+    coarsest-scale Gaussian of Zhao et al. 2017 (``l1_sigma``, default ``0.5 * 2^(M-1)`` = 8 for 5
+    scales), then averaged. A term whose weight is 0 is not computed.
+
+    Presets (classmethods, usable as Hydra ``_target_: splatloss.PhotometricLoss.dssim_l1``):
+
+    * :meth:`dssim_l1` -- 3DGS (Kerbl et al. 2023): ``(1 - lambda_dssim) L1 + lambda_dssim D-SSIM``,
+      ``lambda_dssim = 0.2``, zero ("same") padding as its reference code;
+    * :meth:`zhao_mix` -- Zhao et al. 2017 "Mix": ``alpha (1 - MS-SSIM) + (1 - alpha) G_sigma_M * L1``,
+      ``alpha = 0.84``; :meth:`msssim_l1` the same with a plain L1;
+    * :meth:`l1`, :meth:`l2`, :meth:`ssim` (D-SSIM only), :meth:`msssim`.
+
+    Args:
+        l1, l2, dssim, msssim, l1_gaussian: term weights (>= 0, at least one > 0).
+        weights: the same as a mapping ``{"l1": 0.8, "dssim": 0.2}`` (for configs); a term may be
+            given one way or the other, not both.
+        data_range, window_size, sigma, window, k1, k2, c1, c2, padding: the SSIM configuration
+            shared by the ``dssim`` and ``msssim`` terms (see :class:`~splatloss.config.SSIMConfig`).
+        ms_weights: MS-SSIM scale weights (Wang 2003 by default); tau: see :class:`MSSSIMLoss`.
+        l1_sigma: sigma of the ``l1_gaussian`` weighting.
+        reduction: ``"mean"`` | ``"sum"`` | ``"none"`` over the batch.
+        backend: SSIM backend.
+
+    Call ``loss(pred, target, mask=None)`` with ``(B, C, H, W)`` images; ``mask`` (bool or float,
+    broadcastable to ``(B, C, H, W)``, e.g. ``(B, 1, H, W)``) weights every term's per-pixel
+    average (for SSIM terms, the map pixel centred on the image pixel; for MS-SSIM, the mask
+    follows the pyramid). After each call ``loss.terms`` holds the detached, unweighted,
+    batch-averaged value of every computed term and ``loss.weights`` the current weights,
+    changed with ``loss.set_weight(name, value)``.
+
+    Without a mask, the 3DGS pair (``l1`` and ``dssim``) runs through :func:`splatloss.dssim_l1`,
+    i.e. the backend's fused kernel when it has one.
+
+    Examples:
+        >>> loss = PhotometricLoss.dssim_l1()          # 3DGS: 0.8 L1 + 0.2 D-SSIM, "same" padding
+        >>> pred = torch.rand(1, 3, 32, 32, requires_grad=True)
+        >>> total = loss(pred, torch.rand(1, 3, 32, 32))
+        >>> sorted(loss.terms), loss.weights["dssim"]
+        (['dssim', 'l1'], 0.2)
+        >>> total.backward()
+        >>> loss.set_weight("dssim", 0.3)
+        >>> mask = torch.ones(1, 1, 32, 32)
+        >>> bool(torch.isclose(loss(pred, pred.detach(), mask=mask), torch.tensor(0.0)))
+        True
+    """
+
+    def __init__(
+        self,
+        l1: float = 0.0,
+        l2: float = 0.0,
+        dssim: float = 0.0,
+        msssim: float = 0.0,
+        l1_gaussian: float = 0.0,
+        *,
+        weights: Optional[Mapping[str, float]] = None,
+        data_range: float = 1.0,
+        window_size: int = 11,
+        sigma: float = 1.5,
+        window: str = "gaussian",
+        k1: float = 0.01,
+        k2: float = 0.03,
+        c1: Optional[float] = None,
+        c2: Optional[float] = None,
+        padding: str = "valid",
+        ms_weights: Sequence[float] = MS_SSIM_WEIGHTS,
+        tau: Optional[float] = DEFAULT_TAU,
+        l1_sigma: Optional[float] = None,
+        reduction: str = "mean",
+        backend: str = "auto",
+    ):
+        super().__init__()
+        given = {"l1": l1, "l2": l2, "dssim": dssim, "msssim": msssim, "l1_gaussian": l1_gaussian}
+        w = {name: _check_weight(name, v) for name, v in given.items()}
+        if weights is not None:
+            if not isinstance(weights, Mapping):
+                raise TypeError(f"weights must be a mapping of term name to weight, got {type(weights).__name__}")
+            for name, v in weights.items():
+                if name not in TERMS:
+                    raise ValueError(f"unknown loss term {name!r}; terms are {TERMS}")
+                if w[name] != 0.0:
+                    raise ValueError(f"term {name!r} is weighted twice: {name}={w[name]} and weights[{name!r}]={v}")
+                w[name] = _check_weight(name, v)
+        if not any(v > 0 for v in w.values()):
+            raise ValueError(f"PhotometricLoss needs at least one term with a weight > 0, got {w}")
+        self.weights: Dict[str, float] = w
+        self.cfg = SSIMConfig(window_size, sigma, window, k1, k2, c1, c2, data_range, padding)
+        self.ms_weights = _check_weights(ms_weights)
+        self.tau = _check_tau(tau)
+        if l1_sigma is None:
+            l1_sigma = 0.5 * 2 ** (len(self.ms_weights) - 1)
+        if not isinstance(l1_sigma, numbers.Real) or isinstance(l1_sigma, bool) or not (0 < float(l1_sigma) < math.inf):
+            raise ValueError(f"l1_sigma must be a finite number > 0, got {l1_sigma!r}")
+        self.l1_sigma = float(l1_sigma)
+        _check_reduction(reduction)
+        if not isinstance(backend, str) or backend not in backends.BACKENDS:
+            raise ValueError(f"backend must be one of {backends.BACKENDS}, got {backend!r}")
+        self.reduction = reduction
+        self.backend = backend
+        self.terms: Dict[str, torch.Tensor] = {}
+
+    # -- presets ----------------------------------------------------------------------------------
+
+    @classmethod
+    def l1(cls, **kwargs) -> "PhotometricLoss":
+        """Plain L1."""
+        return cls(l1=1.0, **kwargs)
+
+    @classmethod
+    def l2(cls, **kwargs) -> "PhotometricLoss":
+        """Plain L2 (mean squared error)."""
+        return cls(l2=1.0, **kwargs)
+
+    @classmethod
+    def ssim(cls, **kwargs) -> "PhotometricLoss":
+        """D-SSIM alone (``1 - SSIM``)."""
+        return cls(dssim=1.0, **kwargs)
+
+    @classmethod
+    def msssim(cls, **kwargs) -> "PhotometricLoss":
+        """``1 - MS-SSIM`` alone (smooth positive extension, see :class:`MSSSIMLoss`)."""
+        return cls(msssim=1.0, **kwargs)
+
+    @classmethod
+    def dssim_l1(cls, lambda_dssim: float = 0.2, *, padding: str = "same", **kwargs) -> "PhotometricLoss":
+        """3DGS: ``(1 - lambda_dssim) L1 + lambda_dssim (1 - SSIM)``, zero padding as 3DGS's ``ssim``."""
+        lam = _check_fraction("lambda_dssim", lambda_dssim)
+        return cls(l1=1.0 - lam, dssim=lam, padding=padding, **kwargs)
+
+    @classmethod
+    def msssim_l1(cls, alpha: float = 0.84, **kwargs) -> "PhotometricLoss":
+        """``alpha (1 - MS-SSIM) + (1 - alpha) L1`` with a plain (unweighted) L1."""
+        a = _check_fraction("alpha", alpha)
+        return cls(msssim=a, l1=1.0 - a, **kwargs)
+
+    @classmethod
+    def zhao_mix(cls, alpha: float = 0.84, **kwargs) -> "PhotometricLoss":
+        """Zhao et al. 2017 Mix: ``alpha (1 - MS-SSIM) + (1 - alpha) G_sigma_M * L1``, ``alpha = 0.84``."""
+        a = _check_fraction("alpha", alpha)
+        return cls(msssim=a, l1_gaussian=1.0 - a, **kwargs)
+
+    # -- weights ----------------------------------------------------------------------------------
+
+    def set_weight(self, name: str, value: float) -> None:
+        """Change one term's weight (>= 0); callbacks schedule weights through this."""
+        if name not in TERMS:
+            raise ValueError(f"unknown loss term {name!r}; terms are {TERMS}")
+        self.weights[name] = _check_weight(name, value)
+
+    def extra_repr(self) -> str:
+        active = {k: v for k, v in self.weights.items() if v > 0}
+        return f"weights={active}, {self.cfg}, reduction={self.reduction!r}, backend={self.backend!r}"
+
+    # -- forward ----------------------------------------------------------------------------------
+
+    def _check_mask(self, mask, pred: torch.Tensor) -> torch.Tensor:
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
+        if mask.dim() == 2:  # (H, W)
+            mask = mask[None, None]
+        elif mask.dim() == 3:  # (B, H, W)
+            mask = mask[:, None]
+        if mask.dim() != pred.dim() or mask.shape[-2:] != pred.shape[-2:]:
+            raise ValueError(
+                f"mask must be (B, 1, H, W), (B, C, H, W), (B, H, W) or (H, W) matching the images' "
+                f"H, W = {tuple(pred.shape[-2:])}, got shape {tuple(mask.shape)}"
+            )
+        try:
+            torch.broadcast_shapes(mask.shape, pred.shape)
+        except RuntimeError:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to the images' shape {tuple(pred.shape)}") from None
+        if mask.device != pred.device:
+            raise ValueError(f"mask must be on the images' device {pred.device}, got {mask.device}")
+        return mask.to(accumulation_dtype(pred.dtype))
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x, y, unbatched = functional._check_pair(pred, target)
+        if mask is not None:
+            mask = self._check_mask(mask, x)
+        acc = accumulation_dtype(x.dtype)
+        w = self.weights
+        per_term: Dict[str, torch.Tensor] = {}  # name -> [B]
+        kw = _cfg_kwargs(self.cfg)
+
+        fused_pair = mask is None and w["l1"] > 0 and w["dssim"] > 0
+        if fused_pair:
+            # 3DGS pair in one call (the backend's fused L1 + D-SSIM when it has one):
+            # w_l1 L1 + w_d D = (w_l1 + w_d) * dssim_l1(lam = w_d / (w_l1 + w_d)).
+            scale = w["l1"] + w["dssim"]
+            lam = w["dssim"] / scale
+            pair = scale * functional.dssim_l1(x, y, lam, reduction="none", backend=self.backend, **kw)
+            with torch.no_grad():  # the separate values, for logging only
+                l1_val = (x.to(acc) - y.to(acc)).abs().mean(dim=(1, 2, 3))
+                d_val = (pair.detach() / scale - (1 - lam) * l1_val) / lam
+            total = pair
+            logged = {"l1": l1_val, "dssim": d_val}
+        else:
+            total = None
+            logged = {}
+
+        diff = None
+        if (not fused_pair and w["l1"] > 0) or w["l2"] > 0 or w["l1_gaussian"] > 0:
+            diff = x.to(acc) - y.to(acc)  # [B, C, H, W]
+        if not fused_pair and w["l1"] > 0:
+            per_term["l1"] = _weighted_mean(diff.abs(), mask, (1, 2, 3))
+        if w["l2"] > 0:
+            per_term["l2"] = _weighted_mean(diff * diff, mask, (1, 2, 3))
+        if not fused_pair and w["dssim"] > 0:
+            per_term["dssim"] = self._dssim(x, y, mask)
+        if w["msssim"] > 0:
+            per_term["msssim"] = self._msssim(x, y, mask)
+        if w["l1_gaussian"] > 0:
+            per_term["l1_gaussian"] = self._l1_gaussian(diff, mask)
+
+        for name, value in per_term.items():
+            term = w[name] * value
+            total = term if total is None else total + term
+            logged[name] = value.detach()
+        self.terms = {name: v.mean() for name, v in logged.items()}
+        return _reduce(total, self.reduction, unbatched)
+
+    def _dssim(self, x, y, mask) -> torch.Tensor:
+        if mask is None:
+            return functional.dssim(x, y, reduction="none", backend=self.backend, **_cfg_kwargs(self.cfg))
+        functional._check_size(x, self.cfg)
+        smap = backends.resolve(self.backend, x).ssim_map(x, y, self.cfg)  # [B, C, H', W']
+        r = self.cfg.pad if self.cfg.padding == "valid" else 0
+        return 1 - _weighted_mean(smap, _crop(mask, r), (1, 2, 3))
+
+    def _msssim(self, x, y, mask) -> torch.Tensor:
+        if mask is None:
+            ms = functional.ms_ssim(
+                x, y, weights=self.ms_weights, tau=self.tau, reduction="none", backend=self.backend,
+                **_cfg_kwargs(self.cfg),
+            )
+            return 1 - ms
+        cfg, scales = self.cfg, len(self.ms_weights)
+        functional._check_ms_size(x, cfg, scales)
+        mod = backends.resolve(self.backend, x)
+        r = cfg.pad if cfg.padding == "valid" else 0
+        terms = []
+        for j in range(scales):
+            if j == 1:
+                acc = accumulation_dtype(x.dtype)
+                x, y = x.to(acc), y.to(acc)
+            if j > 0:
+                # the mask follows the same pyramid as the images (its 2x2 means weight the coarse pixels)
+                x, y, mask = functional._downsample2x(x), functional._downsample2x(y), functional._downsample2x(mask)
+            smap, cmap = mod.ssim_map(x, y, cfg, return_cs=True)
+            m = _crop(mask, r)
+            terms.append(_weighted_mean(cmap if j < scales - 1 else smap, m, (2, 3)))  # [B, C]
+        ms = functional._combine_ms(torch.stack(terms, dim=-1), self.ms_weights, self.tau)
+        return 1 - ms
+
+    def _l1_gaussian(self, diff, mask) -> torch.Tensor:
+        g = _gaussian_1d(self.l1_sigma, diff.dtype, diff.device)
+        k = g.shape[0]
+        if self.cfg.padding == "valid" and min(diff.shape[-2:]) < k:
+            raise ValueError(
+                f"the l1_gaussian term filters with a {k}x{k} Gaussian (l1_sigma={self.l1_sigma}) and padding='valid', "
+                f"so images must be at least {k}x{k}, got {diff.shape[-2]}x{diff.shape[-1]}; use padding='same' or a smaller l1_sigma"
+            )
+        if self.cfg.padding == "reflect" and min(diff.shape[-2:]) <= k // 2:
+            raise ValueError(
+                f"the l1_gaussian term mirrors {k // 2} pixels (l1_sigma={self.l1_sigma}) with padding='reflect', so images "
+                f"must be at least {k // 2 + 1}x{k // 2 + 1}, got {diff.shape[-2]}x{diff.shape[-1]}; use padding='same'"
+            )
+        err = diff.abs()
+        if mask is None:
+            return _sep_blur(err, g, self.cfg.padding).mean(dim=(1, 2, 3))
+        m = mask.expand_as(err)
+        num = _sep_blur(err * m, g, self.cfg.padding).sum(dim=(1, 2, 3))
+        den = _sep_blur(m.contiguous(), g, self.cfg.padding).sum(dim=(1, 2, 3))
+        return num / den.clamp_min(torch.finfo(err.dtype).tiny)
+
+
+def _check_fraction(name: str, value) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not (0.0 <= float(value) <= 1.0):
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
