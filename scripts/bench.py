@@ -251,6 +251,7 @@ def time_config(libs, op, mode, shape, dtype, device, repeats, warmup, baseline)
         except Exception as exc:  # a library that fails on this input: say so, keep going
             rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     times = {lib: [] for lib in calls}
+    cpu = {lib: [] for lib in calls}  # process CPU time: less disturbed by other jobs on a shared machine
     if device == "cuda":
         from triton.testing import do_bench
 
@@ -261,16 +262,23 @@ def time_config(libs, op, mode, shape, dtype, device, repeats, warmup, baseline)
         for r in range(repeats):
             k = r % len(order) if order else 0
             for lib in order[k:] + order[:k]:  # rotate: nobody always runs right after the same peer
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 calls[lib]()
                 times[lib].append(1e3 * (time.perf_counter() - t0))
+                cpu[lib].append(1e3 * (time.process_time() - c0))
     for lib, ts in times.items():
         records[lib]["median_ms"] = statistics.median(ts)
         records[lib]["times_ms"] = [round(t, 3) for t in ts]
+        if cpu[lib]:
+            records[lib]["cpu_median_ms"] = statistics.median(cpu[lib])
     base = records.get(baseline, {}).get("median_ms")
     for rec in records.values():
         if base and "median_ms" in rec:
             rec[f"speedup_vs_{baseline}"] = base / rec["median_ms"]
+    cbase = records.get(baseline, {}).get("cpu_median_ms")
+    for rec in records.values():
+        if cbase and "cpu_median_ms" in rec:
+            rec[f"cpu_speedup_vs_{baseline}"] = cbase / rec["cpu_median_ms"]
     return list(records.values())
 
 
@@ -381,12 +389,14 @@ def machine_info(device):
 
 
 def _fmt_mb(b):
-    return "" if b is None else f"{b / 2**20:.0f}"
+    return "" if b is None else f"{b / 2**20:.1f}"
 
 
 def print_table(results, baseline, file=sys.stdout):
     key = f"speedup_vs_{baseline}"
-    head = f"{'op':9} {'mode':6} {'shape':16} {'library':21} {'median ms':>10} {'x ' + baseline[:14]:>17} {'peak MB':>8} {'first ms':>9}"
+    mkey = f"memory_ratio_vs_{baseline}"
+    head = (f"{'op':9} {'mode':6} {'shape':16} {'library':21} {'median ms':>10} {'x ' + baseline[:14]:>17} "
+            f"{'cpu ms':>8} {'peak MB':>8} {'x mem':>6} {'first ms':>9}")
     print(head, file=file)
     print("-" * len(head), file=file)
     for r in results:
@@ -394,8 +404,10 @@ def print_table(results, baseline, file=sys.stdout):
         if "median_ms" in r:
             ratio = f"{r[key]:.2f}" if key in r else ""
             mem = _fmt_mb(r.get("peak_added_bytes"))
+            mratio = f"{r[mkey]:.1f}" if mkey in r else ""
+            cpu = f"{r['cpu_median_ms']:.1f}" if "cpu_median_ms" in r else ""
             print(f"{r['op']:9} {r['mode']:6} {shape:16} {r['lib']:21} {r['median_ms']:10.2f} {ratio:>17} "
-                  f"{mem:>8} {r.get('first_call_ms', 0):9.0f}", file=file)
+                  f"{cpu:>8} {mem:>8} {mratio:>6} {r.get('first_call_ms', 0):9.0f}", file=file)
         else:
             why = r.get("skipped") or r.get("error", "")
             print(f"{r['op']:9} {r['mode']:6} {shape:16} {r['lib']:21} {'-':>10}  ({why[:70]})", file=file)
@@ -477,7 +489,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per library after the first")
     p.add_argument("--memory", action="store_true", help="added peak memory per library, fresh process each")
     p.add_argument("--memory-modes", default="fwdbwd", help="modes to measure memory for (default fwdbwd)")
-    p.add_argument("--cold-start", action="store_true", help="first-call time of splatloss-torch with an empty kernel cache")
+    p.add_argument("--cold-start", action="store_true",
+                   help="first-call time of splatloss-torch (first op, last shape) in a fresh process with an empty kernel cache")
     p.add_argument("--full", action="store_true", help="sizes 256x256..1080x1920, channels 1,3, batch 1,8")
     p.add_argument("--json", help="write every record (and the machine) to this JSON file")
     p.add_argument("--plot", help="write a plot of time against size to this image file")
@@ -536,7 +549,7 @@ def main(argv=None):
     cold = None
     if args.cold_start and args.device == "cpu":
         b, c, h, w = shapes[-1]
-        cold = {op: run_cold_start(op, shapes[-1], dtype, args.threads) for op in ops}
+        cold = {op: run_cold_start(op, shapes[-1], dtype, args.threads) for op in ops[:1]}
         for op, rec in cold.items():
             print(f"cold start {op} {b}x{c}x{h}x{w}: {rec}")
     print("\n# summary (all configurations)")

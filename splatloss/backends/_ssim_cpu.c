@@ -35,7 +35,9 @@
 #define REAL float
 #endif
 
+#ifndef VBYTES
 #define VBYTES 64
+#endif
 #define V ((int)(VBYTES / sizeof(REAL)))
 typedef REAL vr __attribute__((vector_size(VBYTES)));
 typedef __typeof__((vr){0} < (vr){0}) vmask;

@@ -1,0 +1,54 @@
+"""scripts/bench.py runs end to end at tiny sizes and writes its JSON and plot (no timing asserts:
+speed is measured by the script itself, never by a unit test)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "scripts" / "bench.py"
+
+
+@pytest.mark.slow
+def test_bench_smoke_writes_json_and_plot(tmp_path):
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    env = dict(os.environ, OMP_NUM_THREADS="1", SPLATLOSS_CACHE_DIR=str(tmp_path / "cache"))
+    cmd = [
+        sys.executable, str(BENCH), "--sizes", "176x184", "--channels", "1", "--batch", "2",
+        "--libs", "splatloss-torch,splatloss-reference,splatloss-triton,pytorch_msssim", "--ops", "ssim,ms_ssim",
+        "--repeats", "2", "--warmup", "0", "--threads", "1", "--memory", "--cold-start",
+        "--json", str(out_json), "--plot", str(out_png),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "speedup" not in proc.stderr
+    payload = json.loads(out_json.read_text())
+    assert payload["machine"]["threads"] == 1
+    recs = payload["results"]
+    # every op x mode x library has one record, timed or with the reason it was not
+    assert {(r["op"], r["mode"]) for r in recs} == {(o, m) for o in ("ssim", "ms_ssim") for m in ("fwdbwd", "fwd")}
+    timed = [r for r in recs if "median_ms" in r]
+    assert {r["lib"] for r in timed} == {"splatloss-torch", "splatloss-reference", "pytorch_msssim"}
+    for r in timed:
+        assert r["median_ms"] > 0 and len(r["times_ms"]) == 2
+        assert (r["batch"], r["channels"], r["height"], r["width"]) == (2, 1, 176, 184)
+        assert r["speedup_vs_pytorch_msssim"] > 0
+        if r["mode"] == "fwdbwd":  # memory measured in a fresh process per library
+            assert r["peak_added_bytes"] > 0, r
+    triton = [r for r in recs if r["lib"] == "splatloss-triton"]
+    assert triton and all("CUDA" in r["skipped"] for r in triton)
+    cold = payload["cold_start"]
+    assert set(cold) == {"ssim"}
+    assert all(c["first_call_ms"] > 0 and c["second_call_ms"] > 0 for c in cold.values())
+    assert out_png.stat().st_size > 1000 and out_png.read_bytes()[:4] == b"\x89PNG"
+    assert "splatloss-torch" in proc.stdout and "pytorch_msssim" in proc.stdout
+
+
+def test_bench_rejects_unknown_library():
+    proc = subprocess.run([sys.executable, str(BENCH), "--libs", "nope"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "unknown libraries ['nope']" in proc.stderr
