@@ -1,0 +1,127 @@
+"""The compiled CPU kernel behind backend="torch": its fallbacks, its threading and its cache.
+
+Agreement with the reference (values and gradients, every padding and dtype) is the core's tests'
+job (tests/test_torch_backend.py runs them through this fast path); here: what the kernel adds.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from splatloss.backends import _cpu_kernel
+from splatloss.backends import torch_fused
+from splatloss.config import SSIMConfig
+
+
+def _pair(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(shape, generator=g, dtype=dtype)
+    y = (0.7 * x + 0.3 * torch.rand(shape, generator=g, dtype=dtype)).clamp(0, 1)
+    return x, y
+
+
+def _stats_and_grads(x, y, cfg, gs, gc):
+    x = x.clone().requires_grad_(True)
+    y = y.clone().requires_grad_(True)
+    s, c = torch_fused.ssim_stats(x, y, cfg)
+    gx, gy = torch.autograd.grad((s * gs + c * gc).sum(), (x, y))
+    return s.detach(), c.detach(), gx, gy
+
+
+def test_kernel_builds_here_and_is_used():
+    assert _cpu_kernel.get(torch.float32) is not None, _cpu_kernel.unavailable_reason()
+    x, y = _pair((1, 2, 20, 30))
+    x.requires_grad_(True)
+    s, _ = torch_fused.ssim_stats(x, y, SSIMConfig())
+    assert type(s.grad_fn).__name__.startswith("SSIMStatsCPUFn")
+    with _cpu_kernel.cpu_kernel(False):
+        s2, _ = torch_fused.ssim_stats(x, y, SSIMConfig())
+    assert not type(s2.grad_fn).__name__.startswith("SSIMStatsCPUFn")
+
+
+@pytest.mark.parametrize("padding", ["valid", "same", "reflect"])
+def test_kernel_equals_torch_ops_path_under_both_upstreams(padding):
+    """Both outputs used with random per-(B, C) upstreams, both images needing gradients."""
+    cfg = SSIMConfig(padding=padding)
+    x, y = _pair((2, 3, 29, 41), torch.float64, seed=1)
+    g = torch.Generator().manual_seed(2)
+    gs, gc = torch.randn(2, 3, generator=g, dtype=torch.float64), torch.randn(2, 3, generator=g, dtype=torch.float64)
+    fast = _stats_and_grads(x, y, cfg, gs, gc)
+    with _cpu_kernel.cpu_kernel(False):
+        slow = _stats_and_grads(x, y, cfg, gs, gc)
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+
+
+def test_threads_split_rows_without_changing_results():
+    """More threads split each plane into row strips; values and gradients stay bitwise equal."""
+    x, y = _pair((1, 2, 150, 67))
+    gs, gc = torch.tensor([[0.3, -1.0]]), torch.tensor([[1.5, 0.2]])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _stats_and_grads(x, y, SSIMConfig(), gs, gc)
+        torch.set_num_threads(3)  # more strips than planes, even on a 2-core machine
+        assert _cpu_kernel._strips(150 - 10, 2) > 1
+        three = _stats_and_grads(x, y, SSIMConfig(), gs, gc)
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(one, three):
+        assert torch.equal(a, b)
+
+
+def test_window_and_constants_are_runtime_arguments():
+    """Other window sizes, a uniform window and given C1/C2 run through the same build."""
+    for cfg in (SSIMConfig(window_size=7, sigma=1.0), SSIMConfig(window="uniform", window_size=5),
+                SSIMConfig(c1=0.02, c2=0.05, window_size=3)):
+        x, y = _pair((1, 1, 23, 19), torch.float64, seed=3)
+        gs, gc = torch.ones(1, 1, dtype=torch.float64), torch.full((1, 1), 0.5, dtype=torch.float64)
+        fast = _stats_and_grads(x, y, cfg, gs, gc)
+        with _cpu_kernel.cpu_kernel(False):
+            slow = _stats_and_grads(x, y, cfg, gs, gc)
+        for a, b in zip(fast, slow):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+
+
+_NO_COMPILER = textwrap.dedent(
+    """
+    import warnings, torch, splatloss
+    from splatloss.backends import _cpu_kernel
+    x = torch.rand(1, 3, 40, 40, requires_grad=True)
+    y = torch.rand(1, 3, 40, 40)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a = splatloss.ssim(x, y, backend="torch")
+        a.backward()
+        b = splatloss.ssim(x, y, backend="torch")
+        c = splatloss.ms_ssim(torch.rand(1, 1, 170, 170), torch.rand(1, 1, 170, 170), backend="torch")
+    ours = [w for w in caught if "compiled CPU SSIM kernel is unavailable" in str(w.message)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    assert "no C compiler found" in str(ours[0].message), str(ours[0].message)
+    ref = splatloss.ssim(x, y, backend="reference")
+    assert abs(float(a) - float(ref)) < 1e-6 and float(a) == float(b)
+    assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    print("OK")
+    """
+)
+
+
+def test_without_a_compiler_the_backend_works_and_warns_once(tmp_path):
+    env = dict(os.environ, PATH=str(tmp_path), SPLATLOSS_CACHE_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    env.pop("CC", None)
+    proc = subprocess.run([sys.executable, "-c", _NO_COMPILER], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-2000:]
+
+
+def test_cached_library_is_reused_and_keyed_by_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPLATLOSS_CACHE_DIR", str(tmp_path))
+    cc = _cpu_kernel._compiler()
+    first = _cpu_kernel._build(cc, "float")
+    mtime = first.stat().st_mtime_ns
+    assert _cpu_kernel._build(cc, "float") == first and first.stat().st_mtime_ns == mtime
+    assert _cpu_kernel._build(cc, "double") != first
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".so", ".so"]  # no temporaries left
