@@ -59,6 +59,9 @@ class Gaussians(nn.Module):
 
     def __init__(self, means, quats, log_scales, opacity_logits, colors):
         super().__init__()
+        if not isinstance(means, torch.Tensor) or means.ndim != 2:
+            got = tuple(means.shape) if isinstance(means, torch.Tensor) else type(means).__name__
+            raise TypeError(f"Gaussians: means must be a torch.Tensor of shape [N, 3], got {got}")
         n = means.shape[0]
         shapes = {
             "means": (means, (n, 3)),
