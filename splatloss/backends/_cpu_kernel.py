@@ -330,6 +330,13 @@ def unpad_grad(g: torch.Tensor, cfg: SSIMConfig, size) -> torch.Tensor:
     return g
 
 
+def _batched(t: Optional[torch.Tensor]) -> bool:
+    """Whether ``t`` is a vmap-batched tensor (legacy or functorch): no plain memory to hand to C."""
+    return t is not None and (
+        torch._C._are_functorch_transforms_active() or "Batched" in str(torch._C._dispatch_keys(t))
+    )
+
+
 class SSIMStatsCPUFn(torch.autograd.Function):
     """(padded x, padded y) -> per-(B, C) means of the "valid" SSIM and cs maps, compiled kernel.
 
@@ -352,7 +359,9 @@ class SSIMStatsCPUFn(torch.autograd.Function):
         need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if (g_s is None and g_c is None) or not (need_x or need_y):
             return None, None, None, None, None
-        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward in torch ops
+        if torch.is_grad_enabled() or _batched(g_s) or _batched(g_c):
+            # create_graph=True needs a differentiable backward, and autograd.grad(...,
+            # is_grads_batched=True) vmaps it over batched upstreams: both take the torch ops.
             n = (x.shape[-2] - w.shape[0] + 1) * (x.shape[-1] - w.shape[0] + 1)
             g_s = None if g_s is None else (g_s / n)[..., None, None]
             g_c = None if g_c is None else (g_c / n)[..., None, None]
