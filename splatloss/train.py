@@ -7,7 +7,8 @@ A run writes into its folder (Hydra's ``outputs/<date>/<time>/``, or ``multirun/
 - ``metrics.json``: held-out ``psnr`` / ``ssim`` / ``ms_ssim`` of the trained model and the same
   of the untrained one (``psnr_init``, ...), ``steps``, ``train_seconds``, the step time and the
   loss's share of it, the final number of Gaussians, and the loss configuration;
-- ``checkpoints/last.ckpt`` (end of every epoch and of the run; ``resume=true`` continues from it);
+- ``checkpoints/last.ckpt`` (every ``callbacks.checkpoint.every_n_train_steps`` steps and at the end;
+  ``resume=true`` continues from it, exactly);
 - ``renders/{init,final}/<view>.png``: prediction | ground truth for the held-out views;
 - ``point_cloud.ply``: the trained Gaussians (3DGS layout).
 
@@ -23,6 +24,7 @@ import math
 import os
 import tempfile
 import time
+import warnings
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -30,6 +32,9 @@ import torch
 log = logging.getLogger(__name__)
 
 __all__ = ["train", "main", "write_json_atomic", "check_config"]
+
+# Loss config keys that are weights (PhotometricLoss terms and its presets' mixing factors).
+_WEIGHT_KEYS = ("l1", "l2", "dssim", "msssim", "l1_gaussian", "alpha", "lambda_dssim")
 
 CONFIG_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, "configs"))
 
@@ -79,7 +84,7 @@ def check_config(cfg) -> None:
 
     for path, value in _numbers(OmegaConf.to_container(cfg.loss, resolve=True), "loss"):
         leaf = path.rsplit(".", 1)[-1]
-        if (".weights." in path or leaf.endswith("weight") or leaf in ("alpha", "lambda_dssim")) and not (
+        if (".weights." in path or leaf.endswith("weight") or leaf in _WEIGHT_KEYS) and not (
             value >= 0 and math.isfinite(value)
         ):
             raise ValueError(f"{path} must be a finite number >= 0, got {value}")
@@ -132,6 +137,8 @@ def train(cfg) -> Dict[str, Any]:
     from .lightning import HeldOutMetrics, SceneDataModule, SplatModule, check_scene
 
     check_config(cfg)
+    # Checkpoints hold the state after each step's optimizer update, which is what resuming needs.
+    warnings.filterwarnings("ignore", message=".*no pre-optimization state was saved.*")
     out_dir = os.path.abspath(str(cfg.output_dir))
     ckpt_path = _resolve_ckpt(cfg)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
@@ -171,6 +178,10 @@ def train(cfg) -> Dict[str, Any]:
     t0 = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     train_seconds = time.perf_counter() - t0
+    ckpt_cb = next((c for c in callbacks if isinstance(c, L.pytorch.callbacks.ModelCheckpoint)), None)
+    if ckpt_cb is not None and ckpt_cb.dirpath:
+        # The end of the run, whatever every_n_train_steps is: a later run can extend it.
+        trainer.save_checkpoint(os.path.join(ckpt_cb.dirpath, "last.ckpt"))
     if trainer.interrupted:
         log.warning("training was interrupted at step %d; resume with resume=true", trainer.global_step)
     final = _validate(trainer, module, dm, evaluator, "final")

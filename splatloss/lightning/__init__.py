@@ -4,7 +4,7 @@ Importing this package imports Lightning (the core ``splatloss`` package never d
 """
 
 from .callbacks import HeldOutMetrics, LossTerms
-from .data import EpochPermutationSampler, SceneDataModule, check_scene
+from .data import ResumableLoader, SceneDataModule, StepViewSampler, check_scene
 from .module import SplatModule
 
-__all__ = ["SplatModule", "SceneDataModule", "EpochPermutationSampler", "check_scene", "LossTerms", "HeldOutMetrics"]
+__all__ = ["SplatModule", "SceneDataModule", "StepViewSampler", "ResumableLoader", "check_scene", "LossTerms", "HeldOutMetrics"]

@@ -135,7 +135,7 @@ class LossTerms(L.Callback):
 
 def ms_ssim_weights_for(size: int, window_size: int = 11) -> tuple:
     """The standard MS-SSIM weights truncated to the scales a ``size``-pixel side allows with
-    "valid" padding, renormalised to sum to 1; all five when the image is large enough (>= 161 px
+    "valid" padding, renormalised to sum to 1; all five, unchanged, when the image is large enough (>= 161 px
     for an 11-px window). The metric stays comparable between runs on one scene, not with
     full five-scale MS-SSIM numbers published for large images.
 
@@ -150,6 +150,8 @@ def ms_ssim_weights_for(size: int, window_size: int = 11) -> tuple:
         scales += 1
     if scales == 0:
         raise ValueError(f"images of side {size} are too small for SSIM with a {window_size}-px window")
+    if scales == len(MS_SSIM_WEIGHTS):
+        return tuple(MS_SSIM_WEIGHTS)  # the standard metric, as published (its weights sum to 1.0001)
     w = MS_SSIM_WEIGHTS[:scales]
     total = sum(w)
     return tuple(x / total for x in w)

@@ -1,8 +1,9 @@
 """The scene as a LightningDataModule: one training view per step, held-out views for evaluation.
 
-The training order is a fresh permutation of the training views every epoch, drawn from
-``seed + epoch`` alone (:class:`EpochPermutationSampler`), so a run resumed from an end-of-epoch
-checkpoint sees exactly the views the uninterrupted run would have seen.
+The training order is a function of the step alone (:class:`StepViewSampler`: a fresh seeded
+permutation of the views every ``len(views)`` steps), and the training loader saves its position in
+checkpoints (:class:`ResumableLoader`), so a run resumed from any checkpoint sees exactly the views
+the uninterrupted run would have seen. One Lightning epoch is the whole run (``max_steps`` items).
 """
 
 from __future__ import annotations
@@ -15,30 +16,79 @@ from torch.utils.data import DataLoader, Sampler
 
 from ..splat.scenes import SceneData, ViewDataset
 
-__all__ = ["EpochPermutationSampler", "SceneDataModule", "check_scene"]
+
+def _one_view(item):
+    return item  # batch_size=None: each item is one view (a dict of tensors)
+
+__all__ = ["StepViewSampler", "ResumableLoader", "SceneDataModule", "check_scene"]
 
 
-class EpochPermutationSampler(Sampler[int]):
-    """A permutation of ``range(n)`` that depends only on ``seed`` and the epoch.
+class StepViewSampler(Sampler[int]):
+    """Item ``i`` is the view trained on at step ``i``: a pure function of ``(seed, i)``.
 
-    Lightning calls :meth:`set_epoch` before every training epoch (as it does for
-    ``DistributedSampler``), so the order never depends on how many epochs this process ran.
+    Steps are cut into blocks of ``n`` (one block = one pass over the views in a fresh seeded
+    permutation, i.e. an epoch of views). With ``world_size`` processes, process ``rank`` takes
+    position ``i * world_size + rank`` of that sequence, so the processes see different views at
+    every step and together cover each block. Iteration starts at :attr:`start` (set when a run
+    resumes), so the order never depends on where a run was interrupted.
+
+    Examples:
+        >>> s = StepViewSampler(4, total_steps=8, seed=0)
+        >>> order = list(s)
+        >>> sorted(order[:4]) == sorted(order[4:]) == [0, 1, 2, 3]
+        True
+        >>> s.start = 5
+        >>> list(s) == order[5:]
+        True
     """
 
-    def __init__(self, n: int, seed: int = 0):
+    def __init__(self, n: int, total_steps: int, seed: int = 0, rank: int = 0, world_size: int = 1):
         if not isinstance(n, int) or n < 1:
-            raise ValueError(f"EpochPermutationSampler: n must be an integer >= 1, got {n!r}")
-        self.n, self.seed, self.epoch = n, int(seed), 0
+            raise ValueError(f"StepViewSampler: n must be an integer >= 1, got {n!r}")
+        if not isinstance(total_steps, int) or total_steps < 1:
+            raise ValueError(f"StepViewSampler: total_steps must be an integer >= 1, got {total_steps!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"StepViewSampler: rank must be in [0, world_size={world_size}), got {rank}")
+        self.n, self.total, self.seed, self.rank, self.world_size = n, total_steps, int(seed), rank, world_size
+        self.start = 0
+        self._perms: dict = {}
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+    def view_at(self, step: int) -> int:
+        block, j = divmod(step * self.world_size + self.rank, self.n)
+        if block not in self._perms:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + block)
+            self._perms = {block: torch.randperm(self.n, generator=g).tolist()}
+        return self._perms[block][j]
 
     def __iter__(self) -> Iterator[int]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return iter(torch.randperm(self.n, generator=g).tolist())
+        start, self.start = self.start, 0  # a resumed position applies to one pass only
+        return iter([self.view_at(i) for i in range(start, self.total)])
 
     def __len__(self) -> int:
-        return self.n
+        return self.total
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader Lightning can resume mid-run: its state is the position in the step sequence.
+
+    The position saved is the trainer's ``global_step`` (steps completed), not a count of items
+    fetched, which Lightning's one-batch prefetch would put one ahead.
+    """
+
+    def __init__(self, dataset, sampler: StepViewSampler, position_fn: Callable[[], int], num_workers: int = 0):
+        super().__init__(dataset, batch_size=None, sampler=sampler, num_workers=num_workers, collate_fn=_one_view)
+        self._position_fn = position_fn
+
+    def state_dict(self) -> dict:
+        return {"position": int(self._position_fn()), "seed": self.sampler.seed, "world_size": self.sampler.world_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("world_size", 1) != self.sampler.world_size:
+            raise ValueError(
+                f"the checkpoint was written by {state.get('world_size')} processes, this run has "
+                f"{self.sampler.world_size}: the view order would not continue exactly"
+            )
+        self.sampler.start = int(state["position"])
 
 
 def check_scene(scene: SceneData) -> None:
@@ -73,17 +123,13 @@ def check_scene(scene: SceneData) -> None:
             )
 
 
-def _one_view(item):
-    return item
-
-
 class SceneDataModule(L.LightningDataModule):
     """Wraps a :class:`SceneData`: shuffled training views, held-out views in order.
 
     Args:
-        scene: the scene, or a zero-argument callable building it (Hydra passes a partial so
-            the scene is built once, in :meth:`setup`... or eagerly when already built).
-        seed: seed of the per-epoch view order.
+        scene: the scene, or a zero-argument callable building it (built and checked once, in
+            :meth:`setup`).
+        seed: seed of the view order.
         num_workers: DataLoader workers (0: the views are tensors already in memory).
     """
 
@@ -106,13 +152,11 @@ class SceneDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         ds = ViewDataset(self.scene.train)
-        return DataLoader(
-            ds,
-            batch_size=None,  # one camera per step: items are single views
-            sampler=EpochPermutationSampler(len(ds), self.seed),
-            num_workers=self.num_workers,
-            collate_fn=_one_view,
-        )
+        trainer = self.trainer
+        if trainer is None or not isinstance(trainer.max_steps, int) or trainer.max_steps < 1:
+            raise ValueError("SceneDataModule needs a Trainer with max_steps >= 1 (one item per training step)")
+        sampler = StepViewSampler(len(ds), trainer.max_steps, self.seed, trainer.global_rank, trainer.world_size)
+        return ResumableLoader(ds, sampler, lambda: self.trainer.global_step, self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(ViewDataset(self.scene.test), batch_size=None, shuffle=False,

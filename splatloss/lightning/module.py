@@ -202,8 +202,11 @@ class SplatModule(L.LightningModule):
         view = _view_from_batch(batch)
         with torch.no_grad():
             out = self.render_view(view)
-        return {"pred": self._to_bchw(out["image"]).clamp(0, 1), "target": self._to_bchw(view.image),
-                "name": view.name}
+        name = f"test_{int(batch['index']):03d}" if "index" in batch else f"test_{batch_idx:03d}"
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is not None and hasattr(dm, "scene") and "index" in batch:
+            name = dm.scene.test[int(batch["index"])].name or name
+        return {"pred": self._to_bchw(out["image"]).clamp(0, 1), "target": self._to_bchw(view.image), "name": name}
 
     # -- checkpoints --------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
