@@ -137,7 +137,7 @@ def test_smooth_positive_extension():
     t = torch.tensor([tau - 1e-9, tau + 1e-9], dtype=torch.float64, requires_grad=True)
     ft = functional.smooth_positive(t, tau)
     (gt,) = torch.autograd.grad(ft.sum(), t)
-    assert abs(float(ft[0] - ft[1])) < 1e-8 and abs(float(gt[0] - gt[1])) < 1e-6
+    assert abs(float((ft[0] - ft[1]).detach())) < 1e-8 and abs(float(gt[0] - gt[1])) < 1e-6
 
 
 # ------------------------------------------------------------------------------------------------
