@@ -41,7 +41,18 @@ def available() -> bool:
 if _HAVE_NUMBA:
 
     @numba.njit(cache=True, nogil=True)
+    def _thresholds(opa):
+        # sigma above log(255 * opacity) means alpha < 1/255: skipped without evaluating exp. The
+        # margin keeps the exact test (on alpha itself) deciding every borderline case.
+        thr = np.empty(opa.shape[0], dtype=np.float64)
+        for i in range(opa.shape[0]):
+            o = opa[i]
+            thr[i] = math.log(255.0 * o) + 1e-3 if o > 0 else -1.0
+        return thr
+
+    @numba.njit(cache=True, nogil=True)
     def _fwd(W, H, ts, tw, offs, ids, m2d, con, opa, col, bg, img, alp, t_fin, last):
+        thr = _thresholds(opa)
         th = (H + ts - 1) // ts
         for ty in range(th):
             for tx in range(tw):
@@ -62,7 +73,7 @@ if _HAVE_NUMBA:
                             dx = fx - m2d[gi, 0]
                             dy = fy - m2d[gi, 1]
                             sigma = 0.5 * (con[gi, 0] * dx * dx + con[gi, 2] * dy * dy) + con[gi, 1] * dx * dy
-                            if sigma < 0.0:
+                            if sigma < 0.0 or sigma > thr[gi]:
                                 continue
                             a = opa[gi] * math.exp(-sigma)
                             if a < ALPHA_MIN:
@@ -88,6 +99,7 @@ if _HAVE_NUMBA:
     @numba.njit(cache=True, nogil=True)
     def _bwd(W, H, ts, tw, offs, ids, m2d, con, opa, col, bg, t_fin, last, g_img, g_alp,
              v_m2d, v_con, v_opa, v_col, v_bg):
+        thr = _thresholds(opa)
         th = (H + ts - 1) // ts
         for ty in range(th):
             for tx in range(tw):
@@ -115,7 +127,7 @@ if _HAVE_NUMBA:
                             cb = con[gi, 1]
                             cc = con[gi, 2]
                             sigma = 0.5 * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
-                            if sigma < 0.0:
+                            if sigma < 0.0 or sigma > thr[gi]:
                                 continue
                             vis = math.exp(-sigma)
                             raw = opa[gi] * vis
