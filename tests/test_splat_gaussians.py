@@ -19,7 +19,7 @@ def test_from_points_initialisation():
     torch.testing.assert_close(g.rgb.detach(), cols)
     torch.testing.assert_close(g.opacities.detach(), torch.full((4,), 0.3))
     # Scale: mean distance to the 3 nearest neighbours (point 0: (1 + 2 + 3) / 3 = 2).
-    assert math.isclose(float(g.scales[0, 0]), 2.0, rel_tol=1e-5)
+    assert math.isclose(float(g.scales[0, 0].detach()), 2.0, rel_tol=1e-5)
     torch.testing.assert_close(g.quats.detach().norm(dim=-1), torch.ones(4))
     assert set(dict(g.named_parameters())) == set(Gaussians.param_names)
     torch.testing.assert_close(sh_to_rgb(rgb_to_sh(cols)), cols)
