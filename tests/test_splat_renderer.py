@@ -211,3 +211,15 @@ def test_render_errors():
         render(gs, view, compositor="c")
     with pytest.raises(TypeError, match="view must have viewmat, K, width and height"):
         render(gs, object())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="gsplat's CUDA rasterizer needs a GPU")
+def test_cuda_matches_cpu():
+    gs = _scene(n=200, seed=10, opacity=(0.1, 0.9), scale=(-2.5, -1.5))
+    view = _view(w=40, h=32, f=36.0)
+    cpu = render(gs, view, background=(0.2, 0.3, 0.4))
+    gpu = render(gs.cuda(), View(view.image.cuda(), view.viewmat.cuda(), view.K.cuda(), 40, 32),
+                 background=(0.2, 0.3, 0.4))
+    torch.testing.assert_close(gpu["image"].cpu(), cpu["image"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(gpu["alpha"].cpu(), cpu["alpha"], atol=1e-4, rtol=0)
+    assert torch.equal(gpu["radii"].cpu().reshape(-1, 2), cpu["radii"])
