@@ -154,7 +154,12 @@ def train(cfg) -> Dict[str, Any]:
         raise ValueError(f"could not build the scene from data: {_root_message(e)}") from e
     check_scene(scene)
     gaussians = instantiate(cfg.model.gaussians, points=scene.points, colors=scene.colors)
-    strategy = instantiate(cfg.model.strategy) if cfg.model.get("strategy") is not None else None
+    strategy = None
+    if cfg.model.get("strategy") is not None:
+        strategy = instantiate(cfg.model.strategy, extent=float(scene.extent))
+    background = cfg.model.get("background")
+    if background is None:  # the colour the scene's images were composited on (Blender: white)
+        background = [float(c) for c in getattr(scene, "background", (0.0, 0.0, 0.0))]
     module = SplatModule(
         gaussians=gaussians,
         loss=loss,
@@ -164,7 +169,7 @@ def train(cfg) -> Dict[str, Any]:
         strategy=strategy,
         render_backend=cfg.model.render_backend,
         render_options=_plain(cfg.model.get("render_options")),
-        background=cfg.model.get("background"),
+        background=background,
     )
     dm = SceneDataModule(scene, seed=int(cfg.seed))
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]

@@ -1,0 +1,137 @@
+"""Every config file composes through Hydra, and what it builds is what it says."""
+
+import glob
+import os
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import get_class, get_method, instantiate
+from omegaconf import OmegaConf, open_dict
+
+import splatloss
+from splatloss.losses import PhotometricLoss
+from splatloss.train import CONFIG_DIR
+
+GROUPS = ["data", "model", "loss", "trainer", "callbacks", "logger", "experiment", "hparams_search"]
+SSIM_KEYS = {"window_size", "sigma", "window", "k1", "k2", "c1", "c2", "data_range", "padding", "backend"}
+
+
+def _choices(group):
+    return sorted(os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(CONFIG_DIR, group, "*.yaml")))
+
+
+def _compose(overrides, hydra=False):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="train", overrides=overrides, return_hydra_config=hydra)
+
+
+def test_every_config_file_is_covered():
+    on_disk = sorted(os.path.relpath(p, CONFIG_DIR) for p in glob.glob(os.path.join(CONFIG_DIR, "**", "*.yaml"), recursive=True))
+    covered = ["train.yaml"] + [f"{g}/{c}.yaml" for g in GROUPS for c in _choices(g)]
+    covered += [f"hydra/launcher/{c}.yaml" for c in _choices("hydra/launcher")]
+    assert sorted(covered) == on_disk
+    assert _choices("loss") == ["dssim_l1", "l1", "l2", "msssim", "msssim_l1", "ssim", "zhao_mix"]
+    assert _choices("trainer") == ["cpu", "ddp", "gpu"]
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_group_choices_compose_and_resolve(group, tmp_path):
+    for choice in _choices(group):
+        overrides = [f"{group}={choice}"]
+        if group == "data" and choice != "default":
+            overrides.append(f"data.path={tmp_path}")
+        cfg = _compose(overrides)
+        with open_dict(cfg):
+            cfg.output_dir = str(tmp_path)  # ${hydra:...} values exist only inside a Hydra run
+            cfg.loss_name = "x"
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # no dangling interpolation
+        for key in ("loss", "data", "model", "trainer"):
+            assert key in cfg, (group, choice, key)
+
+
+@pytest.mark.parametrize("name", ["l1", "l2", "ssim", "dssim_l1", "msssim", "msssim_l1", "zhao_mix"])
+def test_loss_configs_build_the_loss_they_name(name):
+    cfg = _compose([f"loss={name}"])
+    assert SSIM_KEYS <= set(cfg.loss.keys()), sorted(SSIM_KEYS - set(cfg.loss.keys()))
+    loss = instantiate(cfg.loss)
+    assert isinstance(loss, PhotometricLoss)
+    direct = {
+        "l1": PhotometricLoss(l1=1.0),
+        "l2": PhotometricLoss(l2=1.0),
+        "ssim": PhotometricLoss(dssim=1.0),
+        "dssim_l1": PhotometricLoss.dssim_l1(lambda_dssim=0.2, padding="same"),
+        "msssim": PhotometricLoss(msssim=1.0, padding="same"),
+        "msssim_l1": PhotometricLoss.msssim_l1(alpha=0.84, padding="same"),
+        "zhao_mix": PhotometricLoss.zhao_mix(alpha=0.84, padding="same"),
+    }[name]
+    assert loss.weights == direct.weights
+    g = torch.Generator().manual_seed(0)
+    pred, target = torch.rand(1, 3, 64, 64, generator=g), torch.rand(1, 3, 64, 64, generator=g)
+    assert float(loss(pred, target)) == float(direct(pred, target))
+    assert set(loss.terms) == {k for k, v in loss.weights.items() if v > 0}
+
+
+def test_loss_options_reach_the_loss():
+    cfg = _compose(["loss=ssim", "loss.window_size=7", "loss.sigma=1.0", "loss.window=uniform", "loss.k1=0.02",
+                    "loss.c2=0.001", "loss.data_range=2.0", "loss.padding=reflect", "loss.backend=reference"])
+    loss = instantiate(cfg.loss)
+    c = loss.cfg
+    assert (c.window_size, c.sigma, c.window, c.k1, c.c2, c.data_range, c.padding) == (7, 1.0, "uniform", 0.02, 0.001, 2.0, "reflect")
+    x, y = torch.rand(1, 3, 20, 20) * 2, torch.rand(1, 3, 20, 20) * 2
+    expect = 1 - splatloss.ssim(x, y, window_size=7, sigma=1.0, window="uniform", k1=0.02, c2=0.001, data_range=2.0,
+                                padding="reflect", backend="reference")
+    assert float(loss(x, y)) == pytest.approx(float(expect), rel=1e-6, abs=0)
+
+
+def test_targets_exist_and_trainer_configs_build(tmp_path):
+    cfg = _compose([])
+    get_method(cfg.data.scene._target_)
+    get_method(cfg.model.gaussians._target_)
+    get_class(cfg.model.strategy._target_)
+    for choice in ("cpu", "ddp"):
+        c = _compose([f"trainer={choice}", "trainer.max_steps=5"])
+        trainer = instantiate(c.trainer, default_root_dir=str(tmp_path), logger=False)
+        assert trainer.max_steps == 5
+        assert trainer.num_devices == (2 if choice == "ddp" else 1)
+    ddp = _compose(["trainer=ddp"])
+    assert ddp.model.strategy is None  # DDP trains a fixed set of Gaussians
+    assert ddp.trainer.strategy.process_group_backend == "gloo"
+    gpu = _compose(["trainer=gpu"])
+    assert gpu.trainer.accelerator == "gpu" and gpu.trainer._target_ == "lightning.pytorch.Trainer"
+
+
+def test_callbacks_build(tmp_path):
+    cfg = _compose([])
+    with open_dict(cfg):
+        cfg.output_dir = str(tmp_path)
+    cbs = {k: instantiate(v) for k, v in cfg.callbacks.items()}
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from splatloss.lightning import HeldOutMetrics, LossTerms
+
+    assert isinstance(cbs["loss_terms"], LossTerms) and isinstance(cbs["held_out"], HeldOutMetrics)
+    assert isinstance(cbs["checkpoint"], ModelCheckpoint)
+    assert cbs["checkpoint"].dirpath == os.path.join(str(tmp_path), "checkpoints")
+
+
+def test_experiment_sweeps_three_losses():
+    cfg = _compose(["experiment=loss_ablation"], hydra=True)
+    assert cfg.hydra.mode.name == "MULTIRUN"
+    assert cfg.hydra.sweeper.params.loss == "l1,dssim_l1,msssim_l1"
+
+
+def test_optuna_search_targets_an_existing_key():
+    cfg = _compose(["hparams_search=optuna_lambda"], hydra=True)
+    sweeper = cfg.hydra.sweeper
+    assert get_class(sweeper._target_).__name__ == "OptunaSweeper"
+    assert cfg.optimized_metric == "psnr" and sweeper.direction == "maximize"
+    for key in sweeper.params:
+        assert OmegaConf.select(cfg, key) is not None, key  # the swept key exists in the composed config
+    assert list(sweeper.params) == ["loss.lambda_dssim"]
+
+
+@pytest.mark.parametrize("choice,target", [("local", "JoblibLauncher"), ("slurm", "SlurmLauncher")])
+def test_launcher_configs(choice, target):
+    cfg = _compose([f"hydra/launcher={choice}"], hydra=True)
+    assert get_class(cfg.hydra.launcher._target_).__name__ == target
