@@ -264,6 +264,9 @@ def test_hydra_target_builds_the_presets():
     assert loss.cfg.window_size == 7
     loss = instantiate({"_target_": "splatloss.MSSSIMLoss", "weights": [0.5, 0.5], "padding": "same"})
     assert loss.weights == (0.5, 0.5)
+    # a weights mapping and MS-SSIM scale weights arrive as OmegaConf containers
+    loss = instantiate({"_target_": "splatloss.PhotometricLoss", "weights": {"l1": 0.8, "dssim": 0.2}, "ms_weights": [0.5, 0.5]})
+    assert loss.weights["l1"] == 0.8 and loss.weights["dssim"] == 0.2 and loss.ms_weights == (0.5, 0.5)
 
 
 X = torch.rand(1, 3, 40, 40)
