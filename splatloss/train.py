@@ -89,8 +89,8 @@ def check_config(cfg) -> None:
         ):
             raise ValueError(f"{path} must be a finite number >= 0, got {value}")
     data = cfg.data
-    if "path" in data:
-        path = data.path
+    if "path" in list(data.keys()):  # ("in" is False for a "???" value)
+        path = "???" if OmegaConf.is_missing(data, "path") else data.path
         if path is None or str(path).strip() == "" or str(path) == "???":
             raise ValueError(f"data.path must be set for data={data.get('kind', 'this dataset')}, got {path!r}")
         if not os.path.isdir(str(path)):

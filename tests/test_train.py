@@ -30,7 +30,8 @@ TINY = [
 
 def make_cfg(out_dir, overrides=()):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=list(TINY) + list(overrides))
+        tiny = [o for o in TINY if not o.startswith("data.") or not any(x.startswith("data=") for x in overrides)]
+        cfg = compose(config_name="train", overrides=tiny + list(overrides))
     with open_dict(cfg):
         cfg.output_dir = str(out_dir)
         cfg.loss_name = next((o.split("=", 1)[1] for o in overrides if o.startswith("loss=")), "dssim_l1")

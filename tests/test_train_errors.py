@@ -1,0 +1,94 @@
+"""Bad configs stop with a clear message before training starts (nothing is trained or written)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from splatloss.train import train
+from test_train import ROOT, make_cfg
+
+
+def _nothing_trained(out_dir):
+    return not os.path.exists(os.path.join(out_dir, "metrics.json")) and not os.path.exists(
+        os.path.join(out_dir, "checkpoints")
+    )
+
+
+@pytest.mark.slow
+def test_unknown_loss_is_rejected_by_the_entry_point(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "loss=nope", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode != 0
+    assert "Could not find 'loss/nope'" in proc.stderr
+    assert "Available options in 'loss'" in proc.stderr and "dssim_l1" in proc.stderr
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["loss=dssim_l1", "loss.lambda_dssim=-0.1"], r"loss.lambda_dssim must be a finite number >= 0, got -0.1"),
+        (["loss=l1", "loss.l1=-1.0"], r"loss.l1 must be a finite number >= 0, got -1.0"),
+        (["loss=msssim_l1", "loss.alpha=-0.5"], r"loss.alpha must be a finite number >= 0, got -0.5"),
+        (["loss=l1", "+loss.weights={dssim: -0.2}"], r"loss.weights.dssim must be a finite number >= 0, got -0.2"),
+    ],
+)
+def test_negative_weights_are_rejected(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        train(make_cfg(tmp_path, overrides))
+    assert _nothing_trained(tmp_path)
+
+
+def test_bad_loss_arguments_surface_the_loss_message(tmp_path):
+    # Not a weight: the loss's own check (window_size must be odd) names the problem.
+    with pytest.raises(ValueError, match=r"could not build the loss .*window_size must be an odd integer >= 3, got 10"):
+        train(make_cfg(tmp_path, ["loss=ssim", "loss.window_size=10"]))
+    assert _nothing_trained(tmp_path)
+
+
+def test_missing_dataset_path(tmp_path):
+    with pytest.raises(ValueError, match=r"data.path must be set for data=blender, got '\?\?\?'"):
+        train(make_cfg(tmp_path, ["data=blender"]))
+    missing = tmp_path / "no_such_scene"
+    with pytest.raises(ValueError, match=f"data.path '{missing}' does not exist or is not a directory"):
+        train(make_cfg(tmp_path, ["data=colmap", f"data.path={missing}"]))
+    assert _nothing_trained(tmp_path)
+
+
+def _write_blender(root, sizes):
+    """A tiny NeRF-synthetic scene: one RGBA image per (h, w), the last one held out."""
+    import matplotlib.image as mpimg
+
+    rng = np.random.default_rng(0)
+    frames = {"train": [], "test": []}
+    for k, (h, w) in enumerate(sizes):
+        split = "test" if k == len(sizes) - 1 else "train"
+        os.makedirs(root / split, exist_ok=True)
+        mpimg.imsave(root / split / f"r_{k}.png", rng.uniform(size=(h, w, 4)).astype(np.float32))
+        angle = 2 * np.pi * k / len(sizes)
+        c2w = np.eye(4)
+        c2w[:3, 3] = [4 * np.cos(angle), 4 * np.sin(angle), 0.0]
+        frames[split].append({"file_path": f"./{split}/r_{k}", "transform_matrix": c2w.tolist()})
+    for split, fr in frames.items():
+        (root / f"transforms_{split}.json").write_text(json.dumps({"camera_angle_x": 0.8, "frames": fr}))
+
+
+def test_mismatched_image_sizes(tmp_path):
+    scene = tmp_path / "scene"
+    _write_blender(scene, [(16, 16), (16, 16), (16, 20)])
+    with pytest.raises(ValueError, match=r"could not build the scene from data: .*all images must have the same size, "
+                                         r"got 16x16 .* and 16x20"):
+        train(make_cfg(tmp_path / "run", ["data=blender", f"data.path={scene}"]))
+    assert _nothing_trained(tmp_path / "run")
+
+
+def test_non_positive_max_steps(tmp_path):
+    with pytest.raises(ValueError, match="trainer.max_steps must be an integer >= 1, got -1"):
+        train(make_cfg(tmp_path, ["trainer.max_steps=-1"]))
