@@ -437,6 +437,10 @@ def dssim_with_gradient(
     returned. Takes the keywords of :func:`ssim`; ``reduction`` is ``"mean"`` or ``"sum"`` (a
     scalar loss). ``img2`` gets no gradient.
 
+    Backends with a direct ``ssim_mean_and_grad`` (``"torch"``, so ``"auto"`` on the CPU) build no
+    graph at all; others run one small local autograd pass on detached copies. Either way the
+    inputs' ``.grad`` is untouched and the results carry no graph.
+
     Returns:
         ``(dssim, grad)``: the reduced D-SSIM (accumulation dtype) and ``d dssim / d img1``.
 
