@@ -99,6 +99,25 @@ def test_ssim_stats_values_and_gradients(padding, cpu_path):
         _close(a, b, torch.float32, grad=True)
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(window="uniform", window_size=7),
+        dict(window_size=5, sigma=0.7, c1=0.001, c2=0.002, data_range=2.0),
+        dict(window_size=3, padding="reflect", k1=0.02, k2=0.05),
+        dict(window_size=15, sigma=3.0, padding="same"),
+    ],
+)
+def test_window_and_constant_options(kw, cpu_path):
+    x, y = _pair(2, 3, 37, 53, torch.float32, seed=13)
+    ref = splatloss.ssim(x, y, backend="reference", reduction="none", **kw)
+    got = splatloss.ssim(x, y, backend="torch", reduction="none", **kw)
+    _close(got, ref, torch.float32)
+    up = torch.tensor([1.0, -2.0])
+    for a, b in zip(torch.autograd.grad((got * up).sum(), (x, y)), torch.autograd.grad((ref * up).sum(), (x, y))):
+        _close(a, b, torch.float32, grad=True)
+
+
 @pytest.mark.parametrize("padding", ["valid", "same"])
 @pytest.mark.parametrize("tau", [None, 0.01])
 def test_ms_ssim_values_and_gradients_vs_reference(padding, tau, cpu_path):
