@@ -59,7 +59,7 @@ def collect(multirun_dir: str) -> List[Dict]:
         rel = os.path.relpath(root, multirun_dir)
         ov = _overrides(root)
         m["run"] = rel
-        m["label"] = " ".join(ov) if ov else (m.get("loss_name") or rel)
+        m["overrides"] = ov
         m["step_ms"] = 1000.0 * m["step_seconds"] if m.get("step_seconds") is not None else None
         m["loss_share_pct"] = 100.0 * m["loss_share"] if m.get("loss_share") is not None else None
         rows.append(m)
@@ -70,7 +70,20 @@ def collect(multirun_dir: str) -> List[Dict]:
         head = r["run"].split(os.sep)[0]
         return (int(head) if head.isdigit() else math.inf, r["run"])
 
-    return sorted(rows, key=key)
+    rows = sorted(rows, key=key)
+    # Label each run by what differs between the runs (the swept values), not what they share.
+    common = set.intersection(*(set(r["overrides"]) for r in rows)) if len(rows) > 1 else set()
+    for r in rows:
+        diff = [o for o in r["overrides"] if o not in common]
+        r["label"] = " ".join(diff) if diff else (r.get("loss_name") or r["run"])
+    return rows
+
+
+def common_overrides(rows: List[Dict]) -> List[str]:
+    if not rows:
+        return []
+    common = set.intersection(*(set(r["overrides"]) for r in rows))
+    return [o for o in rows[0]["overrides"] if o in common]
 
 
 def _fmt(fmt: str, v) -> str:
@@ -87,6 +100,9 @@ def markdown(rows: List[Dict]) -> str:
     lines = [head, sep]
     for r in rows:
         lines.append(f"| {r['label']} | " + " | ".join(_fmt(fmt, r.get(k)) for _, k, fmt in COLUMNS) + " |")
+    shared = common_overrides(rows)
+    if shared and len(rows) > 1:
+        lines += ["", "Common to all runs: " + " ".join(f"`{o}`" for o in shared)]
     return "\n".join(lines) + "\n"
 
 

@@ -154,16 +154,20 @@ def train(cfg) -> Dict[str, Any]:
         raise ValueError(f"could not build the scene from data: {_root_message(e)}") from e
     check_scene(scene)
     gaussians = instantiate(cfg.model.gaussians, points=scene.points, colors=scene.colors)
+    gaussians_init = gaussians.num
     strategy = None
     if cfg.model.get("strategy") is not None:
         strategy = instantiate(cfg.model.strategy, extent=float(scene.extent))
     background = cfg.model.get("background")
     if background is None:  # the colour the scene's images were composited on (Blender: white)
         background = [float(c) for c in getattr(scene, "background", (0.0, 0.0, 0.0))]
+    lr = _plain(cfg.model.lr)
+    if cfg.model.get("means_lr_times_extent", False):
+        lr["means"] = float(lr["means"]) * float(scene.extent)
     module = SplatModule(
         gaussians=gaussians,
         loss=loss,
-        lr=_plain(cfg.model.lr),
+        lr=lr,
         means_lr_final_factor=float(cfg.model.means_lr_final_factor),
         lr_decay_steps=int(cfg.trainer.max_steps),
         strategy=strategy,
@@ -208,6 +212,8 @@ def train(cfg) -> Dict[str, Any]:
             "optim_seconds": timing["optim_seconds"],
             "timed_steps": timing["timed_steps"],
             "num_gaussians": int(module.gaussians.means.shape[0]),
+            "num_gaussians_init": int(gaussians_init),
+            "lr": module.lr,
             "ms_ssim_scales": (evaluator.last.get("ms_ssim_scales") if evaluator is not None else None),
             "image_size": list(scene.train[0].image.shape[:2]),
             "num_train_views": len(scene.train),

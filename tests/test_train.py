@@ -72,29 +72,36 @@ def test_tiny_run_trains_and_writes_everything(tmp_path):
 
 
 def test_interrupted_run_resumes_exactly(tmp_path):
-    steps = 12  # checkpoints every 4 steps: the crash at step 10 leaves the one of step 8
-    ref = make_cfg(tmp_path / "ref", ["loss=dssim_l1", f"trainer.max_steps={steps}", "export_ply=false"])
-    m_ref = train(ref)
-    ref_state = torch.load(tmp_path / "ref" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    # Densify every 3 steps so the number of Gaussians changes before and after the checkpoint the
+    # resumed run starts from; checkpoints every 4 steps, the crash at step 10 leaves step 8's.
+    common = ["loss=dssim_l1", "trainer.max_steps=12", "export_ply=false", "callbacks.checkpoint.every_n_train_steps=4",
+              "model.strategy.refine_start=1", "model.strategy.refine_every=3", "model.strategy.grow_grad2d=0.0",
+              "model.strategy.max_gaussians=5000"]
+    m_ref = train(make_cfg(tmp_path / "ref", common))
+    ref_state = torch.load(tmp_path / "ref" / "checkpoints" / "last.ckpt", weights_only=False)
 
     run = tmp_path / "run"
-    cut = make_cfg(run, ["loss=dssim_l1", f"trainer.max_steps={steps}", "export_ply=false",
-                         "callbacks.checkpoint.every_n_train_steps=4", "+callbacks.stop._target_=test_train.StopAt", "+callbacks.stop.step=10"])
+    cut = make_cfg(run, common + ["+callbacks.stop._target_=test_train.StopAt", "+callbacks.stop.step=10"])
     with pytest.raises(RuntimeError, match="simulated crash at step 10"):
         train(cut)
     assert not (run / "metrics.json").exists()
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 8  # the last checkpoint before the crash
+    n_at_8 = ckpt["splatloss"]["num_gaussians"]
+    n_final = ref_state["splatloss"]["num_gaussians"]
+    assert len({400, n_at_8, n_final}) == 3, (n_at_8, n_final)  # the count changed before and after step 8
 
-    resumed = make_cfg(run, ["loss=dssim_l1", f"trainer.max_steps={steps}", "export_ply=false", "resume=true",
-                             "callbacks.checkpoint.every_n_train_steps=4"])
-    m_res = train(resumed)
-    assert m_res["steps"] == steps
+    m_res = train(make_cfg(run, common + ["resume=true"]))
+    assert m_res["steps"] == 12
     assert m_res["resumed_from"].endswith(os.path.join("checkpoints", "last.ckpt"))
-    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
-    for k, v in ref_state.items():
-        assert torch.equal(state[k], v), k
-    assert m_res["psnr"] == m_ref["psnr"]
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    for k, v in ref_state["state_dict"].items():
+        assert torch.equal(state["state_dict"][k], v), k
+    ref_adam, adam = ref_state["optimizer_states"][0]["state"], state["optimizer_states"][0]["state"]
+    for i in ref_adam:
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(adam[i][name], ref_adam[i][name]), (i, name)
+    assert m_res["psnr"] == m_ref["psnr"] and m_res["num_gaussians"] == n_final
 
 
 def test_resume_without_checkpoint_stops_before_training(tmp_path):

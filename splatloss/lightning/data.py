@@ -76,7 +76,10 @@ class ResumableLoader(DataLoader):
     """
 
     def __init__(self, dataset, sampler: StepViewSampler, position_fn: Callable[[], int], num_workers: int = 0):
-        super().__init__(dataset, batch_size=None, sampler=sampler, num_workers=num_workers, collate_fn=_one_view)
+        # Its own generator: creating the iterator then draws no number from torch's global one
+        # (which densification uses), so a resumed run's random stream is not shifted.
+        super().__init__(dataset, batch_size=None, sampler=sampler, num_workers=num_workers, collate_fn=_one_view,
+                         generator=torch.Generator().manual_seed(sampler.seed))
         self._position_fn = position_fn
 
     def state_dict(self) -> dict:
@@ -159,5 +162,5 @@ class SceneDataModule(L.LightningDataModule):
         return ResumableLoader(ds, sampler, lambda: self.trainer.global_step, self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(ViewDataset(self.scene.test), batch_size=None, shuffle=False,
-                          num_workers=self.num_workers, collate_fn=_one_view)
+        return DataLoader(ViewDataset(self.scene.test), batch_size=None, shuffle=False, num_workers=self.num_workers,
+                          collate_fn=_one_view, generator=torch.Generator().manual_seed(self.seed))

@@ -208,6 +208,12 @@ class SplatModule(L.LightningModule):
             name = dm.scene.test[int(batch["index"])].name or name
         return {"pred": self._to_bchw(out["image"]).clamp(0, 1), "target": self._to_bchw(view.image), "name": name}
 
+    def on_train_start(self) -> None:
+        rng = getattr(self, "_pending_rng", None)
+        if rng is not None:
+            torch.set_rng_state(rng)
+            self._pending_rng = None
+
     # -- checkpoints --------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
         checkpoint["splatloss"] = {
@@ -230,8 +236,9 @@ class SplatModule(L.LightningModule):
         extra = checkpoint.get("splatloss", {})
         if self.strategy is not None and extra.get("strategy") is not None:
             self.strategy.load_state_dict(extra["strategy"])
-        if "torch_rng" in extra:
-            torch.set_rng_state(extra["torch_rng"])
+        # Restored in on_train_start, after Lightning has built the data iterators (anything that
+        # draws from the global generator in between would shift the stream).
+        self._pending_rng = extra.get("torch_rng")
         weights = extra.get("loss_weights") or {}
         if weights and hasattr(self.loss, "set_weight"):
             for name, w in weights.items():
