@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from splatloss.lightning.callbacks import LossTerms, interpolate_schedule, ms_ssim_weights_for
-from splatloss.lightning.data import EpochPermutationSampler, SceneDataModule, check_scene
+from splatloss.lightning.data import ResumableLoader, SceneDataModule, StepViewSampler, check_scene
 from splatloss.splat.scenes import SceneData, View
 
 
@@ -22,22 +22,53 @@ def _scene(train_sizes, test_sizes):
     )
 
 
-def test_sampler_order_depends_only_on_seed_and_epoch():
-    a, b = EpochPermutationSampler(10, seed=3), EpochPermutationSampler(10, seed=3)
-    orders = []
-    for epoch in range(3):
-        a.set_epoch(epoch)
-        orders.append(list(a))
-        assert sorted(orders[-1]) == list(range(10))
-    # A fresh sampler (a resumed run) put at epoch 2 gives epoch 2's order without replaying 0 and 1.
-    b.set_epoch(2)
-    assert list(b) == orders[2]
-    assert orders[0] != orders[1] != orders[2]
-    c = EpochPermutationSampler(10, seed=4)
-    c.set_epoch(0)
-    assert list(c) != orders[0]
+def test_view_order_is_a_function_of_the_step():
+    s = StepViewSampler(5, total_steps=23, seed=3)
+    order = list(s)
+    assert len(order) == 23
+    for block in range(4):  # every block of 5 steps is one pass over the views
+        assert sorted(order[5 * block:5 * block + 5]) == [0, 1, 2, 3, 4]
+    assert order[:5] != order[5:10]
+    assert [s.view_at(i) for i in range(23)] == order
+    # A resumed run starts mid-sequence and continues the same order; the next pass starts over.
+    r = StepViewSampler(5, total_steps=23, seed=3)
+    r.start = 13
+    assert list(r) == order[13:]
+    assert list(r) == order
+    assert list(StepViewSampler(5, total_steps=23, seed=4)) != order
     with pytest.raises(ValueError, match="n must be an integer >= 1, got 0"):
-        EpochPermutationSampler(0)
+        StepViewSampler(0, 10)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, world_size=2\), got 2"):
+        StepViewSampler(4, 10, rank=2, world_size=2)
+
+
+def test_ranks_split_each_step_between_processes():
+    n, steps = 6, 9
+    single = list(StepViewSampler(n, total_steps=2 * steps, seed=1))
+    r0 = list(StepViewSampler(n, steps, seed=1, rank=0, world_size=2))
+    r1 = list(StepViewSampler(n, steps, seed=1, rank=1, world_size=2))
+    # Step i of rank r is position 2 i + r of the single-process sequence: different views per step.
+    assert [v for pair in zip(r0, r1) for v in pair] == single
+    assert all(a != b for a, b in zip(r0, r1))
+
+
+def test_resumable_loader_state_is_the_step_position():
+    scene = _scene([(8, 8)] * 4, [(8, 8)])
+    from splatloss.splat.scenes import ViewDataset
+
+    position = {"step": 0}
+    sampler = StepViewSampler(4, total_steps=10, seed=0)
+    loader = ResumableLoader(ViewDataset(scene.train), sampler, lambda: position["step"])
+    full = [int(item["index"]) for item in loader]
+    position["step"] = 6  # Lightning saves the loader state after step 6 completed
+    state = loader.state_dict()
+    assert state["position"] == 6
+    fresh = ResumableLoader(ViewDataset(scene.train), StepViewSampler(4, total_steps=10, seed=0), lambda: 0)
+    fresh.load_state_dict(state)
+    assert [int(item["index"]) for item in fresh] == full[6:]
+    other = ResumableLoader(ViewDataset(scene.train), StepViewSampler(4, 10, 0, rank=0, world_size=2), lambda: 0)
+    with pytest.raises(ValueError, match="written by 1 processes, this run has 2"):
+        other.load_state_dict(state)
 
 
 def test_check_scene_rejects_mismatched_sizes_between_splits():
@@ -59,16 +90,15 @@ def test_check_scene_rejects_missing_views_and_bad_cameras():
         check_scene({})
 
 
-def test_datamodule_yields_single_views_in_epoch_order():
+def test_datamodule_loaders():
     scene = _scene([(8, 8)] * 5, [(8, 8)] * 2)
     dm = SceneDataModule(scene, seed=1)
     dm.setup("fit")
-    dl = dm.train_dataloader()
-    dl.sampler.set_epoch(1)
-    items = list(dl)
-    assert [int(it["index"]) for it in items] == list(dl.sampler)
-    assert items[0]["image"].shape == (8, 8, 3)  # one view per step, no batch dimension
-    assert [int(it["index"]) for it in dm.val_dataloader()] == [0, 1]
+    with pytest.raises(ValueError, match="needs a Trainer with max_steps >= 1"):
+        dm.train_dataloader()
+    val = list(dm.val_dataloader())
+    assert [int(it["index"]) for it in val] == [0, 1]
+    assert val[0]["image"].shape == (8, 8, 3)  # one view per item, no batch dimension
 
 
 def test_schedule_interpolation_and_validation():
