@@ -1,50 +1,89 @@
-"""Pieces shared by the Triton ops: tile geometry, the banded window matrices, SSIM partials.
+"""Pieces shared by the Triton ops: launch geometry, input checks, device functions.
 
-How a tile is filtered
-----------------------
-A program owns a square tile of ``T x T`` (T a power of two). It loads the input tile once and
-filters it separably: the horizontal pass is ``X @ Hm`` and the vertical pass ``V @ (.)``, where
-``Hm[c, j] = w[c - j]`` and ``V[i, r] = w[r - i]`` are banded (Toeplitz) matrices holding the 1-D
-window. ``tl.dot`` with ``input_precision="ieee"`` keeps both passes in exact fp32 (no TF32), and
-the tile never leaves registers / shared memory between the passes: no intermediate image is
-written to global memory. Each pass loses ``K - 1`` rows / columns at the far edge of the tile, so
-one filtering level yields ``T - K + 1`` valid outputs per side, and the backward (forward moments,
-then the adjoint filter of the partial derivatives) yields ``T - 2 (K - 1)``. Tiles overlap by the
-lost halo; the halo re-reads hit L2, not DRAM.
+How a program filters
+---------------------
+A program owns a strip of ``F`` map (or gradient) columns of one image channel -- or, when a whole
+row fits in ``F``, ``G = BW // F`` channel rows side by side ("lanes": one column of one channel
+per lane, ``BW`` lanes) -- and streams down ``ROWS`` rows of it. Per input row it does the
+horizontal pass of the five statistics (x, y, x^2, y^2, xy) with one ``[KP, BW]`` load of the K taps
+(exact fp32 products and sums), pushes the result into a ring of the last ``KP >= K`` rows, and
+the vertical pass is a weighted sum over the ring. Both passes are K-tap 1-D filters: separable,
+about 2 * 5 * K multiply-adds per pixel-channel for the moments.
+
+The rings and the row of partial derivatives that the backward's horizontal adjoint must read at
+shifted columns live in a per-program scratch area in global memory (a few tens of KB, written
+and read back by the same CTA between barriers, so it stays in L1/L2): Triton has no shared-memory
+API, register tensors cannot be shifted, and rings held in registers spilled at K = 11 (check
+scripts/check_kernels.py).
 
 The adjoint
 -----------
 The gradient at input pixel ``q`` gathers, through the window, the partial derivatives of every
 map value that used ``q`` (DESIGN.md): ``g[q] = sum_p P[p] w[q - p + pad]`` over map positions
-``p`` (``P`` is zero outside the map). With "reflect" padding a padded sample is a copy of an input
-pixel, so the gradient of ``q`` also gathers through its mirror images ``-q`` and ``2 (n - 1) - q``;
-the adjoint band matrices below fold those in, which makes them depend on the tile position (they
-are rebuilt per program, three small gathers each).
+``p`` (``P`` is zero off the map), i.e. the partials convolved with the window, horizontally
+(through the scratch row) then vertically (through a ring). With "reflect" padding a padded
+sample is a copy of an input pixel, so ``q`` also gathers through its mirror images ``-q`` and
+``2 (n - 1) - q`` (extra taps at the borders only).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Dict, Tuple
+from typing import Dict, NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-#: Largest window the kernels accept: the backward of a 128-tile keeps 128 - 2 (K - 1) >= 4 rows.
-MAX_WINDOW = 63
+#: Largest window the kernels accept. Up to 15 taps the tap / ring tiles are 16 rows deep and every
+#: kernel compiles without spilling (scripts/check_kernels.py); 17..31 taps need 32-row tiles and
+#: the backward spilled ~0.5 KB per thread at sm_80, so they are refused rather than run slowly.
+MAX_WINDOW = 15
 
 _PADDING_CODE = {"valid": 0, "same": 1, "reflect": 2}
 
 
-def fwd_tile(window_size: int) -> Tuple[int, int]:
-    """(T, num_warps) of the forward kernels for a window of ``window_size`` taps."""
-    return (64, 8) if window_size <= 33 else (128, 8)
+class Geometry(NamedTuple):
+    """Launch geometry: ``bw`` lanes per program, frame width ``f`` (map columns per strip in the
+    forward; gradient columns + ``K - 1`` halo in the backward), ``rows`` streamed per program,
+    ring depth ``kp`` (next power of two >= window size), ``warps``."""
+
+    bw: int
+    f: int
+    rows: int
+    kp: int
+    warps: int
 
 
-def bwd_tile(window_size: int) -> Tuple[int, int]:
-    """(T, num_warps) of the backward kernels: a 64-tile keeps 64 - 2 (K - 1) outputs per side."""
-    return (64, 8) if window_size <= 17 else (128, 8)
+#: Lanes per program on CUDA; the interpreter (one program at a time) uses wider programs, see
+#: :func:`geometry`. Tests set ``FORCE_CUDA_GEOMETRY`` to run the CUDA geometry in the interpreter.
+CUDA_LANES = 128
+CUDA_ROWS = 128
+FORCE_CUDA_GEOMETRY = False
+
+
+def cuda_warps(kp: int) -> int:
+    """Warps per program: the ``[KP, BW]`` tap / ring tiles hold ``KP * BW / (32 * warps)`` values
+    per thread, kept at <= 16 so that no kernel spills (scripts/check_kernels.py)."""
+    return max(4, (kp * CUDA_LANES) // (8 * 32))
+
+
+def geometry(frame: int, rows: int, window_size: int, bc: int, device: torch.device) -> Geometry:
+    """Geometry for rows of ``frame`` lanes of work (map width, or image width + K - 1 halo).
+
+    On CUDA: 128 lanes, 128 rows per program; rows narrower than 64 lanes are packed several
+    channels per program (MS-SSIM's coarse scales). In the interpreter programs run one after
+    the other at a cost per operation, not per element: one program takes every row and column
+    (up to 2048 lanes) of as many channels as fit.
+    """
+    kp = triton.next_power_of_2(window_size)
+    need = triton.next_power_of_2(max(frame, 1))
+    if device.type == "cuda" or FORCE_CUDA_GEOMETRY:
+        f = min(CUDA_LANES, need)
+        return Geometry(bw=CUDA_LANES, f=f, rows=CUDA_ROWS, kp=kp, warps=cuda_warps(kp))
+    f = min(need, 2048)
+    bw = f * min(triton.next_power_of_2(bc), max(1, 2048 // f))
+    return Geometry(bw=bw, f=f, rows=max(rows, 1), kp=kp, warps=4)
 
 
 def check_inputs(img1: torch.Tensor, img2: torch.Tensor, cfg) -> None:
@@ -69,7 +108,10 @@ def check_inputs(img1: torch.Tensor, img2: torch.Tensor, cfg) -> None:
             "set TRITON_INTERPRET=1 (before importing triton) to run the kernels in the interpreter"
         )
     if cfg.window_size > MAX_WINDOW:
-        raise ValueError(f"the triton backend supports window_size <= {MAX_WINDOW}, got {cfg.window_size}")
+        raise ValueError(
+            f"the triton backend supports window_size <= {MAX_WINDOW} (larger windows spill registers), "
+            f"got {cfg.window_size}; use backend='torch' for larger windows"
+        )
     h, w = img1.shape[-2:]
     need = cfg.min_size()
     if h < need or w < need:
@@ -109,84 +151,61 @@ def window_taps(cfg, device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def _mirror(i, n, REFLECT: tl.constexpr):
-    """Index of the input sample that padded position ``i`` holds ("reflect": no edge repeat)."""
+def _row_moments(x_ptr, y_ptr, x_base, y_base, r, cols0, H, W, sx_h, sx_w, sy_h, sy_w, w_ptr,
+                 lane_ok, K: tl.constexpr, KP: tl.constexpr, REFLECT: tl.constexpr):
+    """Horizontal pass of padded input row ``r``: window sums of x, y, x^2, y^2, xy for the lanes
+    whose windows start at padded columns ``cols0`` [BW] (bases ``x_base`` / ``y_base`` [BW]).
+
+    The K taps of every lane are one ``[KP, BW]`` load (tap ``a`` in row ``a``, rows >= K masked):
+    each thread reads its own lanes' taps (L1 hits after the first) and reduces them in registers."""
+    taps = tl.arange(0, KP)
+    w = tl.load(w_ptr + taps, mask=taps < K, other=0.0)[:, None]
+    rr = r
+    c = cols0[None, :] + taps[:, None]  # [KP, BW]
+    if REFLECT:  # padded position i holds input -i, or 2 (n - 1) - i past the end (no edge repeat)
+        rr = tl.where(rr < 0, -rr, rr)
+        rr = tl.where(rr >= H, 2 * (H - 1) - rr, rr)
+        c = tl.where(c < 0, -c, c)
+        c = tl.where(c >= W, 2 * (W - 1) - c, c)
+    ok = (rr >= 0) & (rr < H) & (taps < K)[:, None] & (c >= 0) & (c < W) & lane_ok[None, :]
+    c64 = c.to(tl.int64)
+    r64 = rr.to(tl.int64)
+    xv = tl.load(x_ptr + (x_base + r64 * sx_h)[None, :] + c64 * sx_w, mask=ok, other=0.0).to(tl.float32)
+    yv = tl.load(y_ptr + (y_base + r64 * sy_h)[None, :] + c64 * sy_w, mask=ok, other=0.0).to(tl.float32)
+    wx = w * xv
+    wy = w * yv
+    m1 = tl.sum(wx, axis=0)
+    m2 = tl.sum(wy, axis=0)
+    e11 = tl.sum(wx * xv, axis=0)
+    e22 = tl.sum(wy * yv, axis=0)
+    e12 = tl.sum(wx * yv, axis=0)
+    return m1, m2, e11, e22, e12
+
+
+@triton.jit
+def _hadjoint(buf, w_ptr, q_c0, W, f, F: tl.constexpr, BW: tl.constexpr, K: tl.constexpr,
+              KP: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr):
+    """Horizontal adjoint of one scratch row ``buf`` [BW] of partials. Lane ``l`` is frame column
+    ``f = l % F``, holding map column ``q_c0 - (K - 1) + PAD + f``; gradient column ``q = q_c0 + f``
+    gathers ``w[a] * frame[f + K - 1 - a]``, plus, under "reflect", the same taps through its
+    mirror images (padded columns ``-q`` and ``2 (W - 1) - q``)."""
+    taps = tl.arange(0, KP)
+    w = tl.load(w_ptr + taps, mask=taps < K, other=0.0)[:, None]
+    frame = buf + (tl.arange(0, BW) - f)[None, :]  # start of each lane's frame
+    shift = (K - 1) - taps[:, None]  # [KP, 1]
+    tap_ok = (taps < K)[:, None]
+    t = f[None, :]
+    idx = t + shift  # [KP, BW]
+    v = tl.load(frame + idx, mask=tap_ok & (idx < F), other=0.0)
     if REFLECT:
-        i = tl.where(i < 0, -i, i)
-        i = tl.where(i >= n, 2 * (n - 1) - i, i)
-    return i
-
-
-@triton.jit
-def _load_tile(ptr, base, rows, cols, H, W, s_h, s_w, REFLECT: tl.constexpr):
-    """``[T, T]`` float32 tile at padded positions ``rows x cols``: zeros outside the image
-    ("valid" / "same"), or mirrored samples ("reflect")."""
-    r = _mirror(rows, H, REFLECT)
-    c = _mirror(cols, W, REFLECT)
-    m = ((r >= 0) & (r < H))[:, None] & ((c >= 0) & (c < W))[None, :]
-    offs = r.to(tl.int64)[:, None] * s_h + c.to(tl.int64)[None, :] * s_w
-    return tl.load(ptr + base + offs, mask=m, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _band(w_ptr, T: tl.constexpr, K: tl.constexpr, ROW_MINUS_COL: tl.constexpr):
-    """Toeplitz window matrix: ``M[a, b] = w[a - b]`` (horizontal pass, ``X @ M``) or
-    ``M[a, b] = w[b - a]`` (vertical pass, ``M @ X``), zero off the band."""
-    a = tl.arange(0, T)
-    if ROW_MINUS_COL:
-        d = a[:, None] - a[None, :]
-    else:
-        d = a[None, :] - a[:, None]
-    return tl.load(w_ptr + d, mask=(d >= 0) & (d < K), other=0.0)
-
-
-@triton.jit
-def _adjoint_band(w_ptr, q0, n, T: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr,
-                  REFLECT: tl.constexpr, GRAD_ON_ROWS: tl.constexpr):
-    """Adjoint window matrix between map positions ``p = q0 - (K - 1) + PAD + r`` and input
-    positions ``q = q0 + t``: ``sum over the preimages j of q of w[j - p + PAD]``.
-
-    ``GRAD_ON_ROWS``: ``M[t, r]`` (vertical adjoint, ``M @ P``); else ``M[r, t]`` (``P @ M``).
-    Without "reflect" the only preimage is ``q`` itself and ``M[t, r] = w[t - r + K - 1]``.
-    """
-    a = tl.arange(0, T)
-    if GRAD_ON_ROWS:
-        t = a[:, None]
-        r = a[None, :]
-    else:
-        t = a[None, :]
-        r = a[:, None]
-    d = t - r + (K - 1)
-    m = tl.load(w_ptr + d, mask=(d >= 0) & (d < K), other=0.0)
-    if REFLECT:
-        q = q0 + t
-        # padded position -q (top / left border) holds input q for 1 <= q <= PAD
-        d2 = -2 * q + d
-        ok2 = (q >= 1) & (q <= PAD) & (d2 >= 0) & (d2 < K)
-        m += tl.load(w_ptr + d2, mask=ok2, other=0.0)
-        # padded position 2 (n - 1) - q (bottom / right border) holds q for n-1-PAD <= q <= n-2
-        d3 = 2 * (n - 1) - 2 * q + d
-        ok3 = (q >= n - 1 - PAD) & (q <= n - 2) & (d3 >= 0) & (d3 < K)
-        m += tl.load(w_ptr + d3, mask=ok3, other=0.0)
-    return m
-
-
-@triton.jit
-def _filter(x, hm, vm):
-    """Separable window filter of a ``[T, T]`` tile: horizontal then vertical, exact fp32."""
-    h = tl.dot(x, hm, input_precision="ieee")
-    return tl.dot(vm, h, input_precision="ieee")
-
-
-@triton.jit
-def _moments(x, y, hm, vm):
-    """Local means and raw second moments under the window (population statistics)."""
-    mu1 = _filter(x, hm, vm)
-    mu2 = _filter(y, hm, vm)
-    e11 = _filter(x * x, hm, vm)
-    e22 = _filter(y * y, hm, vm)
-    e12 = _filter(x * y, hm, vm)
-    return mu1, mu2, e11, e22, e12
+        q = q_c0 + t
+        idx_l = shift - 2 * q_c0 - t
+        ok_l = tap_ok & (q >= 1) & (q <= PAD) & (idx_l >= 0) & (idx_l < F)
+        v += tl.load(frame + idx_l, mask=ok_l, other=0.0)
+        idx_r = shift + 2 * (W - 1) - 2 * q_c0 - t
+        ok_r = tap_ok & (q >= W - 1 - PAD) & (q <= W - 2) & (idx_r >= 0) & (idx_r < F)
+        v += tl.load(frame + idx_r, mask=ok_r, other=0.0)
+    return tl.sum(w * v, axis=0)
 
 
 @triton.jit
@@ -223,4 +242,4 @@ def _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2):
     p_mu2 = gs * (mu1 * diff + mu2 * spread) + gc * (2.0 * (mu2 * cs - mu1) * inv_b2)
     p_sq = -(gs * ssim + gc * cs) * inv_b2
     p_xy = gs * (2.0 * a1 * inv_b1b2) + gc * (2.0 * inv_b2)
-    return p_mu1, p_mu2, p_sq, p_xy
+    return p_mu1, p_mu2, p_sq, p_xy, ssim, cs

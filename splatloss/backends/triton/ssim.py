@@ -38,15 +38,12 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    _adjoint_band,
-    _band,
-    _load_tile,
-    _moments,
+    _hadjoint,
     _partials,
+    _row_moments,
     _ssim_cs,
-    bwd_tile,
     check_inputs,
-    fwd_tile,
+    geometry,
     out_size,
     padding_code,
     window_taps,
@@ -56,135 +53,236 @@ __all__ = ["ssim_map", "ssim_stats", "launch_fwd", "launch_bwd"]
 
 
 @triton.jit
+def _lanes(pid, BC, C, n_chunks, n_strips, F: tl.constexpr, BW: tl.constexpr):
+    """Program -> (lane group, row chunk, column strip); per lane: frame column, (b, c), validity."""
+    strip = pid % n_strips
+    rest = pid // n_strips
+    chunk = rest % n_chunks
+    group = rest // n_chunks
+    ar = tl.arange(0, BW)
+    f = ar % F
+    bc = group * (BW // F) + ar // F
+    lane_ok = bc < BC
+    b = (bc // C).to(tl.int64)
+    ch = (bc % C).to(tl.int64)
+    return group, chunk, strip, f, bc, lane_ok, b, ch
+
+
+@triton.jit
 def _ssim_fwd_kernel(
-    x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr,
-    C, H, W, Ho, Wo, n_tw, n_tiles,
+    x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, scr_ptr,
+    BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w,
     sy_b, sy_c, sy_h, sy_w,
     c1, c2,
-    K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, T: tl.constexpr,
-    WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr,
+    F: tl.constexpr, BW: tl.constexpr, WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    bc = pid // n_tiles
-    tile = pid - bc * n_tiles
-    ti = tile // n_tw
-    tj = tile - ti * n_tw
-    b = (bc // C).to(tl.int64)
-    ch = (bc % C).to(tl.int64)
-    STEP: tl.constexpr = T - K + 1  # valid map rows / columns per tile
-    ar = tl.arange(0, T)
-    p_r = ti * STEP + ar  # map positions of the tile
-    p_c = tj * STEP + ar
+    group, chunk, strip, f, bc, lane_ok, b, ch = _lanes(pid, BC, C, n_chunks, n_strips, F, BW)
+    x_base = b * sx_b + ch * sx_c
+    y_base = b * sy_b + ch * sy_c
+    ar = tl.arange(0, BW)
+    slots = tl.arange(0, KP)
+    p_c = strip * F + f  # map column of each lane
+    col_ok = lane_ok & (p_c < Wo)
+    p_r0 = chunk * ROWS  # first map row of this chunk
+    n_rows = tl.minimum(ROWS, Ho - p_r0)
 
-    x = _load_tile(x_ptr, b * sx_b + ch * sx_c, p_r - PAD, p_c - PAD, H, W, sx_h, sx_w, REFLECT)
-    y = _load_tile(y_ptr, b * sy_b + ch * sy_c, p_r - PAD, p_c - PAD, H, W, sy_h, sy_w, REFLECT)
-    hm = _band(w_ptr, T, K, True)
-    vm = _band(w_ptr, T, K, False)
-    mu1, mu2, e11, e22, e12 = _moments(x, y, hm, vm)
-    ssim, cs = _ssim_cs(mu1, mu2, e11, e22, e12, c1, c2)
-
-    valid = ((ar < STEP) & (p_r < Ho))[:, None] & ((ar < STEP) & (p_c < Wo))[None, :]
-    if WRITE_MAP:
-        # maps are contiguous [B*C, Ho, Wo]
-        offs = bc.to(tl.int64) * Ho * Wo + p_r.to(tl.int64)[:, None] * Wo + p_c[None, :]
-        tl.store(s_ptr + offs, ssim, mask=valid)
-        if WRITE_CS:
-            tl.store(cs_ptr + offs, cs, mask=valid)
-    else:
-        tl.store(s_ptr + pid, tl.sum(tl.sum(tl.where(valid, ssim, 0.0), axis=1), axis=0))
-        tl.store(cs_ptr + pid, tl.sum(tl.sum(tl.where(valid, cs, 0.0), axis=1), axis=0))
+    # scratch: 5 rings of the last KP horizontal-pass rows (slot i % KP), zeroed so that rows not
+    # yet written (weight 0) cannot inject NaN
+    ring = scr_ptr + pid.to(tl.int64) * (5 * KP * BW)
+    ring_offs = slots[:, None] * BW + ar[None, :]  # [KP, BW]
+    for j in tl.static_range(5):
+        tl.store(ring + j * KP * BW + ring_offs, tl.zeros([KP, BW], dtype=tl.float32))
+    acc_s = tl.zeros([BW], dtype=tl.float32)
+    acc_c = tl.zeros([BW], dtype=tl.float32)
+    for i in range(0, n_rows + K - 1):
+        # padded input row p_r0 - PAD + i enters the ring
+        h1, h2, h11, h22, h12 = _row_moments(
+            x_ptr, y_ptr, x_base, y_base, p_r0 - PAD + i, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
+            w_ptr, lane_ok, K, KP, REFLECT)
+        slot = ring + (i % KP) * BW + ar
+        tl.store(slot, h1)
+        tl.store(slot + KP * BW, h2)
+        tl.store(slot + 2 * KP * BW, h11)
+        tl.store(slot + 3 * KP * BW, h22)
+        tl.store(slot + 4 * KP * BW, h12)
+        tl.debug_barrier()
+        # map row p = p_r0 + i - (K - 1) uses the K newest rows: a slot written g rows ago holds tap K-1-g
+        age = (i - slots + KP) % KP
+        wv = tl.load(w_ptr + (K - 1 - age), mask=age < K, other=0.0)[:, None]
+        mu1 = tl.sum(tl.load(ring + ring_offs) * wv, axis=0)
+        mu2 = tl.sum(tl.load(ring + KP * BW + ring_offs) * wv, axis=0)
+        e11 = tl.sum(tl.load(ring + 2 * KP * BW + ring_offs) * wv, axis=0)
+        e22 = tl.sum(tl.load(ring + 3 * KP * BW + ring_offs) * wv, axis=0)
+        e12 = tl.sum(tl.load(ring + 4 * KP * BW + ring_offs) * wv, axis=0)
+        ssim, cs = _ssim_cs(mu1, mu2, e11, e22, e12, c1, c2)
+        p = p_r0 + i - (K - 1)
+        ok = col_ok & (i >= K - 1)
+        if WRITE_MAP:
+            # maps are contiguous [B*C, Ho, Wo]
+            offs = (bc.to(tl.int64) * Ho + p) * Wo + p_c
+            tl.store(s_ptr + offs, ssim, mask=ok)
+            if WRITE_CS:
+                tl.store(cs_ptr + offs, cs, mask=ok)
+        else:
+            acc_s += tl.where(ok, ssim, 0.0)
+            acc_c += tl.where(ok, cs, 0.0)
+    if not WRITE_MAP:
+        # one partial sum per (channel, chunk, strip): [BC, n_chunks * n_strips]
+        G: tl.constexpr = BW // F
+        gbc = group * G + tl.arange(0, G)
+        offs = gbc.to(tl.int64) * (n_chunks * n_strips) + chunk * n_strips + strip
+        tl.store(s_ptr + offs, tl.sum(tl.reshape(acc_s, [G, F]), axis=1), mask=gbc < BC)
+        tl.store(cs_ptr + offs, tl.sum(tl.reshape(acc_c, [G, F]), axis=1), mask=gbc < BC)
 
 
 @triton.jit
 def _ssim_bwd_kernel(
-    x_ptr, y_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr,
-    C, H, W, Ho, Wo, n_tw, n_tiles,
+    x_ptr, y_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
+    BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w,
     sy_b, sy_c, sy_h, sy_w,
     sg_b, sg_c, sg_h, sg_w,
     so_b, so_c, so_h, so_w,
     c1, c2,
-    K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, T: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr,
+    F: tl.constexpr, BW: tl.constexpr,
     UPSTREAM_MAP: tl.constexpr, HAS_CS: tl.constexpr, HAS_L1: tl.constexpr,
-    NEED1: tl.constexpr, NEED2: tl.constexpr,
+    NEED1: tl.constexpr, NEED2: tl.constexpr, WRITE_SUMS: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    bc = pid // n_tiles
-    tile = pid - bc * n_tiles
-    ti = tile // n_tw
-    tj = tile - ti * n_tw
-    b = (bc // C).to(tl.int64)
-    ch = (bc % C).to(tl.int64)
-    STEP: tl.constexpr = T - 2 * (K - 1)  # gradient rows / columns per tile
-    ar = tl.arange(0, T)
-    q_r0 = ti * STEP  # first gradient row / column of the tile
-    q_c0 = tj * STEP
+    group, chunk, strip, f, bc, lane_ok, b, ch = _lanes(pid, BC, C, n_chunks, n_strips, F, BW)
     x_base = b * sx_b + ch * sx_c
     y_base = b * sy_b + ch * sy_c
+    o_base = b * so_b + ch * so_c
+    ar = tl.arange(0, BW)
+    slots = tl.arange(0, KP)
 
-    # 1. moments at map positions p = q0 - (K - 1) + PAD + i (the tile plus a K - 1 halo)
-    rows = q_r0 - (K - 1) + ar  # padded input positions of the loaded tile
-    cols = q_c0 - (K - 1) + ar
-    x = _load_tile(x_ptr, x_base, rows, cols, H, W, sx_h, sx_w, REFLECT)
-    y = _load_tile(y_ptr, y_base, rows, cols, H, W, sy_h, sy_w, REFLECT)
-    hm = _band(w_ptr, T, K, True)
-    vm = _band(w_ptr, T, K, False)
-    mu1, mu2, e11, e22, e12 = _moments(x, y, hm, vm)
+    STEP: tl.constexpr = F - (K - 1)  # gradient columns per strip
+    q_c0 = strip * STEP
+    q_c = q_c0 + f  # gradient column of each lane (valid for f < STEP)
+    qcol_ok = lane_ok & (f < STEP) & (q_c < W)
+    p_c = q_c0 - (K - 1) + PAD + f  # map column whose partials the lane holds
+    pcol_ok = lane_ok & (p_c >= 0) & (p_c < Wo)
+    own_c = pcol_ok & (p_c >= q_c0) & (p_c < q_c0 + STEP)  # map columns this strip sums
+    q_r0 = chunk * ROWS
+    n_rows = tl.minimum(ROWS, H - q_r0)
 
-    # 2. partial derivatives at every map position of the frame; zero off the map
-    p_r = rows + PAD
-    p_c = cols + PAD
-    valid = ((ar < T - K + 1) & (p_r >= 0) & (p_r < Ho))[:, None] & (
-        (ar < T - K + 1) & (p_c >= 0) & (p_c < Wo)
-    )[None, :]
+    # scratch (stays in L1/L2): two 4-row buffers of partials (double-buffered: one barrier per
+    # row suffices), 4 rings of horizontally-adjoined partial rows, 5 rings of moment rows
+    scr = scr_ptr + pid.to(tl.int64) * ((8 + 9 * KP) * BW)
+    aring = scr + 8 * BW
+    mring = aring + 4 * KP * BW
+    ring_offs = slots[:, None] * BW + ar[None, :]  # [KP, BW]
+    for j in tl.static_range(9):
+        tl.store(aring + j * KP * BW + ring_offs, tl.zeros([KP, BW], dtype=tl.float32))
+
     if UPSTREAM_MAP:
-        g_offs = b * sg_b + ch * sg_c + p_r.to(tl.int64)[:, None] * sg_h + p_c.to(tl.int64)[None, :] * sg_w
-        gs = tl.load(gs_ptr + g_offs, mask=valid, other=0.0).to(tl.float32)
-        if HAS_CS:
-            gc = tl.load(gc_ptr + g_offs, mask=valid, other=0.0).to(tl.float32)
-        else:
-            gc = 0.0
+        g_base = b * sg_b + ch * sg_c
     else:
-        gs = tl.load(gs_ptr + bc).to(tl.float32)
+        gs = tl.load(gs_ptr + bc, mask=lane_ok, other=0.0).to(tl.float32)
         if HAS_CS:
-            gc = tl.load(gc_ptr + bc).to(tl.float32)
+            gc = tl.load(gc_ptr + bc, mask=lane_ok, other=0.0).to(tl.float32)
         else:
             gc = 0.0
-    p_mu1, p_mu2, p_sq, p_xy = _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2)
-    p_sq = tl.where(valid, p_sq, 0.0)
-    p_xy = tl.where(valid, p_xy, 0.0)
-
-    # 3. adjoint filter: gather the partials through the window back onto the input pixels
-    va = _adjoint_band(w_ptr, q_r0, H, T, K, PAD, REFLECT, True)
-    ha = _adjoint_band(w_ptr, q_c0, W, T, K, PAD, REFLECT, False)
-    g_sq = tl.dot(va, tl.dot(p_sq, ha, input_precision="ieee"), input_precision="ieee")
-    g_xy = tl.dot(va, tl.dot(p_xy, ha, input_precision="ieee"), input_precision="ieee")
-
-    q_r = q_r0 + ar
-    q_c = q_c0 + ar
-    out = ((ar < STEP) & (q_r < H))[:, None] & ((ar < STEP) & (q_c < W))[None, :]
-    xq = _load_tile(x_ptr, x_base, q_r, q_c, H, W, sx_h, sx_w, False)
-    yq = _load_tile(y_ptr, y_base, q_r, q_c, H, W, sy_h, sy_w, False)
-    o_offs = b * so_b + ch * so_c + q_r.to(tl.int64)[:, None] * so_h + q_c.to(tl.int64)[None, :] * so_w
     if HAS_L1:
-        l1 = tl.load(l1_ptr + bc).to(tl.float32)
-        d = xq - yq
-        l1_term = l1 * (tl.where(d > 0, 1.0, 0.0) - tl.where(d < 0, 1.0, 0.0))
-    if NEED1:
-        p1 = tl.where(valid, p_mu1, 0.0)
-        gx = tl.dot(va, tl.dot(p1, ha, input_precision="ieee"), input_precision="ieee")
-        gx += 2.0 * xq * g_sq + yq * g_xy
+        l1 = tl.load(l1_ptr + bc, mask=lane_ok, other=0.0).to(tl.float32)
+    acc_s = tl.zeros([BW], dtype=tl.float32)
+    acc_c = tl.zeros([BW], dtype=tl.float32)
+    for i in range(0, n_rows + 2 * (K - 1)):
+        # 1. padded input row r enters; moments of map row p = r - (K - 1) + PAD
+        r = q_r0 - (K - 1) + i
+        h1, h2, h11, h22, h12 = _row_moments(
+            x_ptr, y_ptr, x_base, y_base, r, q_c0 - (K - 1) + f, H, W, sx_h, sx_w, sy_h, sy_w,
+            w_ptr, lane_ok, K, KP, REFLECT)
+        mslot = mring + (i % KP) * BW + ar
+        tl.store(mslot, h1)
+        tl.store(mslot + KP * BW, h2)
+        tl.store(mslot + 2 * KP * BW, h11)
+        tl.store(mslot + 3 * KP * BW, h22)
+        tl.store(mslot + 4 * KP * BW, h12)
+        tl.debug_barrier()
+        age = (i - slots + KP) % KP
+        wv = tl.load(w_ptr + (K - 1 - age), mask=age < K, other=0.0)[:, None]
+        mu1 = tl.sum(tl.load(mring + ring_offs) * wv, axis=0)
+        mu2 = tl.sum(tl.load(mring + KP * BW + ring_offs) * wv, axis=0)
+        e11 = tl.sum(tl.load(mring + 2 * KP * BW + ring_offs) * wv, axis=0)
+        e22 = tl.sum(tl.load(mring + 3 * KP * BW + ring_offs) * wv, axis=0)
+        e12 = tl.sum(tl.load(mring + 4 * KP * BW + ring_offs) * wv, axis=0)
+
+        # 2. partial derivatives on map row p; zero off the map
+        p = r - (K - 1) + PAD
+        valid = pcol_ok & (i >= K - 1) & (p >= 0) & (p < Ho)
+        if UPSTREAM_MAP:
+            g_offs = g_base + p.to(tl.int64) * sg_h + p_c.to(tl.int64) * sg_w
+            gs = tl.load(gs_ptr + g_offs, mask=valid, other=0.0).to(tl.float32)
+            if HAS_CS:
+                gc = tl.load(gc_ptr + g_offs, mask=valid, other=0.0).to(tl.float32)
+            else:
+                gc = 0.0
+        d1, d2, dsq, dxy, ssim, cs = _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2)
+        if WRITE_SUMS:
+            own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
+            acc_s += tl.where(own, ssim, 0.0)
+            acc_c += tl.where(own, cs, 0.0)
+
+        # 3. horizontal adjoint through the scratch row
+        buf = scr + (i % 2) * (4 * BW) + ar
+        tl.store(buf, tl.where(valid, dsq, 0.0))
+        tl.store(buf + BW, tl.where(valid, dxy, 0.0))
+        if NEED1:
+            tl.store(buf + 2 * BW, tl.where(valid, d1, 0.0))
+        if NEED2:
+            tl.store(buf + 3 * BW, tl.where(valid, d2, 0.0))
+        tl.debug_barrier()
+        buf = scr + (i % 2) * (4 * BW)
+        aslot = aring + (i % KP) * BW + ar
+        tl.store(aslot, _hadjoint(buf, w_ptr, q_c0, W, f, F, BW, K, KP, PAD, REFLECT))
+        tl.store(aslot + KP * BW, _hadjoint(buf + BW, w_ptr, q_c0, W, f, F, BW, K, KP, PAD, REFLECT))
+        if NEED1:
+            tl.store(aslot + 2 * KP * BW, _hadjoint(buf + 2 * BW, w_ptr, q_c0, W, f, F, BW, K, KP, PAD, REFLECT))
+        if NEED2:
+            tl.store(aslot + 3 * KP * BW, _hadjoint(buf + 3 * BW, w_ptr, q_c0, W, f, F, BW, K, KP, PAD, REFLECT))
+        tl.debug_barrier()
+
+        # 4. vertical adjoint: gradient row q = p - PAD gathers map rows q + PAD - g (ring age g)
+        #    with tap g, plus the taps through its mirror images under "reflect"
+        q = p - PAD
+        wa = tl.load(w_ptr + age, mask=age < K, other=0.0)
+        if REFLECT:
+            dt = age - 2 * q  # through padded row -q
+            wa += tl.load(w_ptr + dt, mask=(age < K) & (q >= 1) & (q <= PAD) & (dt >= 0) & (dt < K), other=0.0)
+            db = 2 * (H - 1) - 2 * q + age  # through padded row 2 (H - 1) - q
+            wa += tl.load(w_ptr + db, mask=(age < K) & (q >= H - 1 - PAD) & (q <= H - 2) & (db >= 0) & (db < K), other=0.0)
+        wa = wa[:, None]
+        out = qcol_ok & (i >= 2 * (K - 1)) & (q < q_r0 + n_rows)
+        q64 = q.to(tl.int64)
+        xq = tl.load(x_ptr + x_base + q64 * sx_h + q_c.to(tl.int64) * sx_w, mask=out, other=0.0).to(tl.float32)
+        yq = tl.load(y_ptr + y_base + q64 * sy_h + q_c.to(tl.int64) * sy_w, mask=out, other=0.0).to(tl.float32)
+        g_sq = tl.sum(tl.load(aring + ring_offs) * wa, axis=0)
+        g_xy = tl.sum(tl.load(aring + KP * BW + ring_offs) * wa, axis=0)
+        o_offs = o_base + q64 * so_h + q_c.to(tl.int64) * so_w
         if HAS_L1:
-            gx += l1_term
-        tl.store(gx_ptr + o_offs, gx.to(gx_ptr.dtype.element_ty), mask=out)
-    if NEED2:
-        p2 = tl.where(valid, p_mu2, 0.0)
-        gy = tl.dot(va, tl.dot(p2, ha, input_precision="ieee"), input_precision="ieee")
-        gy += 2.0 * yq * g_sq + xq * g_xy
-        if HAS_L1:
-            gy -= l1_term
-        tl.store(gy_ptr + o_offs, gy.to(gy_ptr.dtype.element_ty), mask=out)
+            dl = xq - yq
+            l1_term = l1 * (tl.where(dl > 0, 1.0, 0.0) - tl.where(dl < 0, 1.0, 0.0))
+        if NEED1:
+            gx = tl.sum(tl.load(aring + 2 * KP * BW + ring_offs) * wa, axis=0) + 2.0 * xq * g_sq + yq * g_xy
+            if HAS_L1:
+                gx += l1_term
+            tl.store(gx_ptr + o_offs, gx.to(gx_ptr.dtype.element_ty), mask=out)
+        if NEED2:
+            gy = tl.sum(tl.load(aring + 3 * KP * BW + ring_offs) * wa, axis=0) + 2.0 * yq * g_sq + xq * g_xy
+            if HAS_L1:
+                gy -= l1_term
+            tl.store(gy_ptr + o_offs, gy.to(gy_ptr.dtype.element_ty), mask=out)
+    if WRITE_SUMS:
+        G: tl.constexpr = BW // F
+        gbc = group * G + tl.arange(0, G)
+        offs = 2 * (gbc.to(tl.int64) * (n_chunks * n_strips) + chunk * n_strips + strip)
+        tl.store(sum_ptr + offs, tl.sum(tl.reshape(acc_s, [G, F]), axis=1), mask=gbc < BC)
+        tl.store(sum_ptr + offs + 1, tl.sum(tl.reshape(acc_c, [G, F]), axis=1), mask=gbc < BC)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -192,83 +290,99 @@ def _ssim_bwd_kernel(
 # ------------------------------------------------------------------------------------------------
 
 
-def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str):
-    """Run the forward kernel. ``mode``: "stats" -> (ssim_sum, cs_sum) per (B, C) as [B, C]
-    fp32 sums over the map; "map" -> (ssim_map, empty); "map_cs" -> (ssim_map, cs_map)."""
+def _geometry(img1, window, padding: str):
     B, C, H, W = img1.shape
     K = window.shape[0]
     code = padding_code(padding)
     pad = 0 if code == 0 else K // 2
-    Ho, Wo = out_size(H, K, padding), out_size(W, K, padding)
-    T, warps = fwd_tile(K)
-    step = T - K + 1
-    n_th, n_tw = triton.cdiv(Ho, step), triton.cdiv(Wo, step)
-    n_tiles = n_th * n_tw
+    return B, C, H, W, K, pad, code == 2, out_size(H, K, padding), out_size(W, K, padding)
+
+
+def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str):
+    """Run the forward kernel. ``mode``: "stats" -> ``(ssim_sum, cs_sum)``, each ``[B, C]`` fp32
+    sums over the map; "map" -> ``(ssim_map, empty)``; "map_cs" -> ``(ssim_map, cs_map)``."""
+    B, C, H, W, K, pad, reflect, Ho, Wo = _geometry(img1, window, padding)
+    BC = B * C
+    geo = geometry(Wo, Ho, K, BC, img1.device)
+    n_strips = triton.cdiv(Wo, geo.f)
+    n_chunks = triton.cdiv(Ho, geo.rows)
+    n_groups = triton.cdiv(BC, geo.bw // geo.f)
+    n_prog = n_groups * n_chunks * n_strips
     dev = img1.device
     if mode == "stats":
-        s = torch.empty((B * C, n_tiles), dtype=torch.float32, device=dev)
-        cs = torch.empty((B * C, n_tiles), dtype=torch.float32, device=dev)
+        s = torch.empty((BC, n_chunks * n_strips), dtype=torch.float32, device=dev)
+        cs = torch.empty_like(s)
     else:
         s = torch.empty((B, C, Ho, Wo), dtype=torch.float32, device=dev)
         cs = torch.empty((B, C, Ho, Wo) if mode == "map_cs" else (0,), dtype=torch.float32, device=dev)
-    grid = (B * C * n_tiles,)
-    _ssim_fwd_kernel[grid](
-        img1, img2, window, s, cs if mode != "map" else s,
-        C, H, W, Ho, Wo, n_tw, n_tiles,
+    scratch = torch.empty((n_prog, 5 * geo.kp * geo.bw), dtype=torch.float32, device=dev)
+    _ssim_fwd_kernel[(n_prog,)](
+        img1, img2, window, s, cs if mode != "map" else s, scratch,
+        BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
         *img1.stride(), *img2.stride(),
         float(c1), float(c2),
-        K=K, PAD=pad, REFLECT=code == 2, T=T,
+        K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
         WRITE_MAP=mode != "stats", WRITE_CS=mode == "map_cs",
-        num_warps=warps,
+        num_warps=geo.warps,
     )
     if mode == "stats":
-        # fixed-order reduction of the per-tile partial sums: deterministic
+        # fixed-order reduction of the per-program partial sums: deterministic, no atomics
         return s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C)
     return s, cs
 
 
 def launch_bwd(img1, img2, window, padding: str, c1: float, c2: float, g_s, g_cs, need1: bool,
-               need2: bool, l1=None):
-    """Run the backward kernel. ``g_s`` / ``g_cs``: ``[B, C]`` scalars (already divided by the
-    map size) or ``[B, C, H', W']`` maps; ``g_cs`` may be None; ``l1``: optional ``[B, C]`` weight
-    of ``sign(x - y)``. Returns (grad1 or None, grad2 or None) in the input dtype and layout."""
-    B, C, H, W = img1.shape
-    K = window.shape[0]
-    code = padding_code(padding)
-    pad = 0 if code == 0 else K // 2
-    Ho, Wo = out_size(H, K, padding), out_size(W, K, padding)
-    T, warps = bwd_tile(K)
-    step = T - 2 * (K - 1)
-    n_th, n_tw = triton.cdiv(H, step), triton.cdiv(W, step)
-    n_tiles = n_th * n_tw
+               need2: bool, l1=None, grad1=None, sums: bool = False):
+    """Run the backward kernel.
+
+    ``g_s`` / ``g_cs``: ``[B, C]`` scalars (already divided by the map size) or ``[B, C, H', W']``
+    maps; ``g_cs`` may be None. ``l1``: optional ``[B, C]`` weight of ``sign(x - y)`` added to
+    the gradient of img1 (subtracted from img2's). ``grad1``: optional preallocated output for
+    img1's gradient (any strides). ``sums``: also return the ``[B, C]`` sums of the SSIM and cs
+    maps, computed in the same pass. Returns ``(grad1 or None, grad2 or None[, ssim_sum,
+    cs_sum])``, the gradients in the input dtype and memory layout.
+    """
+    B, C, H, W, K, pad, reflect, Ho, Wo = _geometry(img1, window, padding)
+    BC = B * C
+    geo = geometry(W + K - 1, H, K, BC, img1.device)
+    step = geo.f - (K - 1)
+    n_strips = triton.cdiv(W, step)
+    n_chunks = triton.cdiv(H, geo.rows)
+    n_groups = triton.cdiv(BC, geo.bw // geo.f)
+    n_prog = n_groups * n_chunks * n_strips
+    dev = img1.device
     upstream_map = g_s.dim() == 4
-    if not upstream_map:
-        g_s = g_s.to(torch.float32).contiguous()
-        if g_cs is not None:
-            g_cs = g_cs.to(torch.float32).contiguous()
-    g_strides = g_s.stride() if upstream_map else (0, 0, 0, 0)
-    if upstream_map and g_cs is not None and g_cs.stride() != g_s.stride():
-        # one set of strides serves both upstream maps
-        g_s, g_cs = g_s.contiguous(), g_cs.contiguous()
+    if upstream_map:
+        if g_cs is not None and g_cs.stride() != g_s.stride():
+            g_s, g_cs = g_s.contiguous(), g_cs.contiguous()  # one set of strides serves both
         g_strides = g_s.stride()
-    gx = torch.empty_like(img1) if need1 else None
-    gy = torch.empty_like(img2) if need2 else None
-    out_strides = (gx if need1 else gy).stride() if (need1 or need2) else (0, 0, 0, 0)
-    if need1 and need2 and gx.stride() != gy.stride():
-        gy = torch.empty_strided(gx.shape, gx.stride(), dtype=gx.dtype, device=gx.device)
+    else:
+        g_s = g_s.to(torch.float32).contiguous()
+        g_cs = g_cs.to(torch.float32).contiguous() if g_cs is not None else None
+        g_strides = (0, 0, 0, 0)
+    gx = (grad1 if grad1 is not None else torch.empty_like(img1)) if need1 else None
+    gy = None
+    if need2:
+        gy = torch.empty_like(img2) if gx is None else torch.empty_strided(
+            gx.shape, gx.stride(), dtype=img2.dtype, device=dev)
+    out = gx if gx is not None else gy
+    out_strides = out.stride() if out is not None else (0, 0, 0, 0)
     if l1 is not None:
         l1 = l1.to(torch.float32).contiguous()
-    grid = (B * C * n_tiles,)
-    dummy = g_s
-    _ssim_bwd_kernel[grid](
-        img1, img2, window, g_s, g_cs if g_cs is not None else dummy, l1 if l1 is not None else dummy,
-        gx if need1 else gy, gy if need2 else gx,
-        C, H, W, Ho, Wo, n_tw, n_tiles,
+    scratch = torch.empty((n_prog, (8 + 9 * geo.kp) * geo.bw), dtype=torch.float32, device=dev)
+    sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
+    _ssim_bwd_kernel[(n_prog,)](
+        img1, img2, window, g_s, g_cs if g_cs is not None else g_s, l1 if l1 is not None else g_s,
+        gx if gx is not None else scratch, gy if gy is not None else scratch, scratch, sum_buf,
+        BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
         *img1.stride(), *img2.stride(), *g_strides, *out_strides,
         float(c1), float(c2),
-        K=K, PAD=pad, REFLECT=code == 2, T=T,
+        K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
         UPSTREAM_MAP=upstream_map, HAS_CS=g_cs is not None, HAS_L1=l1 is not None,
-        NEED1=need1, NEED2=need2,
-        num_warps=warps,
+        NEED1=need1, NEED2=need2, WRITE_SUMS=sums,
+        num_warps=geo.warps,
     )
+    if sums:
+        per_bc = sum_buf.sum(dim=1)  # fixed order: deterministic
+        return gx, gy, per_bc[:, 0].view(B, C), per_bc[:, 1].view(B, C)
     return gx, gy
