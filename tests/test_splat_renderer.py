@@ -223,3 +223,16 @@ def test_cuda_matches_cpu():
     torch.testing.assert_close(gpu["image"].cpu(), cpu["image"], atol=1e-4, rtol=0)
     torch.testing.assert_close(gpu["alpha"].cpu(), cpu["alpha"], atol=1e-4, rtol=0)
     assert torch.equal(gpu["radii"].cpu().reshape(-1, 2), cpu["radii"])
+
+
+@pytest.mark.parametrize("compositor", COMPOSITORS)
+def test_nothing_in_view_renders_background(compositor):
+    gs = _scene(n=10, seed=11)
+    with torch.no_grad():
+        gs.means += torch.tensor([0.0, -10.0, 0.0])  # behind the camera at y = -3
+    out = render(gs, _view(), background=(0.25, 0.5, 0.75), compositor=compositor)
+    assert (out["radii"] == 0).all()
+    torch.testing.assert_close(out["image"], torch.tensor([0.25, 0.5, 0.75]).expand(14, 20, 3))
+    assert (out["alpha"] == 0).all()
+    out["image"].sum().backward()
+    assert (gs.means.grad == 0).all() and (gs.colors.grad == 0).all()

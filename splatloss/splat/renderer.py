@@ -199,7 +199,8 @@ def render(
             (a :class:`~splatloss.splat.scenes.View`).
         backend: "auto" (CUDA when the Gaussians are on a CUDA device, else CPU), "cuda" or "cpu".
         background: RGB ``[3]`` (tensor or sequence) added where transmittance remains; black if None.
-        tile_size: CPU tile side in pixels (8 is fastest on 64-96 px images).
+        tile_size: CPU tile side in pixels (on 64x64 views with 3000 Gaussians, 4 and 8 measured
+            the same, 16 about 20 % slower).
         groups: CPU: tiles are sorted by list length and split into this many groups, each padded to
             its own longest list.
         max_per_tile: CPU: keep at most this many (nearest) Gaussians per tile; None keeps all
@@ -378,6 +379,9 @@ def _render_cpu(g, viewmat, K, W, H, bg, tile_size, groups, max_per_tile, compos
         tiles_all = torch.cat(tile_parts)
         img_t = img_t.index_put((tiles_all,), torch.cat(img_parts))
         alp_t = alp_t.index_put((tiles_all,), torch.cat(alp_parts))
+    elif torch.is_grad_enabled():
+        # Nothing drawn: keep the output in the graph (zero gradients), as the numba path and gsplat do.
+        img_t = img_t + 0.0 * (m2d_p.sum() + con_p.sum() + opa_p.sum() + col_p.sum())
     # [th*tw, ts*ts, C] -> [H, W, C]
     image = img_t.reshape(th, tw, tile_size, tile_size, 3).permute(0, 2, 1, 3, 4).reshape(th * tile_size, tw * tile_size, 3)
     alpha = alp_t.reshape(th, tw, tile_size, tile_size).permute(0, 2, 1, 3).reshape(th * tile_size, tw * tile_size, 1)
