@@ -124,4 +124,19 @@ def test_cached_library_is_reused_and_keyed_by_source(tmp_path, monkeypatch):
     mtime = first.stat().st_mtime_ns
     assert _cpu_kernel._build(cc, "float") == first and first.stat().st_mtime_ns == mtime
     assert _cpu_kernel._build(cc, "double") != first
-    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".so", ".so"]  # no temporaries left
+    assert _cpu_kernel._build(cc, "float", 11) not in (first, _cpu_kernel._build(cc, "double"))
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".so"] * 3  # no temporaries left
+
+
+@pytest.mark.parametrize("fwd_tile,bwd_tile", [(16, 16), (32, 48)])
+def test_column_tiles_give_the_same_numbers(monkeypatch, fwd_tile, bwd_tile):
+    """Column tiling (used for very wide images) recomputes tile borders; nothing may change."""
+    cfg = SSIMConfig(padding="same")
+    x, y = _pair((1, 2, 33, 131), torch.float64, seed=5)
+    gs, gc = torch.tensor([[0.7, -0.4]], dtype=torch.float64), torch.tensor([[0.3, 1.1]], dtype=torch.float64)
+    whole = _stats_and_grads(x, y, cfg, gs, gc)
+    monkeypatch.setattr(_cpu_kernel, "FWD_TILE", fwd_tile)
+    monkeypatch.setattr(_cpu_kernel, "BWD_TILE", bwd_tile)
+    tiled = _stats_and_grads(x, y, cfg, gs, gc)
+    for a, b in zip(whole, tiled):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-14)

@@ -51,6 +51,13 @@ _libs: dict = {}  # torch dtype -> ctypes library (or None after a failure)
 _reason: Optional[str] = None
 _warned = False
 _pool: Optional[ThreadPoolExecutor] = None
+# Column tiles (map columns forward, gradient columns backward; 0 sweeps whole rows). Measured on
+# a Xeon (48 KiB L1d, 2 MiB L2): tiles sized for L1 were slower (the strided row reads of narrow
+# tiles defeat the prefetcher) and whole rows are best up to 1920 columns; beyond 2.5 tiles of
+# width the backward's ring buffers outgrow L2 and 1024-column tiles win (7680 columns: 74 -> 45 ms).
+FWD_TILE = 0
+BWD_TILE = 1024
+FIXED_TAPS = 11  # window size with its own build (the default)
 _pool_size = 0
 
 
@@ -81,16 +88,16 @@ def _cpu_signature() -> str:
     return platform.processor() + platform.machine()
 
 
-def _build(cc: str, real: str) -> Path:
+def _build(cc: str, real: str, taps: int = 0) -> Path:
     src = _SOURCE.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
     key_flags = None
     errors = []
     # -march=native first; a compiler that does not know it gets the portable build.
     for arch in (["-march=native"], []):
-        flags = _BASE_FLAGS + arch + [f"-DREAL={real}"]
+        flags = _BASE_FLAGS + arch + [f"-DREAL={real}"] + ([f"-DFIXED_TAPS={taps}"] if taps else [])
         key = hashlib.sha256(src + " ".join(flags).encode() + version.encode() + _cpu_signature().encode())
-        out = _cache_dir() / f"ssim_cpu_{real}_{key.hexdigest()[:16]}.so"
+        out = _cache_dir() / f"ssim_cpu_{real}_k{taps}_{key.hexdigest()[:16]}.so"
         if out.exists():
             return out
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -109,41 +116,47 @@ def _build(cc: str, real: str) -> Path:
     raise RuntimeError(f"{cc} {' '.join(key_flags or [])} failed: {errors[-1] if errors else ''}")
 
 
-def _load(dtype: torch.dtype):
+def _load(dtype: torch.dtype, taps: int):
     real = "double" if dtype == torch.float64 else "float"
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (looked for $CC, cc, gcc, clang)")
-    lib = ctypes.CDLL(str(_build(cc, real)))
+    lib = ctypes.CDLL(str(_build(cc, real, taps)))
     R = ctypes.c_double if real == "double" else ctypes.c_float
     P, I = ctypes.c_void_p, ctypes.c_int
     lib.splat_ssim_workspace.restype = ctypes.c_size_t
-    lib.splat_ssim_workspace.argtypes = [I, I]
+    lib.splat_ssim_workspace.argtypes = [I, I, I]
     lib.splat_ssim_fwd.restype = None
-    lib.splat_ssim_fwd.argtypes = [P, P, I, I, P, I, R, R, I, I, P, P]
+    lib.splat_ssim_fwd.argtypes = [P, P, I, I, P, I, R, R, I, I, P, P, I]
     lib.splat_ssim_bwd.restype = None
-    lib.splat_ssim_bwd.argtypes = [P, P, I, I, P, I, R, R, R, R, I, I, P, P, P]
+    lib.splat_ssim_bwd.argtypes = [P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I]
     return lib
 
 
-def get(dtype: torch.dtype):
-    """The loaded kernel library for ``dtype`` (float32 or float64), or ``None`` (warned once)."""
+def get(dtype: torch.dtype, taps: int = 0):
+    """The loaded kernel library for ``dtype`` (float32 or float64) and a window of ``taps`` taps,
+    or ``None`` (warned once).
+
+    The default window (11 taps) gets a build with the tap count fixed at compile time (about 10%
+    faster: unrolled tap loops, taps kept in registers); other sizes share the generic build.
+    """
     global _reason, _warned
-    lib = _libs.get(dtype, False)
+    key = (dtype, taps if taps == FIXED_TAPS else 0)
+    lib = _libs.get(key, False)
     if lib is not False:
         return lib
     with _lock:
-        if dtype not in _libs:
+        if key not in _libs:
             if os.environ.get("SPLATLOSS_NO_CPU_KERNEL", "0") not in ("", "0"):
                 _reason = "SPLATLOSS_NO_CPU_KERNEL is set"
-                _libs[dtype] = None
+                _libs[key] = None
             else:
                 try:
-                    _libs[dtype] = _load(dtype)
+                    _libs[key] = _load(*key)
                 except Exception as exc:  # no compiler, compile error, unloadable library
                     _reason = f"{type(exc).__name__}: {exc}"
-                    _libs[dtype] = None
-        lib = _libs[dtype]
+                    _libs[key] = None
+        lib = _libs[key]
         if lib is None and not _warned:
             _warned = True
             warnings.warn(
@@ -204,7 +217,7 @@ def _forward(lib, x: torch.Tensor, y: torch.Tensor, window: torch.Tensor, c1: fl
     P = B * C
     rows = torch.empty(P, Hp, 2, dtype=torch.float64)  # per-map-row sums: partition-independent
     ns = _strips(Hp, P)
-    nws = lib.splat_ssim_workspace(W, K)
+    nws = lib.splat_ssim_workspace(W, K, FWD_TILE)
     workspaces = threading.local()
     esz = x.element_size()
     xp, yp, rp, gp = x.data_ptr(), y.data_ptr(), rows.data_ptr(), window.data_ptr()
@@ -212,11 +225,11 @@ def _forward(lib, x: torch.Tensor, y: torch.Tensor, window: torch.Tensor, c1: fl
     def task(t: int) -> None:
         ws = getattr(workspaces, "buf", None)
         if ws is None:
-            ws = workspaces.buf = torch.zeros(nws, dtype=x.dtype)
+            ws = workspaces.buf = torch.empty(nws, dtype=x.dtype)  # the kernel zeroes what it uses
         p, s = divmod(t, ns)
         m0, m1 = _bounds(Hp, ns, s)
         off = p * H * W * esz
-        lib.splat_ssim_fwd(xp + off, yp + off, H, W, gp, K, c1, c2, m0, m1, ws.data_ptr(), rp + (p * Hp + m0) * 16)
+        lib.splat_ssim_fwd(xp + off, yp + off, H, W, gp, K, c1, c2, m0, m1, ws.data_ptr(), rp + (p * Hp + m0) * 16, FWD_TILE)
 
     _run(task, P * ns)
     sums = rows.sum(dim=1) / float(Hp * Wp)  # [P, 2], summed in float64 in a fixed order
@@ -236,7 +249,8 @@ def _backward(lib, x, y, window, c1, c2, gs: torch.Tensor, gc: torch.Tensor, nee
     gx = torch.empty_like(x) if need_x else None
     gy = torch.empty_like(y) if need_y else None
     ns = _strips(H, P)
-    nws = lib.splat_ssim_workspace(W, K)
+    tile = BWD_TILE if W > 2.5 * BWD_TILE else 0
+    nws = lib.splat_ssim_workspace(W, K, tile)
     workspaces = threading.local()
     esz = x.element_size()
     xp, yp, gp = x.data_ptr(), y.data_ptr(), window.data_ptr()
@@ -246,13 +260,13 @@ def _backward(lib, x, y, window, c1, c2, gs: torch.Tensor, gc: torch.Tensor, nee
     def task(t: int) -> None:
         ws = getattr(workspaces, "buf", None)
         if ws is None:
-            ws = workspaces.buf = torch.zeros(nws, dtype=x.dtype)
+            ws = workspaces.buf = torch.empty(nws, dtype=x.dtype)  # the kernel zeroes what it uses
         p, s = divmod(t, ns)
         q0, q1 = _bounds(H, ns, s)
         off = p * H * W * esz
         lib.splat_ssim_bwd(
             xp + off, yp + off, H, W, gp, K, c1, c2, gsl[p], gcl[p], q0, q1, ws.data_ptr(),
-            (gxp + off) if need_x else None, (gyp + off) if need_y else None,
+            (gxp + off) if need_x else None, (gyp + off) if need_y else None, tile,
         )
 
     _run(task, P * ns)
@@ -288,7 +302,7 @@ def cpu_kernel(enabled: bool):
         _use_cpu_kernel = before
 
 
-def fast_path_ok(img1: torch.Tensor, img2: torch.Tensor) -> bool:
+def fast_path_ok(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig) -> bool:
     """CPU, switch on, no torch.func transform or forward-mode tangent, kernel built and loaded."""
     if not _use_cpu_kernel or img1.device.type != "cpu":
         return False
@@ -302,7 +316,7 @@ def fast_path_ok(img1: torch.Tensor, img2: torch.Tensor) -> bool:
         for t in (img1, img2):
             if forward_ad.unpack_dual(t).tangent is not None:
                 return False
-    return get(accumulation_dtype(img1.dtype)) is not None
+    return get(accumulation_dtype(img1.dtype), cfg.window_size) is not None
 
 
 def padded(x: torch.Tensor, y: torch.Tensor, cfg: SSIMConfig):
@@ -351,7 +365,7 @@ class SSIMStatsCPUFn(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.c1, ctx.c2 = c1, c2
         ctx.save_for_backward(x, y, w)
-        return _forward(get(x.dtype), x, y, w, c1, c2)
+        return _forward(get(x.dtype, w.numel()), x, y, w, c1, c2)
 
     @staticmethod
     def backward(ctx, g_s, g_c):
@@ -372,7 +386,7 @@ class SSIMStatsCPUFn(torch.autograd.Function):
         zeros = torch.zeros(x.shape[:2], dtype=x.dtype)
         g_s = zeros if g_s is None else g_s
         g_c = zeros if g_c is None else g_c
-        gx, gy = _backward(get(x.dtype), x, y, w, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
+        gx, gy = _backward(get(x.dtype, w.numel()), x, y, w, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
         return gx, gy, None, None, None
 
 
@@ -389,7 +403,7 @@ def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg, upstream: to
     with torch.no_grad():
         x, y = padded(img1.detach(), img2.detach(), cfg)
         x, y = x.contiguous(), y.contiguous()
-        lib = get(x.dtype)
+        lib = get(x.dtype, cfg.window_size)
         w = cfg.window_1d(x.dtype, "cpu")
         s, _ = _forward(lib, x, y, w, cfg.C1, cfg.C2)
         up = upstream.to(x.dtype)

@@ -10,12 +10,13 @@
  * backward writes is the gradient itself.
  *
  * Notation (per map pixel p, window w = g (x) g, K taps, map H' x W' = (H-K+1) x (W-K+1)):
- *   mu_x = w*x, mu_y = w*y, e_xx = w*x^2, e_yy = w*y^2, e_xy = w*(xy)       (5 separable filters)
+ *   mu_x = w*x, mu_y = w*y, e_ss = w*(x^2 + y^2), e_xy = w*(xy)            (4 separable filters:
+ *   only the sum e_xx + e_yy enters SSIM, so x^2 and y^2 are filtered as one image)
  *   A1 = 2 mu_x mu_y + C1, B1 = mu_x^2 + mu_y^2 + C1
- *   A2 = 2 (e_xy - mu_x mu_y) + C2, B2 = (e_xx - mu_x^2) + (e_yy - mu_y^2) + C2
+ *   A2 = 2 (e_xy - mu_x mu_y) + C2, B2 = e_ss - mu_x^2 - mu_y^2 + C2
  *   ssim = A1 A2 / (B1 B2), cs = A2 / B2.
  * Backward of L = gS * sum_p ssim + gC * sum_p cs (gS, gC already divided by the map size):
- *   beta  = dL/de_xx = dL/de_yy = -(gS ssim + gC cs) / B2
+ *   beta  = dL/de_ss = -(gS ssim + gC cs) / B2
  *   gamma = dL/de_xy = 2 (gS A1 / B1 + gC) / B2
  *   alpha_x = dL/dmu_x = 2 gS (mu_y A2 - mu_x ssim B2) / (B1 B2) - 2 mu_x beta - mu_y gamma
  *   alpha_y = dL/dmu_y = 2 gS (mu_x A2 - mu_y ssim B2) / (B1 B2) - 2 mu_y beta - mu_x gamma
@@ -23,6 +24,10 @@
  *   dL/dy = w^T*alpha_y + 2 y (w^T*beta) + x (w^T*gamma)       "full" correlation with w flipped)
  * so the backward is four transposed separable filters (three when only one image needs a
  * gradient), after recomputing the forward statistics of the rows it needs.
+ *
+ * Cost: the work is all in the filters (FMA-bound on one core): forward 4 quantities x 2 passes,
+ * backward 4 recomputed + 3 adjoint quantities x 2 passes, K taps each. One division per pixel
+ * (1 / (B1 B2), from which 1/B1 and 1/B2 follow) keeps the divider off the critical path.
  *
  * Vectorisation uses GCC/Clang vector extensions (64-byte vectors: AVX-512 where the CPU has it,
  * split into narrower registers elsewhere). Row buffers are padded to whole vectors and the pad
@@ -42,6 +47,14 @@
 typedef REAL vr __attribute__((vector_size(VBYTES)));
 typedef __typeof__((vr){0} < (vr){0}) vmask;
 
+/* Built once generic and once with -DFIXED_TAPS=11 (the default window): a compile-time tap
+ * count lets the compiler unroll the tap loops and keep the taps in registers. */
+#ifdef FIXED_TAPS
+#define KTAPS(k) FIXED_TAPS
+#else
+#define KTAPS(k) (k)
+#endif
+
 static inline vr ld(const REAL *p) { vr v; memcpy(&v, p, sizeof v); return v; }
 static inline void st(REAL *p, vr v) { memcpy(p, &v, sizeof v); }
 static inline vr bc(REAL s) { return (vr){0} + s; }
@@ -49,15 +62,16 @@ static inline int rup(int n) { return (n + V - 1) / V * V; }
 
 /* Row lengths of the workspace, all multiples of V. */
 typedef struct {
-    int W, K, Wp;      /* image width, taps, map width */
+    int W, K, Wp;      /* (tile) image width, taps, map width */
+    int ld;            /* row stride of the image planes */
     int Wo, Wpp;       /* padded image width, padded map width */
     int Lin;           /* input-row buffers: Wo + K rounded (reads up to Wpp + K - 2) */
     int Lv;            /* zero-bordered rows for the transposed horizontal pass: Wo + K - 1 rounded */
 } dims_t;
 
-static dims_t make_dims(int W, int K) {
+static dims_t make_dims(int W, int K, int ld) {
     dims_t d;
-    d.W = W; d.K = K; d.Wp = W - K + 1;
+    d.W = W; d.K = K; d.Wp = W - K + 1; d.ld = ld;
     d.Wo = rup(W); d.Wpp = rup(d.Wp);
     d.Lin = rup(d.Wo + K);
     d.Lv = rup(d.Wo + K - 1);
@@ -65,24 +79,30 @@ static dims_t make_dims(int W, int K) {
 }
 
 /* Workspace layout (REALs), all zero-initialised by the caller:
- *   in:    5 rows of Lin  (x, y, x^2, y^2, xy of the current input row)
- *   hring: 5 * K rows of Wpp (horizontal sums of the last K input rows)
+ *   in:    4 rows of Lin  (x, y, x^2 + y^2, xy of the current input row)
+ *   hring: 4 * K rows of Wpp (horizontal sums of the last K input rows)
  *   aring: 4 * K rows of Wpp (beta, gamma, alpha(s) of the last K map rows)
  *   vrow:  4 rows of Lv   (vertical adjoint sums, stored at offset K-1 with zero borders)
  *   grow:  2 rows of Wo   (finished gradient rows before the copy to the output)
  */
 static size_t ws_elems(dims_t d) {
-    return (size_t)5 * d.Lin + (size_t)9 * d.K * d.Wpp + (size_t)4 * d.Lv + (size_t)2 * d.Wo;
+    return (size_t)4 * d.Lin + (size_t)8 * d.K * d.Wpp + (size_t)4 * d.Lv + (size_t)2 * d.Wo;
 }
 
-size_t splat_ssim_workspace(int W, int K) { return ws_elems(make_dims(W, K)); }
+/* Workspace for column tiles of `tile` map columns (forward) / gradient columns (backward);
+ * tile <= 0: whole rows. */
+size_t splat_ssim_workspace(int W, int K, int tile) {
+    int w = W;
+    if (tile > 0 && tile + 2 * (K - 1) < W) w = tile + 2 * (K - 1);
+    return ws_elems(make_dims(w, K, W));
+}
 int splat_ssim_vector_width(void) { return V; }
 
 typedef struct {
     dims_t d;
     const REAL *g;     /* K taps */
-    REAL *in;          /* 5 * Lin */
-    REAL *hring;       /* 5 * K * Wpp, index [q][slot][j] */
+    REAL *in;          /* 4 * Lin */
+    REAL *hring;       /* 4 * K * Wpp, index [q][slot][j] */
     REAL *aring;       /* 4 * K * Wpp, index [q][slot][j] */
     REAL *vrow;        /* 4 * Lv */
     REAL *grow;        /* 2 * Wo */
@@ -92,8 +112,8 @@ static ws_t make_ws(dims_t d, const REAL *g, REAL *base) {
     ws_t w;
     w.d = d; w.g = g;
     w.in = base;
-    w.hring = w.in + (size_t)5 * d.Lin;
-    w.aring = w.hring + (size_t)5 * d.K * d.Wpp;
+    w.hring = w.in + (size_t)4 * d.Lin;
+    w.aring = w.hring + (size_t)4 * d.K * d.Wpp;
     w.vrow = w.aring + (size_t)4 * d.K * d.Wpp;
     w.grow = w.vrow + (size_t)4 * d.Lv;
     return w;
@@ -102,41 +122,39 @@ static ws_t make_ws(dims_t d, const REAL *g, REAL *base) {
 /* Load input row r into the zero-tailed row buffers and form the products. */
 static void load_row(ws_t *w, const REAL *x, const REAL *y, int r) {
     const dims_t d = w->d;
-    REAL *bx = w->in, *by = bx + d.Lin, *bxx = by + d.Lin, *byy = bxx + d.Lin, *bxy = byy + d.Lin;
-    memcpy(bx, x + (size_t)r * d.W, sizeof(REAL) * d.W);
-    memcpy(by, y + (size_t)r * d.W, sizeof(REAL) * d.W);
+    REAL *bx = w->in, *by = bx + d.Lin, *bss = by + d.Lin, *bxy = bss + d.Lin;
+    memcpy(bx, x + (size_t)r * d.ld, sizeof(REAL) * d.W);
+    memcpy(by, y + (size_t)r * d.ld, sizeof(REAL) * d.W);
     for (int j = 0; j < d.Lin; j += V) {
         vr a = ld(bx + j), b = ld(by + j);
-        st(bxx + j, a * a); st(byy + j, b * b); st(bxy + j, a * b);
+        st(bss + j, a * a + b * b); st(bxy + j, a * b);
     }
 }
 
-/* Horizontal "valid" filter of the five quantities of the loaded row into ring slot `slot`. */
+/* Horizontal "valid" filter of the four quantities of the loaded row into ring slot `slot`. */
 static void hfilter(ws_t *w, int slot) {
     const dims_t d = w->d;
-    const int K = d.K;
+    const int K = KTAPS(d.K);
     const REAL *src = w->in;
     const size_t qs = (size_t)K * d.Wpp;
     REAL *dst = w->hring + (size_t)slot * d.Wpp;
     for (int j = 0; j < d.Wpp; j += V) {
-        vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0};
+        vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
         for (int k = 0; k < K; k++) {
             vr gk = bc(w->g[k]);
             s0 += gk * ld(src + j + k);
             s1 += gk * ld(src + d.Lin + j + k);
             s2 += gk * ld(src + 2 * d.Lin + j + k);
             s3 += gk * ld(src + 3 * d.Lin + j + k);
-            s4 += gk * ld(src + 4 * d.Lin + j + k);
         }
-        st(dst + j, s0); st(dst + qs + j, s1); st(dst + 2 * qs + j, s2);
-        st(dst + 3 * qs + j, s3); st(dst + 4 * qs + j, s4);
+        st(dst + j, s0); st(dst + qs + j, s1); st(dst + 2 * qs + j, s2); st(dst + 3 * qs + j, s3);
     }
 }
 
 /* Make sure ring slots hold the horizontal sums of input rows m .. m+K-1; *next is the next
  * input row not yet filtered. */
 static void fill_rows(ws_t *w, const REAL *x, const REAL *y, int m, int *next) {
-    const int K = w->d.K;
+    const int K = KTAPS(w->d.K);
     if (*next < m) *next = m;
     while (*next <= m + K - 1) {
         load_row(w, x, y, *next);
@@ -151,7 +169,7 @@ static void fill_rows(ws_t *w, const REAL *x, const REAL *y, int m, int *next) {
 static void map_row(ws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
                     REAL gS, REAL gC, int need_x, int need_y) {
     const dims_t d = w->d;
-    const int K = d.K;
+    const int K = KTAPS(d.K);
     const size_t qs = (size_t)K * d.Wpp;
     int sl[K];   /* ring slot of input row m + k */
     for (int k = 0; k < K; k++) sl[k] = (m + k) % K;
@@ -164,29 +182,30 @@ static void map_row(ws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
     const vr c1 = bc(C1), c2 = bc(C2), two = bc(2), vgs = bc(gS), vgc = bc(gC);
 
     for (int j = 0; j < d.Wpp; j += V) {
-        vr mx = {0}, my = {0}, exx = {0}, eyy = {0}, exy = {0};
+        vr mx = {0}, my = {0}, ess = {0}, exy = {0};
         for (int k = 0; k < K; k++) {
             vr gk = bc(w->g[k]);
             const REAL *h = w->hring + (size_t)sl[k] * d.Wpp + j;
             mx += gk * ld(h);
             my += gk * ld(h + qs);
-            exx += gk * ld(h + 2 * qs);
-            eyy += gk * ld(h + 3 * qs);
-            exy += gk * ld(h + 4 * qs);
+            ess += gk * ld(h + 2 * qs);
+            exy += gk * ld(h + 3 * qs);
         }
         vr mxy = mx * my;
+        vr m2 = mx * mx + my * my;
         vr A1 = two * mxy + c1;
-        vr B1 = mx * mx + my * my + c1;
+        vr B1 = m2 + c1;
         vr A2 = two * (exy - mxy) + c2;
-        vr B2 = (exx - mx * mx) + (eyy - my * my) + c2;
+        vr B2 = (ess - m2) + c2;
+        vr iB12 = 1 / (B1 * B2);        /* the only division */
         vmask vm = (lane + j) < d.Wp;   /* all-ones bits in the map's lanes, 0 in the pad */
         if (mode == 0) {
-            vr ssim = (A1 * A2) / (B1 * B2);
-            vr cs = A2 / B2;
+            vr ssim = A1 * A2 * iB12;
+            vr cs = A2 * B1 * iB12;
             acc_s += (vr)((vmask)ssim & vm);
             acc_c += (vr)((vmask)cs & vm);
         } else {
-            vr iB1 = 1 / B1, iB2 = 1 / B2;
+            vr iB1 = B2 * iB12, iB2 = B1 * iB12;
             vr cs = A2 * iB2;
             vr ssim = A1 * iB1 * cs;
             vr beta = -(vgs * ssim + vgc * cs) * iB2;
@@ -215,35 +234,48 @@ static void map_row(ws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
     }
 }
 
-/* Per-row sums of the SSIM and cs maps for map rows [m0, m1) of one plane:
- * out[2*(m-m0)] = sum_j ssim(m, j), out[2*(m-m0)+1] = sum_j cs(m, j). */
-void splat_ssim_fwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
-                    REAL C1, REAL C2, int m0, int m1, REAL *work, double *out) {
-    (void)H;
-    dims_t d = make_dims(W, K);
-    ws_t w = make_ws(d, g, work);
-    int next = m0;
-    for (int m = m0; m < m1; m++) {
-        fill_rows(&w, x, y, m, &next);
-        out[2 * (m - m0)] = 0;
-        out[2 * (m - m0) + 1] = 0;
-        map_row(&w, m, C1, C2, 0, out + 2 * (m - m0), 0, 0, 0, 0);
+/* v[q][j] = sum_t gw[t] * ap[t][q * qs + j] for the nq adjoint quantities (rows of Lv in vb). */
+static inline __attribute__((always_inline)) void vadjoint(const REAL *const *ap, const REAL *gw, int n, int nq,
+                                                           size_t qs, int Wpp, int Lv, REAL *vb) {
+    for (int j = 0; j < Wpp; j += V) {
+        vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+        for (int t = 0; t < n; t++) {
+            vr gk = bc(gw[t]);
+            const REAL *a = ap[t] + j;
+            s0 += gk * ld(a);
+            s1 += gk * ld(a + qs);
+            s2 += gk * ld(a + 2 * qs);
+            if (nq == 4) s3 += gk * ld(a + 3 * qs);
+        }
+        st(vb + j, s0);
+        st(vb + Lv + j, s1);
+        st(vb + 2 * Lv + j, s2);
+        if (nq == 4) st(vb + 3 * Lv + j, s3);
     }
 }
 
-/* Gradient rows [q0, q1) of one plane of L = gS * sum(ssim map) + gC * sum(cs map).
- * gx / gy point at the plane's gradient (NULL when that image needs none); rows outside
- * [q0, q1) are not touched, so strips can run in parallel. */
-void splat_ssim_bwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
-                    REAL C1, REAL C2, REAL gS, REAL gC, int q0, int q1, REAL *work,
-                    REAL *gx, REAL *gy) {
-    dims_t d = make_dims(W, K);
-    ws_t w = make_ws(d, g, work);
+/* Map rows [m0, m1) of the tile image x, y (width d.W, stride d.ld): adds each row's sums. */
+static void fwd_tile(ws_t *w, const REAL *x, const REAL *y, REAL C1, REAL C2, int m0, int m1, double *out) {
+    int next = m0;
+    for (int m = m0; m < m1; m++) {
+        fill_rows(w, x, y, m, &next);
+        map_row(w, m, C1, C2, 0, out + 2 * (m - m0), 0, 0, 0, 0);
+    }
+}
+
+/* Gradient rows [q0, q1), columns [c_lo, c_hi) of the tile image x, y (width d.W, stride d.ld)
+ * of L = gS * sum(ssim) + gC * sum(cs) over the tile's own "valid" map. The caller chooses tiles
+ * whose map covers every map pixel that reaches columns [c_lo, c_hi). */
+static void bwd_tile(ws_t *w, const REAL *x, const REAL *y, int H, REAL C1, REAL C2, REAL gS, REAL gC,
+                     int q0, int q1, int c_lo, int c_hi, REAL *gx, REAL *gy) {
+    const dims_t d = w->d;
+    const int K = KTAPS(d.K);
+    const REAL *g = w->g;
     const int Hp = H - K + 1;
     const int need_x = gx != NULL, need_y = gy != NULL;
     const int nq = 2 + need_x + need_y;
     const size_t qs = (size_t)K * d.Wpp;
-    REAL *vb = w.vrow + (K - 1);          /* vertical sums start after K-1 zeros */
+    REAL *vb = w->vrow + (K - 1);          /* vertical sums start after K-1 zeros */
     int next_in = q0 - K + 1 < 0 ? 0 : q0 - K + 1;
     int next_m = next_in;
 
@@ -251,36 +283,34 @@ void splat_ssim_bwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, i
         int mhi = q < Hp - 1 ? q : Hp - 1;  /* map rows touching input row q: [q-K+1, q] */
         int mlo = q - K + 1 < 0 ? 0 : q - K + 1;
         while (next_m <= mhi) {
-            fill_rows(&w, x, y, next_m, &next_in);
-            map_row(&w, next_m, C1, C2, 1, NULL, gS, gC, need_x, need_y);
+            fill_rows(w, x, y, next_m, &next_in);
+            map_row(w, next_m, C1, C2, 1, NULL, gS, gC, need_x, need_y);
             next_m++;
         }
-        /* vertical adjoint: v(q) = sum_m g[q-m] a(m) */
-        for (int j = 0; j < d.Wpp; j += V) {
-            vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-            for (int m = mlo; m <= mhi; m++) {
-                vr gk = bc(g[q - m]);
-                const REAL *a = w.aring + (size_t)(m % K) * d.Wpp + j;
-                s0 += gk * ld(a);
-                s1 += gk * ld(a + qs);
-                s2 += gk * ld(a + 2 * qs);
-                if (nq == 4) s3 += gk * ld(a + 3 * qs);
-            }
-            st(vb + j, s0);
-            st(vb + d.Lv + j, s1);
-            st(vb + 2 * d.Lv + j, s2);
-            if (nq == 4) st(vb + 3 * d.Lv + j, s3);
+        /* vertical adjoint: v(q) = sum_m g[q-m] a(m), over the map rows that exist */
+        const REAL *ap[K];
+        REAL gw[K];
+        int n = 0;
+        for (int m = mlo; m <= mhi; m++, n++) {
+            ap[n] = w->aring + (size_t)(m % K) * d.Wpp;
+            gw[n] = g[q - m];
+        }
+        if (n == K) {  /* interior rows: a compile-time trip count when K is fixed */
+            if (nq == 4) vadjoint(ap, gw, K, 4, qs, d.Wpp, d.Lv, vb);
+            else vadjoint(ap, gw, K, 3, qs, d.Wpp, d.Lv, vb);
+        } else {
+            vadjoint(ap, gw, n, nq, qs, d.Wpp, d.Lv, vb);
         }
         /* horizontal adjoint: h(j) = sum_k g[k] v(j-k) = sum_t g[K-1-t] vrow[j+t] */
-        const REAL *bx = w.in, *by = w.in + d.Lin;
-        memcpy(w.in, x + (size_t)q * W, sizeof(REAL) * W);      /* x, y of row q (tails 0) */
-        memcpy(w.in + d.Lin, y + (size_t)q * W, sizeof(REAL) * W);
-        REAL *ox = w.grow, *oy = w.grow + d.Wo;
-        for (int j = 0; j < d.Wo; j += V) {
+        const REAL *bx = w->in, *by = w->in + d.Lin;
+        memcpy(w->in, x + (size_t)q * d.ld, sizeof(REAL) * d.W);      /* x, y of row q (tails 0) */
+        memcpy(w->in + d.Lin, y + (size_t)q * d.ld, sizeof(REAL) * d.W);
+        REAL *ox = w->grow, *oy = w->grow + d.Wo;
+        for (int j = c_lo / V * V; j < c_hi; j += V) {
             vr hb = {0}, hg = {0}, h2 = {0}, h3 = {0};
             for (int t = 0; t < K; t++) {
                 vr gk = bc(g[K - 1 - t]);
-                const REAL *v = w.vrow + j + t;
+                const REAL *v = w->vrow + j + t;
                 hb += gk * ld(v);
                 hg += gk * ld(v + d.Lv);
                 h2 += gk * ld(v + 2 * d.Lv);
@@ -291,7 +321,46 @@ void splat_ssim_bwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, i
             if (need_x) st(ox + j, h2 + two_hb * xv + hg * yv);
             if (need_y) st(oy + j, (need_x ? h3 : h2) + two_hb * yv + hg * xv);
         }
-        if (need_x) memcpy(gx + (size_t)q * W, ox, sizeof(REAL) * W);
-        if (need_y) memcpy(gy + (size_t)q * W, oy, sizeof(REAL) * W);
+        if (need_x) memcpy(gx + (size_t)q * d.ld + c_lo, ox + c_lo, sizeof(REAL) * (c_hi - c_lo));
+        if (need_y) memcpy(gy + (size_t)q * d.ld + c_lo, oy + c_lo, sizeof(REAL) * (c_hi - c_lo));
+    }
+}
+
+/* Per-row sums of the SSIM and cs maps for map rows [m0, m1) of one plane (H x W, contiguous):
+ * out[2*(m-m0)] = sum_j ssim(m, j), out[2*(m-m0)+1] = sum_j cs(m, j). The map is swept in column
+ * tiles of `tile` map columns (tile <= 0: whole rows) so the ring buffers stay in L1; the tiles'
+ * partial row sums are added in a fixed order, so results do not depend on the threading. */
+void splat_ssim_fwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
+                    REAL C1, REAL C2, int m0, int m1, REAL *work, double *out, int tile) {
+    (void)H;
+    const int Wp = W - K + 1;
+    const int T = tile > 0 ? tile : Wp;
+    for (int m = m0; m < m1; m++) out[2 * (m - m0)] = out[2 * (m - m0) + 1] = 0;
+    for (int j0 = 0; j0 < Wp; j0 += T) {
+        int tw = Wp - j0 < T ? Wp - j0 : T;
+        dims_t d = make_dims(tw + K - 1, K, W);
+        memset(work, 0, ws_elems(d) * sizeof(REAL));
+        ws_t w = make_ws(d, g, work);
+        fwd_tile(&w, x + j0, y + j0, C1, C2, m0, m1, out);
+    }
+}
+
+/* Gradient rows [q0, q1) of one plane of L = gS * sum(ssim map) + gC * sum(cs map).
+ * gx / gy point at the plane's gradient (NULL when that image needs none); rows outside
+ * [q0, q1) are not touched, so strips can run in parallel. Column tiles of `tile` gradient
+ * columns (tile <= 0: whole rows) each recompute the K-1 map columns they share with the next. */
+void splat_ssim_bwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
+                    REAL C1, REAL C2, REAL gS, REAL gC, int q0, int q1, REAL *work,
+                    REAL *gx, REAL *gy, int tile) {
+    const int T = tile > 0 ? tile : W;
+    for (int c0 = 0; c0 < W; c0 += T) {
+        int c1 = W - c0 < T ? W : c0 + T;
+        int a = c0 - K + 1 < 0 ? 0 : c0 - K + 1;     /* tile image columns [a, b) */
+        int b = c1 + K - 1 > W ? W : c1 + K - 1;
+        dims_t d = make_dims(b - a, K, W);
+        memset(work, 0, ws_elems(d) * sizeof(REAL));
+        ws_t w = make_ws(d, g, work);
+        bwd_tile(&w, x + a, y + a, H, C1, C2, gS, gC, q0, q1, c0 - a, c1 - a,
+                 gx ? gx + a : NULL, gy ? gy + a : NULL);
     }
 }

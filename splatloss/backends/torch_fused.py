@@ -302,7 +302,7 @@ def ssim_stats(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig):
     algebra, values and gradients equal to fp32 round-off; see its docstring for what stays on the
     torch-ops path).
     """
-    if _cpu_kernel.fast_path_ok(img1, img2):
+    if _cpu_kernel.fast_path_ok(img1, img2, cfg):
         return _cpu_kernel.ssim_stats(img1, img2, cfg)
     return _SSIMStatsFn.apply(img1, img2, _window(img1, cfg), cfg.padding, cfg.C1, cfg.C2)
 
@@ -313,7 +313,7 @@ def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, 
     Used by :func:`splatloss.dssim_with_gradient` (no graph is built). ``upstream`` is ``[B, C]``
     in the accumulation dtype; the gradient comes back in ``img1``'s dtype.
     """
-    if _cpu_kernel.fast_path_ok(img1, img2):
+    if _cpu_kernel.fast_path_ok(img1, img2, cfg):
         ssim, gx = _cpu_kernel.ssim_mean_and_grad(img1, img2, cfg, upstream)
         return ssim, gx.to(img1.dtype)
     x, y = _to_acc(img1), _to_acc(img2)
