@@ -65,3 +65,25 @@ def test_sweep_report_errors(tmp_path):
     assert proc.returncode != 0 and "is not a directory" in proc.stderr
     proc = subprocess.run([sys.executable, REPORT, str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode != 0 and "no metrics.json under" in proc.stderr
+
+
+@pytest.mark.slow
+def test_joblib_launcher_runs_a_sweep(tmp_path):
+    sweep = tmp_path / "sweep"
+    _run([TRAIN, "-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2", "loss=l1,ssim", "trainer.max_steps=4",
+          "export_ply=false", f"hydra.sweep.dir={sweep}", *TINY], cwd=tmp_path)
+    names = sorted(json.loads((sweep / r / "metrics.json").read_text())["loss_name"] for r in ("0", "1"))
+    assert names == ["l1", "ssim"]
+
+
+@pytest.mark.slow
+def test_optuna_search_over_lambda(tmp_path):
+    sweep = tmp_path / "optuna"
+    _run([TRAIN, "-m", "hparams_search=optuna_lambda", "hydra.sweeper.n_trials=2", "trainer.max_steps=4",
+          "export_ply=false", f"hydra.sweep.dir={sweep}", *TINY], cwd=tmp_path)
+    trials = [json.loads((sweep / r / "metrics.json").read_text()) for r in ("0", "1")]
+    lambdas = [t["loss"]["lambda_dssim"] for t in trials]
+    assert all(0.0 <= lam <= 1.0 for lam in lambdas) and lambdas[0] != lambdas[1]
+    results = (sweep / "optimization_results.yaml").read_text()
+    best = max(trials, key=lambda t: t["psnr"])
+    assert f"best_value: {best['psnr']}" in results
