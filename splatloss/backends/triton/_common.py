@@ -64,7 +64,7 @@ FORCE_CUDA_GEOMETRY = False
 
 def cuda_warps(kp: int) -> int:
     """Warps per program: the ``[KP, BW]`` tap / ring tiles hold ``KP * BW / (32 * warps)`` values
-    per thread, kept at <= 16 so that no kernel spills (scripts/check_kernels.py)."""
+    per thread, kept at <= 8 so that no kernel spills (scripts/check_kernels.py)."""
     return max(4, (kp * CUDA_LANES) // (8 * 32))
 
 

@@ -31,7 +31,7 @@ Bytes per pixel-channel (fp32 I/O, DRAM traffic, halo re-reads served by L2 not 
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -386,3 +386,158 @@ def launch_bwd(img1, img2, window, padding: str, c1: float, c2: float, g_s, g_cs
         per_bc = sum_buf.sum(dim=1)  # fixed order: deterministic
         return gx, gy, per_bc[:, 0].view(B, C), per_bc[:, 1].view(B, C)
     return gx, gy
+
+
+# ------------------------------------------------------------------------------------------------
+# Registered ops: opaque to torch.compile (no graph break), with an autograd formula
+# ------------------------------------------------------------------------------------------------
+
+Tensor = torch.Tensor
+
+
+def _map_numel(img: Tensor, window: Tensor, padding: str) -> int:
+    K = window.shape[0]
+    return out_size(img.shape[-2], K, padding) * out_size(img.shape[-1], K, padding)
+
+
+def _empty() -> Tensor:
+    return torch.empty(0)
+
+
+@torch.library.custom_op("splatloss::triton_ssim_stats", mutates_args=())
+def _stats_op(img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float) -> Tuple[Tensor, Tensor]:
+    s, cs = launch_fwd(img1, img2, window, padding, c1, c2, "stats")
+    n = _map_numel(img1, window, padding)
+    return s / n, cs / n
+
+
+@_stats_op.register_fake
+def _(img1, img2, window, padding, c1, c2):
+    shape = img1.shape[:2]
+    return img1.new_empty(shape, dtype=torch.float32), img1.new_empty(shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("splatloss::triton_ssim_stats_bwd", mutates_args=())
+def _stats_bwd_op(g_s: Tensor, g_cs: Tensor, img1: Tensor, img2: Tensor, window: Tensor, padding: str,
+                  c1: float, c2: float, need1: bool, need2: bool) -> Tuple[Tensor, Tensor]:
+    n = _map_numel(img1, window, padding)
+    gx, gy = launch_bwd(img1, img2, window, padding, c1, c2, g_s / n, g_cs / n, need1, need2)
+    return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
+
+
+@_stats_bwd_op.register_fake
+def _(g_s, g_cs, img1, img2, window, padding, c1, c2, need1, need2):
+    return (torch.empty_like(img1) if need1 else img1.new_empty(0)), (torch.empty_like(img2) if need2 else img2.new_empty(0))
+
+
+def _save(ctx, inputs, output):
+    img1, img2, window, padding, c1, c2 = inputs[:6]
+    # Only the inputs are kept (references, no copies): the backward recomputes the moments.
+    ctx.save_for_backward(img1, img2, window)
+    ctx.cfg = (padding, c1, c2)
+    ctx.extra = inputs[6:]
+
+
+def _zeros_if_none(g: Optional[Tensor], like_shape, device) -> Tensor:
+    return g if g is not None else torch.zeros(like_shape, dtype=torch.float32, device=device)
+
+
+def _stats_backward(ctx, g_s, g_cs):
+    img1, img2, window = ctx.saved_tensors
+    need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
+    if not (need1 or need2):
+        return None, None, None, None, None, None
+    shape = img1.shape[:2]
+    g_s = _zeros_if_none(g_s, shape, img1.device)
+    g_cs = _zeros_if_none(g_cs, shape, img1.device)
+    gx, gy = _stats_bwd_op(g_s, g_cs, img1, img2, window, *ctx.cfg, need1, need2)
+    return (gx if need1 else None), (gy if need2 else None), None, None, None, None
+
+
+_stats_op.register_autograd(_stats_backward, setup_context=_save)
+
+
+@torch.library.custom_op("splatloss::triton_ssim_map", mutates_args=())
+def _map_op(img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float,
+            return_cs: bool) -> Tuple[Tensor, Tensor]:
+    s, cs = launch_fwd(img1, img2, window, padding, c1, c2, "map_cs" if return_cs else "map")
+    return s, cs if return_cs else img1.new_empty(0, dtype=torch.float32)
+
+
+@_map_op.register_fake
+def _(img1, img2, window, padding, c1, c2, return_cs):
+    B, C, H, W = img1.shape
+    K = window.shape[0]
+    shape = (B, C, out_size(H, K, padding), out_size(W, K, padding))
+    s = img1.new_empty(shape, dtype=torch.float32)
+    return s, (img1.new_empty(shape, dtype=torch.float32) if return_cs else img1.new_empty(0, dtype=torch.float32))
+
+
+@torch.library.custom_op("splatloss::triton_ssim_map_bwd", mutates_args=())
+def _map_bwd_op(g_s: Tensor, g_cs: Tensor, img1: Tensor, img2: Tensor, window: Tensor, padding: str,
+                c1: float, c2: float, has_cs: bool, need1: bool, need2: bool) -> Tuple[Tensor, Tensor]:
+    gx, gy = launch_bwd(img1, img2, window, padding, c1, c2, g_s, g_cs if has_cs else None, need1, need2)
+    return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
+
+
+@_map_bwd_op.register_fake
+def _(g_s, g_cs, img1, img2, window, padding, c1, c2, has_cs, need1, need2):
+    return (torch.empty_like(img1) if need1 else img1.new_empty(0)), (torch.empty_like(img2) if need2 else img2.new_empty(0))
+
+
+def _map_backward(ctx, g_s, g_cs):
+    img1, img2, window = ctx.saved_tensors
+    (return_cs,) = ctx.extra
+    need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
+    if not (need1 or need2):
+        return None, None, None, None, None, None, None
+    B, C, H, W = img1.shape
+    K = window.shape[0]
+    shape = (B, C, out_size(H, K, ctx.cfg[0]), out_size(W, K, ctx.cfg[0]))
+    g_s = _zeros_if_none(g_s, shape, img1.device)
+    has_cs = bool(return_cs) and g_cs is not None
+    g_cs = g_cs if has_cs else g_s
+    gx, gy = _map_bwd_op(g_s, g_cs, img1, img2, window, *ctx.cfg, has_cs, need1, need2)
+    return (gx if need1 else None), (gy if need2 else None), None, None, None, None, None
+
+
+_map_op.register_autograd(_map_backward, setup_context=_save)
+
+
+# ------------------------------------------------------------------------------------------------
+# Backend entry points (docs/CONTRACT.md)
+# ------------------------------------------------------------------------------------------------
+
+
+def _args(img1: Tensor, img2: Tensor, cfg):
+    check_inputs(img1, img2, cfg)
+    return window_taps(cfg, img1.device), cfg.padding, float(cfg.C1), float(cfg.C2)
+
+
+def ssim_stats(img1: Tensor, img2: Tensor, cfg) -> Tuple[Tensor, Tensor]:
+    """Per-image, per-channel means of the SSIM and cs maps, ``([B, C], [B, C])`` float32.
+
+    Forward: one streaming pass over both images (8 B per pixel-channel with fp32 input). Backward
+    (upstream one scalar per (B, C)): one pass recomputing the moments, 8 B read + 4 B written
+    per gradient asked for."""
+    return _stats_op(img1, img2, *_args(img1, img2, cfg))
+
+
+def ssim_map(img1: Tensor, img2: Tensor, cfg, return_cs: bool = False):
+    """SSIM map ``[B, C, H', W']`` float32 (and the cs map when ``return_cs``)."""
+    s, cs = _map_op(img1, img2, *_args(img1, img2, cfg), bool(return_cs))
+    return (s, cs) if return_cs else s
+
+
+def ssim_mean_and_grad(img1: Tensor, img2: Tensor, cfg, upstream: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(ssim_mean [B, C], d(sum(upstream * ssim_mean)) / d img1)`` in ONE pass, no autograd.
+
+    The backward kernel already computes every SSIM value of the map on its way to the
+    gradient, so it also sums them: read x, y once, write the gradient once -- 12 B per
+    pixel-channel with fp32 I/O, the floor for a loss value plus its gradient."""
+    window, padding, c1, c2 = _args(img1, img2, cfg)
+    n = _map_numel(img1, window, padding)
+    g = (upstream.to(device=img1.device, dtype=torch.float32) / n).expand(img1.shape[:2])
+    gx, _, s_sum, _ = launch_bwd(img1.detach(), img2.detach(), window, padding, c1, c2, g, None,
+                                 True, False, sums=True)
+    return s_sum / n, gx
