@@ -135,6 +135,7 @@ def train(cfg) -> Dict[str, Any]:
     from omegaconf import OmegaConf
 
     from .lightning import HeldOutMetrics, SceneDataModule, SplatModule, check_scene
+    from .lightning.checkpoint_io import AtomicCheckpointIO
 
     check_config(cfg)
     # Checkpoints hold the state after each step's optimizer update, which is what resuming needs.
@@ -181,7 +182,8 @@ def train(cfg) -> Dict[str, Any]:
     if evaluator is not None and evaluator.dirpath is None:
         evaluator.dirpath = os.path.join(out_dir, "renders")
     logger = instantiate(cfg.logger) if cfg.get("logger") else False
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, default_root_dir=out_dir)
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, default_root_dir=out_dir,
+                          plugins=[AtomicCheckpointIO()])
 
     init = _validate(trainer, module, dm, evaluator, "init")
     t0 = time.perf_counter()

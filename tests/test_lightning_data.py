@@ -124,3 +124,23 @@ def test_ms_ssim_weights_fit_the_image():
     assert w[1] / w[0] == pytest.approx(MS_SSIM_WEIGHTS[1] / MS_SSIM_WEIGHTS[0])
     with pytest.raises(ValueError, match="too small for SSIM with a 11-px window"):
         ms_ssim_weights_for(10)
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("cannot pickle this")
+
+
+def test_checkpoint_write_is_atomic(tmp_path):
+    from splatloss.lightning.checkpoint_io import AtomicCheckpointIO
+
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"w": torch.arange(3.0)}, path)
+    before = path.read_bytes()
+    # A write that fails half-way (the tensor is written, then pickling fails) leaves the old file.
+    with pytest.raises(RuntimeError, match="cannot pickle this"):
+        io.save_checkpoint({"w": torch.zeros(100_000), "x": _Unpicklable()}, path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert torch.equal(io.load_checkpoint(path)["w"], torch.arange(3.0))

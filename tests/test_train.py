@@ -68,7 +68,7 @@ def test_tiny_run_trains_and_writes_everything(tmp_path):
     assert sorted(os.listdir(tmp_path / "renders")) == ["final", "init"]
     assert len(os.listdir(tmp_path / "renders" / "final")) == 2
     # No temporary file left behind by the atomic writes.
-    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]
+    assert not [f for f in os.listdir(tmp_path) + os.listdir(tmp_path / "checkpoints") if f.startswith(".tmp")]
 
 
 def test_interrupted_run_resumes_exactly(tmp_path):
