@@ -72,16 +72,14 @@ def check_config(cfg) -> None:
     """Checks that need no heavy object: raise ``ValueError`` naming the key, what was expected
     and what came. (Objects validate their own arguments too when they are built, still before
     training: :func:`train` builds everything first.)"""
-    from omegaconf import DictConfig
+    from omegaconf import DictConfig, OmegaConf
 
     for group in ("loss", "data", "model", "trainer"):
         if group not in cfg or not isinstance(cfg[group], DictConfig):
             raise ValueError(f"config group {group!r} is missing: expected e.g. {group}=<choice> in the defaults list")
     if "_target_" not in cfg.loss:
         raise ValueError(f"loss config must name a class with _target_, got keys {sorted(cfg.loss.keys())}")
-    # Loss weights: every number under loss.weights (or a key ending in "weight") must be >= 0.
-    from omegaconf import OmegaConf
-
+    # Loss weights (a term's weight, a preset's mixing factor, anything under loss.weights) must be >= 0.
     for path, value in _numbers(OmegaConf.to_container(cfg.loss, resolve=True), "loss"):
         leaf = path.rsplit(".", 1)[-1]
         if (".weights." in path or leaf.endswith("weight") or leaf in _WEIGHT_KEYS) and not (
@@ -193,8 +191,6 @@ def train(cfg) -> Dict[str, Any]:
     if ckpt_cb is not None and ckpt_cb.dirpath:
         # The end of the run, whatever every_n_train_steps is: a later run can extend it.
         trainer.save_checkpoint(os.path.join(ckpt_cb.dirpath, "last.ckpt"))
-    if trainer.interrupted:
-        log.warning("training was interrupted at step %d; resume with resume=true", trainer.global_step)
     final = _validate(trainer, module, dm, evaluator, "final")
 
     timing = module.timing()
@@ -203,7 +199,6 @@ def train(cfg) -> Dict[str, Any]:
     metrics.update(
         {
             "steps": int(trainer.global_step),
-            "interrupted": bool(trainer.interrupted),
             "resumed_from": ckpt_path,
             "train_seconds": train_seconds,
             "step_seconds": timing["step_seconds"],
