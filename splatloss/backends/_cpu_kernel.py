@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from ..config import SSIMConfig
 from ..reference import accumulation_dtype
 
-__all__ = ["get", "unavailable_reason", "cpu_kernel", "fast_path_ok", "ssim_stats", "ssim_mean_and_grad"]
+__all__ = ["get", "unavailable_reason", "cpu_kernel", "fast_path_ok", "ssim_stats", "ssim_mean_and_grad", "ms_ssim"]
 
 _SOURCE = Path(__file__).with_name("_ssim_cpu.c")
 _BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-ffp-contract=fast", "-std=gnu11"]
@@ -130,6 +130,10 @@ def _load(dtype: torch.dtype, taps: int):
     lib.splat_ssim_fwd.argtypes = [P, P, I, I, P, I, R, R, I, I, P, P, I]
     lib.splat_ssim_bwd.restype = None
     lib.splat_ssim_bwd.argtypes = [P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I]
+    lib.splat_down2_fwd.restype = None
+    lib.splat_down2_fwd.argtypes = [P, I, I, I, P]
+    lib.splat_down2_bwd.restype = None
+    lib.splat_down2_bwd.argtypes = [P, I, I, I, P]
     return lib
 
 
@@ -409,3 +413,69 @@ def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg, upstream: to
         up = upstream.to(x.dtype)
         gx, _ = _backward(lib, x, y, w, cfg.C1, cfg.C2, up, torch.zeros_like(up), True, False)
     return s, unpad_grad(gx, cfg, img1.shape[-2:])
+
+
+# ----------------------------------------------------------------------------------------------
+# MS-SSIM: the pyramid step in the kernel library too (torch's CPU avg_pool2d forward+backward
+# cost about as much as the SSIM of the finer scale it feeds)
+# ----------------------------------------------------------------------------------------------
+
+
+def _down2_torch(x: torch.Tensor) -> torch.Tensor:
+    """The same pyramid step in torch ops (``functional._downsample2x``), for transforms."""
+    h, w = x.shape[-2:]
+    if h % 2 or w % 2:
+        x = F.pad(x, (0, w % 2, 0, h % 2), mode="replicate")
+    return F.avg_pool2d(x, kernel_size=2, stride=2)
+
+
+def _down2_adjoint_torch(g: torch.Tensor, size) -> torch.Tensor:
+    """Adjoint of the pyramid step in torch ops (differentiable in ``g``, vmap-friendly)."""
+    h, w = size
+    up = g.repeat_interleave(2, dim=-2).repeat_interleave(2, dim=-1) * 0.25  # [.., 2*ceil(h/2), 2*ceil(w/2)]
+    if h % 2:
+        up = torch.cat([up[..., : h - 1, :], up[..., h - 1 : h, :] + up[..., h:, :]], dim=-2)
+    if w % 2:
+        up = torch.cat([up[..., : w - 1], up[..., w - 1 : w] + up[..., w:]], dim=-1)
+    return up
+
+
+class Down2CPUFn(torch.autograd.Function):
+    """TF ``ssim_multiscale`` pyramid step (repeat an odd side's last row / column, 2x2 mean)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x.contiguous()
+        B, C, H, W = x.shape
+        ctx.size = (H, W)
+        out = torch.empty(B, C, (H + 1) // 2, (W + 1) // 2, dtype=x.dtype)
+        get(x.dtype, FIXED_TAPS).splat_down2_fwd(x.data_ptr(), B * C, H, W, out.data_ptr())
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        if torch.is_grad_enabled() or _batched(g):
+            return _down2_adjoint_torch(g, ctx.size)
+        g = g.contiguous()
+        B, C = g.shape[:2]
+        H, W = ctx.size
+        gx = torch.empty(B, C, H, W, dtype=g.dtype)
+        get(g.dtype, FIXED_TAPS).splat_down2_bwd(g.data_ptr(), B * C, H, W, gx.data_ptr())
+        return gx
+
+
+def ms_ssim(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, weights, tau=None) -> torch.Tensor:
+    """MS-SSIM per image ``[B]`` through the kernel (pyramid and per-scale statistics); the caller
+    checked :func:`fast_path_ok`. Same composition as ``functional`` (its ``_combine_ms``)."""
+    from ..functional import _combine_ms  # imported here: functional imports the backends
+
+    acc = accumulation_dtype(img1.dtype)
+    x, y = img1.to(acc), img2.to(acc)
+    terms = []
+    for j in range(len(weights)):
+        if j > 0:
+            x = Down2CPUFn.apply(x)
+            y = Down2CPUFn.apply(y) if y.requires_grad else Down2CPUFn.apply(y.detach())
+        s, c = ssim_stats(x, y, cfg)  # [B, C] each
+        terms.append(c if j < len(weights) - 1 else s)
+    return _combine_ms(torch.stack(terms, dim=-1), weights, tau)

@@ -364,3 +364,49 @@ void splat_ssim_bwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, i
                  gx ? gx + a : NULL, gy ? gy + a : NULL);
     }
 }
+
+/* MS-SSIM pyramid step on `planes` planes of H x W: an odd side is padded by repeating its last
+ * row / column (bottom / right), then 2x2 blocks are averaged (TF ssim_multiscale's SYMMETRIC pad
+ * + 2x2 VALID average pool). out is planes x ceil(H/2) x ceil(W/2). */
+void splat_down2_fwd(const REAL *x, int planes, int H, int W, REAL *out) {
+    const int Ho = (H + 1) / 2, Wo = (W + 1) / 2;
+    for (int p = 0; p < planes; p++) {
+        const REAL *xp = x + (size_t)p * H * W;
+        REAL *op = out + (size_t)p * Ho * Wo;
+        for (int i = 0; i < Ho; i++) {
+            const REAL *r0 = xp + (size_t)(2 * i) * W;
+            const REAL *r1 = xp + (size_t)(2 * i + 1 < H ? 2 * i + 1 : H - 1) * W;
+            REAL *o = op + (size_t)i * Wo;
+            for (int j = 0; j < W / 2; j++)
+                o[j] = (((r0[2 * j] + r0[2 * j + 1]) + r1[2 * j]) + r1[2 * j + 1]) * (REAL)0.25;
+            if (W & 1)
+                o[Wo - 1] = (((r0[W - 1] + r0[W - 1]) + r1[W - 1]) + r1[W - 1]) * (REAL)0.25;
+        }
+    }
+}
+
+/* Adjoint of splat_down2_fwd: gx (planes x H x W) = each input pixel's share of the output
+ * gradients it fed (a repeated last row / column feeds its block twice). */
+void splat_down2_bwd(const REAL *g, int planes, int H, int W, REAL *gx) {
+    const int Ho = (H + 1) / 2, Wo = (W + 1) / 2;
+    for (int p = 0; p < planes; p++) {
+        const REAL *gp = g + (size_t)p * Ho * Wo;
+        REAL *xp = gx + (size_t)p * H * W;
+        for (int i = 0; i < Ho; i++) {
+            const REAL *gr = gp + (size_t)i * Wo;
+            REAL rowf = (2 * i + 1 < H) ? (REAL)0.25 : (REAL)0.5;  /* repeated last row: twice */
+            REAL *r0 = xp + (size_t)(2 * i) * W;
+            REAL *r1 = (2 * i + 1 < H) ? xp + (size_t)(2 * i + 1) * W : NULL;
+            for (int j = 0; j < W / 2; j++) {
+                REAL v = gr[j] * rowf;
+                r0[2 * j] = v; r0[2 * j + 1] = v;
+                if (r1) { r1[2 * j] = v; r1[2 * j + 1] = v; }
+            }
+            if (W & 1) {
+                REAL v = gr[Wo - 1] * rowf * 2;
+                r0[W - 1] = v;
+                if (r1) r1[W - 1] = v;
+            }
+        }
+    }
+}

@@ -36,6 +36,7 @@ gradients in each input's dtype.
 
 from __future__ import annotations
 
+import sys
 from typing import Optional, Tuple
 
 import torch
@@ -45,7 +46,7 @@ from ..config import SSIMConfig
 from ..reference import accumulation_dtype
 from . import _cpu_kernel  # the compiled CPU fast path for ssim_stats (scripts/bench.py)
 
-__all__ = ["ssim_map", "ssim_stats", "ssim_mean_and_grad"]
+__all__ = ["ssim_map", "ssim_stats", "ssim_mean_and_grad", "ms_ssim"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -305,6 +306,17 @@ def ssim_stats(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig):
     if _cpu_kernel.fast_path_ok(img1, img2, cfg):
         return _cpu_kernel.ssim_stats(img1, img2, cfg)
     return _SSIMStatsFn.apply(img1, img2, _window(img1, cfg), cfg.padding, cfg.C1, cfg.C2)
+
+
+def ms_ssim(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, weights, tau=None) -> torch.Tensor:
+    """MS-SSIM per image ``[B]``: on the CPU through the compiled kernel (pyramid included), else
+    exactly the composition ``functional`` uses (``ssim_stats`` per scale, the shared pyramid)."""
+    if _cpu_kernel.fast_path_ok(img1, img2, cfg):
+        return _cpu_kernel.ms_ssim(img1, img2, cfg, weights, tau)
+    from .. import functional  # imported here: functional imports the backends
+
+    terms = functional._ms_terms(img1, img2, cfg, len(weights), sys.modules[__name__])
+    return functional._combine_ms(terms, weights, tau)
 
 
 def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, upstream: torch.Tensor):
