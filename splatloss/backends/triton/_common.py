@@ -152,12 +152,15 @@ def window_taps(cfg, device: torch.device) -> torch.Tensor:
 
 @triton.jit
 def _row_moments(x_ptr, y_ptr, x_base, y_base, r, cols0, H, W, sx_h, sx_w, sy_h, sy_w, w_ptr,
-                 lane_ok, K: tl.constexpr, KP: tl.constexpr, REFLECT: tl.constexpr):
+                 lane_ok, own_lo, own_hi, K: tl.constexpr, KP: tl.constexpr, REFLECT: tl.constexpr,
+                 L1: tl.constexpr):
     """Horizontal pass of padded input row ``r``: window sums of x, y, x^2, y^2, xy for the lanes
     whose windows start at padded columns ``cols0`` [BW] (bases ``x_base`` / ``y_base`` [BW]).
 
     The K taps of every lane are one ``[KP, BW]`` load (tap ``a`` in row ``a``, rows >= K masked):
-    each thread reads its own lanes' taps (L1 hits after the first) and reduces them in registers."""
+    each thread reads its own lanes' taps (L1 hits after the first) and reduces them in registers.
+    With ``L1``, also returns the sum of ``|x - y|`` over the taps ``own_lo <= a < own_hi`` of each
+    lane (the input pixels this lane owns, so that every pixel is counted once), else 0."""
     taps = tl.arange(0, KP)
     w = tl.load(w_ptr + taps, mask=taps < K, other=0.0)[:, None]
     rr = r
@@ -179,7 +182,12 @@ def _row_moments(x_ptr, y_ptr, x_base, y_base, r, cols0, H, W, sx_h, sx_w, sy_h,
     e11 = tl.sum(wx * xv, axis=0)
     e22 = tl.sum(wy * yv, axis=0)
     e12 = tl.sum(wx * yv, axis=0)
-    return m1, m2, e11, e22, e12
+    if L1:
+        own = ok & (taps[:, None] >= own_lo[None, :]) & (taps[:, None] < own_hi[None, :])
+        l1 = tl.sum(tl.where(own, tl.abs(xv - yv), 0.0), axis=0)
+    else:
+        l1 = 0.0
+    return m1, m2, e11, e22, e12, l1
 
 
 @triton.jit

@@ -70,13 +70,14 @@ def _lanes(pid, BC, C, n_chunks, n_strips, F: tl.constexpr, BW: tl.constexpr):
 
 @triton.jit
 def _ssim_fwd_kernel(
-    x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, scr_ptr,
+    x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, scr_ptr,
     BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w,
     sy_b, sy_c, sy_h, sy_w,
     c1, c2,
     K: tl.constexpr, KP: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr,
     F: tl.constexpr, BW: tl.constexpr, WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr,
+    HAS_L1: tl.constexpr,
 ):
     pid = tl.program_id(0)
     group, chunk, strip, f, bc, lane_ok, b, ch = _lanes(pid, BC, C, n_chunks, n_strips, F, BW)
@@ -97,11 +98,25 @@ def _ssim_fwd_kernel(
         tl.store(ring + j * KP * BW + ring_offs, tl.zeros([KP, BW], dtype=tl.float32))
     acc_s = tl.zeros([BW], dtype=tl.float32)
     acc_c = tl.zeros([BW], dtype=tl.float32)
+    acc_l1 = tl.zeros([BW], dtype=tl.float32)
+    # L1 ownership: each input pixel is counted by one lane and one row step. Lane p_c owns
+    # input column p_c (tap PAD); with "valid" the last map column also owns the K - 1 columns
+    # past the map, and the last chunk the rows past it.
+    own_lo = tl.where(col_ok, PAD, K)
+    if PAD == 0:
+        own_hi = tl.where(col_ok, tl.where(p_c == Wo - 1, K, 1), 0)
+    else:
+        own_hi = tl.where(col_ok, PAD + 1, 0)
+    last_chunk = p_r0 + n_rows == Ho
     for i in range(0, n_rows + K - 1):
         # padded input row p_r0 - PAD + i enters the ring
-        h1, h2, h11, h22, h12 = _row_moments(
-            x_ptr, y_ptr, x_base, y_base, p_r0 - PAD + i, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
-            w_ptr, lane_ok, K, KP, REFLECT)
+        r_in = p_r0 - PAD + i
+        row_own = ((r_in >= p_r0) & (r_in < p_r0 + n_rows)) | (last_chunk & (r_in >= Ho) & (r_in < H))
+        h1, h2, h11, h22, h12, l1_row = _row_moments(
+            x_ptr, y_ptr, x_base, y_base, r_in, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
+            w_ptr, lane_ok, own_lo, own_hi, K, KP, REFLECT, HAS_L1)
+        if HAS_L1:
+            acc_l1 += tl.where(row_own, l1_row, 0.0)
         slot = ring + (i % KP) * BW + ar
         tl.store(slot, h1)
         tl.store(slot + KP * BW, h2)
@@ -136,6 +151,8 @@ def _ssim_fwd_kernel(
         offs = gbc.to(tl.int64) * (n_chunks * n_strips) + chunk * n_strips + strip
         tl.store(s_ptr + offs, tl.sum(tl.reshape(acc_s, [G, F]), axis=1), mask=gbc < BC)
         tl.store(cs_ptr + offs, tl.sum(tl.reshape(acc_c, [G, F]), axis=1), mask=gbc < BC)
+        if HAS_L1:
+            tl.store(l1_ptr + offs, tl.sum(tl.reshape(acc_l1, [G, F]), axis=1), mask=gbc < BC)
 
 
 @triton.jit
@@ -194,9 +211,9 @@ def _ssim_bwd_kernel(
     for i in range(0, n_rows + 2 * (K - 1)):
         # 1. padded input row r enters; moments of map row p = r - (K - 1) + PAD
         r = q_r0 - (K - 1) + i
-        h1, h2, h11, h22, h12 = _row_moments(
+        h1, h2, h11, h22, h12, _ = _row_moments(
             x_ptr, y_ptr, x_base, y_base, r, q_c0 - (K - 1) + f, H, W, sx_h, sx_w, sy_h, sy_w,
-            w_ptr, lane_ok, K, KP, REFLECT)
+            w_ptr, lane_ok, f, f, K, KP, REFLECT, False)
         mslot = mring + (i % KP) * BW + ar
         tl.store(mslot, h1)
         tl.store(mslot + KP * BW, h2)
@@ -300,7 +317,9 @@ def _geometry(img1, window, padding: str):
 
 def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str):
     """Run the forward kernel. ``mode``: "stats" -> ``(ssim_sum, cs_sum)``, each ``[B, C]`` fp32
-    sums over the map; "map" -> ``(ssim_map, empty)``; "map_cs" -> ``(ssim_map, cs_map)``."""
+    sums over the map; "stats_l1" -> ``(ssim_sum, cs_sum, abs_diff_sum)``, the last summed over
+    the image (the fused photometric loss); "map" -> ``(ssim_map, empty)``; "map_cs" ->
+    ``(ssim_map, cs_map)``."""
     B, C, H, W, K, pad, reflect, Ho, Wo = _geometry(img1, window, padding)
     BC = B * C
     geo = geometry(Wo, Ho, K, BC, img1.device)
@@ -309,25 +328,29 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
     n_groups = triton.cdiv(BC, geo.bw // geo.f)
     n_prog = n_groups * n_chunks * n_strips
     dev = img1.device
-    if mode == "stats":
+    stats = mode in ("stats", "stats_l1")
+    l1 = None
+    if stats:
         s = torch.empty((BC, n_chunks * n_strips), dtype=torch.float32, device=dev)
         cs = torch.empty_like(s)
+        l1 = torch.empty_like(s) if mode == "stats_l1" else None
     else:
         s = torch.empty((B, C, Ho, Wo), dtype=torch.float32, device=dev)
         cs = torch.empty((B, C, Ho, Wo) if mode == "map_cs" else (0,), dtype=torch.float32, device=dev)
     scratch = torch.empty((n_prog, 5 * geo.kp * geo.bw), dtype=torch.float32, device=dev)
     _ssim_fwd_kernel[(n_prog,)](
-        img1, img2, window, s, cs if mode != "map" else s, scratch,
+        img1, img2, window, s, cs if mode != "map" else s, l1 if l1 is not None else s, scratch,
         BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
         *img1.stride(), *img2.stride(),
         float(c1), float(c2),
         K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
-        WRITE_MAP=mode != "stats", WRITE_CS=mode == "map_cs",
+        WRITE_MAP=not stats, WRITE_CS=mode == "map_cs", HAS_L1=l1 is not None,
         num_warps=geo.warps,
     )
-    if mode == "stats":
+    if stats:
         # fixed-order reduction of the per-program partial sums: deterministic, no atomics
-        return s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C)
+        out = (s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C))
+        return out + (l1.sum(dim=1).view(B, C),) if l1 is not None else out
     return s, cs
 
 
