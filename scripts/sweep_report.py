@@ -106,12 +106,19 @@ def markdown(rows: List[Dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write(path: str, write) -> None:
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.splitext(path)[1])
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -136,18 +143,20 @@ def plot(rows: List[Dict], path: str) -> None:
     for xi, v in zip(x, psnr):
         a1.text(xi + 0.2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
     a1.set_ylabel("held-out PSNR (dB)")
+    a1.set_ylim(0, 1.2 * max(psnr + psnr0 + [1.0]))  # head room for the labels and the legend
     a1.set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
-    a1.legend(fontsize=8)
+    a1.legend(fontsize=8, loc="upper left", ncol=2)
     for off, key, name, color in ((-0.2, "ssim", "SSIM", "C1"), (0.2, "ms_ssim", "MS-SSIM", "C2")):
         vals = [r.get(key) or 0.0 for r in rows]
         a2.bar(x + off, vals, 0.4, label=name, color=color)
         for xi, v in zip(x, vals):
             a2.text(xi + off, v, f"{v:.3f}", ha="center", va="bottom", fontsize=7)
     lo = min([r.get(k) or 1.0 for r in rows for k in ("ssim", "ms_ssim")])
-    a2.set_ylim(max(0.0, lo - 0.05), 1.0)
+    bottom = max(0.0, lo - 0.05)
+    a2.set_ylim(bottom, 1.0 + 0.25 * (1.0 - bottom))
     a2.set_ylabel("held-out SSIM / MS-SSIM")
     a2.set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
-    a2.legend(fontsize=8)
+    a2.legend(fontsize=8, loc="upper left", ncol=2)
     fig.tight_layout()
     _atomic_write(path, lambda p: fig.savefig(p, dpi=120, format="png"))
     plt.close(fig)

@@ -50,6 +50,9 @@ def write_json_atomic(path: str, obj: Any) -> None:
             json.dump(obj, f, indent=2, sort_keys=True, allow_nan=True)
             f.flush()
             os.fsync(f.fileno())
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; give the file the usual mode
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -169,6 +169,9 @@ def _write_png_atomic(path: str, rgb: np.ndarray) -> None:
     os.close(fd)
     try:
         mpimg.imsave(tmp, np.clip(rgb, 0, 1), format="png")
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; give the file the usual mode
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -42,6 +42,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 torch.save(checkpoint, f)
                 f.flush()
                 os.fsync(f.fileno())
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; give the file the usual mode
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
