@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from ..config import SSIMConfig
 from ..reference import accumulation_dtype
 
-__all__ = ["get", "unavailable_reason", "cpu_kernel", "fast_path_ok", "ssim_stats", "ssim_mean_and_grad", "ms_ssim"]
+__all__ = ["get", "unavailable_reason", "cpu_kernel", "fast_path_ok", "ssim_stats", "ssim_mean_and_grad", "ms_ssim", "dssim_l1"]
 
 _SOURCE = Path(__file__).with_name("_ssim_cpu.c")
 _BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-ffp-contract=fast", "-std=gnu11"]
@@ -127,9 +127,11 @@ def _load(dtype: torch.dtype, taps: int):
     lib.splat_ssim_workspace.restype = ctypes.c_size_t
     lib.splat_ssim_workspace.argtypes = [I, I, I]
     lib.splat_ssim_fwd.restype = None
-    lib.splat_ssim_fwd.argtypes = [P, P, I, I, P, I, R, R, I, I, P, P, I]
+    lib.splat_ssim_fwd.argtypes = [P, P, I, I, P, I, R, R, I, I, P, P, I, I]
     lib.splat_ssim_bwd.restype = None
-    lib.splat_ssim_bwd.argtypes = [P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I]
+    lib.splat_ssim_bwd.argtypes = [P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I, I, R]
+    lib.splat_l1_rows.restype = None
+    lib.splat_l1_rows.argtypes = [P, P, I, I, P]
     lib.splat_down2_fwd.restype = None
     lib.splat_down2_fwd.argtypes = [P, I, I, I, P]
     lib.splat_down2_bwd.restype = None
@@ -213,15 +215,18 @@ def _bounds(n: int, parts: int, i: int) -> Tuple[int, int]:
     return (n * i) // parts, (n * (i + 1)) // parts
 
 
-def _forward(lib, x: torch.Tensor, y: torch.Tensor, window: torch.Tensor, c1: float, c2: float):
-    """Means of the SSIM and cs maps ("valid") per plane of ``x``, ``y`` [B, C, H, W] (contiguous)."""
+def _forward(lib, x: torch.Tensor, y: torch.Tensor, window: torch.Tensor, c1: float, c2: float,
+             pad: int = 0, l1: bool = False):
+    """Means of the SSIM and cs maps per plane of ``x``, ``y`` [B, C, H, W] (contiguous), seen with
+    ``pad`` zero rows / columns around them ("valid" on that), each ``[B, C]``; with ``l1`` also
+    the mean of ``|x - y|`` per plane."""
     B, C, H, W = x.shape
     K = window.numel()
-    Hp, Wp = H - K + 1, W - K + 1
+    Hp, Wp = H + 2 * pad - K + 1, W + 2 * pad - K + 1
     P = B * C
     rows = torch.empty(P, Hp, 2, dtype=torch.float64)  # per-map-row sums: partition-independent
     ns = _strips(Hp, P)
-    nws = lib.splat_ssim_workspace(W, K, FWD_TILE)
+    nws = lib.splat_ssim_workspace(W + 2 * pad, K, FWD_TILE)
     workspaces = threading.local()
     esz = x.element_size()
     xp, yp, rp, gp = x.data_ptr(), y.data_ptr(), rows.data_ptr(), window.data_ptr()
@@ -233,28 +238,39 @@ def _forward(lib, x: torch.Tensor, y: torch.Tensor, window: torch.Tensor, c1: fl
         p, s = divmod(t, ns)
         m0, m1 = _bounds(Hp, ns, s)
         off = p * H * W * esz
-        lib.splat_ssim_fwd(xp + off, yp + off, H, W, gp, K, c1, c2, m0, m1, ws.data_ptr(), rp + (p * Hp + m0) * 16, FWD_TILE)
+        lib.splat_ssim_fwd(xp + off, yp + off, H, W, gp, K, c1, c2, m0, m1, ws.data_ptr(),
+                           rp + (p * Hp + m0) * 16, FWD_TILE, pad)
 
     _run(task, P * ns)
     sums = rows.sum(dim=1) / float(Hp * Wp)  # [P, 2], summed in float64 in a fixed order
     sums = sums.to(x.dtype).view(B, C, 2)
-    return sums[..., 0].contiguous(), sums[..., 1].contiguous()
+    out = (sums[..., 0].contiguous(), sums[..., 1].contiguous())
+    if l1:
+        l1rows = torch.empty(P, H, dtype=torch.float64)
+        for p in range(P):
+            off = p * H * W * esz
+            lib.splat_l1_rows(xp + off, yp + off, H, W, l1rows.data_ptr() + p * H * 8)
+        out += ((l1rows.sum(dim=1) / float(H * W)).to(x.dtype).view(B, C),)
+    return out
 
 
-def _backward(lib, x, y, window, c1, c2, gs: torch.Tensor, gc: torch.Tensor, need_x: bool, need_y: bool):
-    """Gradients of ``sum(gs * mean ssim + gc * mean cs)`` w.r.t. ``x`` and ``y`` (None if not needed)."""
+def _backward(lib, x, y, window, c1, c2, gs: torch.Tensor, gc: torch.Tensor, need_x: bool, need_y: bool,
+              pad: int = 0, gl1: Optional[torch.Tensor] = None):
+    """Gradients of ``sum(gs * mean ssim + gc * mean cs + gl1 * mean |x - y|)`` (all per plane,
+    ``[B, C]``) w.r.t. ``x`` and ``y`` (None where not needed)."""
     B, C, H, W = x.shape
     K = window.numel()
-    Hp, Wp = H - K + 1, W - K + 1
+    Hp, Wp = H + 2 * pad - K + 1, W + 2 * pad - K + 1
     P = B * C
     scale = 1.0 / float(Hp * Wp)
     gsl = (gs.reshape(P).double() * scale).tolist()
     gcl = (gc.reshape(P).double() * scale).tolist()
+    gll = [0.0] * P if gl1 is None else (gl1.reshape(P).double() / float(H * W)).tolist()
     gx = torch.empty_like(x) if need_x else None
     gy = torch.empty_like(y) if need_y else None
     ns = _strips(H, P)
     tile = BWD_TILE if W > 2.5 * BWD_TILE else 0
-    nws = lib.splat_ssim_workspace(W, K, tile)
+    nws = lib.splat_ssim_workspace(W + 2 * pad, K, tile)
     workspaces = threading.local()
     esz = x.element_size()
     xp, yp, gp = x.data_ptr(), y.data_ptr(), window.data_ptr()
@@ -270,7 +286,7 @@ def _backward(lib, x, y, window, c1, c2, gs: torch.Tensor, gc: torch.Tensor, nee
         off = p * H * W * esz
         lib.splat_ssim_bwd(
             xp + off, yp + off, H, W, gp, K, c1, c2, gsl[p], gcl[p], q0, q1, ws.data_ptr(),
-            (gxp + off) if need_x else None, (gyp + off) if need_y else None, tile,
+            (gxp + off) if need_x else None, (gyp + off) if need_y else None, tile, pad, gll[p],
         )
 
     _run(task, P * ns)
@@ -324,25 +340,25 @@ def fast_path_ok(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig) -> boo
 
 
 def padded(x: torch.Tensor, y: torch.Tensor, cfg: SSIMConfig):
-    """Accumulation dtype, then the configuration's padding: the kernel computes a "valid" SSIM.
+    """Accumulation dtype and padding: ``(x, y, pad)`` for a kernel that computes a "valid" SSIM
+    of ``x``, ``y`` seen with ``pad`` zero rows / columns around them.
 
-    Autograd differentiates the cast and the pad (a crop for zeros, a fold-back for reflect)."""
+    "same" (zeros) costs no copy: the kernel reads the zeros implicitly. "reflect" is an
+    ``F.pad`` copy whose adjoint (the fold-back of the mirrored border) autograd takes care of."""
     acc = accumulation_dtype(x.dtype)
     x, y = x.to(acc), y.to(acc)
     r = cfg.window_size // 2
     if cfg.padding == "same":
-        x, y = F.pad(x, (r, r, r, r)), F.pad(y, (r, r, r, r))
-    elif cfg.padding == "reflect":
+        return x, y, r
+    if cfg.padding == "reflect":
         x, y = F.pad(x, (r, r, r, r), mode="reflect"), F.pad(y, (r, r, r, r), mode="reflect")
-    return x, y
+    return x, y, 0
 
 
 def unpad_grad(g: torch.Tensor, cfg: SSIMConfig, size) -> torch.Tensor:
-    """Adjoint of :func:`padded`'s padding, for a gradient w.r.t. the padded image."""
-    r = cfg.window_size // 2
-    if cfg.padding == "same":
-        return g[..., r:-r, r:-r]
+    """Adjoint of :func:`padded`'s copy ("reflect"), for a gradient w.r.t. the padded image."""
     if cfg.padding == "reflect":
+        r = cfg.window_size // 2
         shape = g.shape[:2] + tuple(size)
         return torch.ops.aten.reflection_pad2d_backward(g, g.new_empty(shape), [r, r, r, r])
     return g
@@ -355,8 +371,21 @@ def _batched(t: Optional[torch.Tensor]) -> bool:
     )
 
 
+def _torch_ops_grads(x, y, w, pad, c1, c2, g_s, g_c, need_x, need_y):
+    """The same gradients through the torch-ops adjoint (differentiable, vmappable): used under
+    ``create_graph=True`` and for batched upstreams. ``g_s`` / ``g_c`` are ``[B, C]`` or None."""
+    from .torch_fused import _backward as torch_ops_backward  # imported here: it imports us
+
+    k = w.shape[0]
+    n = (x.shape[-2] + 2 * pad - k + 1) * (x.shape[-1] + 2 * pad - k + 1)
+    g_s = None if g_s is None else (g_s / n)[..., None, None]
+    g_c = None if g_c is None else (g_c / n)[..., None, None]
+    return torch_ops_backward(x, y, w, "same" if pad else "valid", c1, c2, g_s, g_c, need_x, need_y)
+
+
 class SSIMStatsCPUFn(torch.autograd.Function):
-    """(padded x, padded y) -> per-(B, C) means of the "valid" SSIM and cs maps, compiled kernel.
+    """(x, y) -> per-(B, C) means of the SSIM and cs maps ("valid" on x, y seen with ``pad`` zero
+    rows / columns around them), compiled kernel.
 
     Saves only the two inputs: the backward recomputes the statistics row by row as it writes the
     gradient. Under ``create_graph=True`` the backward runs the torch-ops adjoint instead, so a
@@ -364,54 +393,94 @@ class SSIMStatsCPUFn(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, y, w, c1, c2):
+    def forward(ctx, x, y, w, c1, c2, pad):
         x, y = x.contiguous(), y.contiguous()
         ctx.set_materialize_grads(False)
-        ctx.c1, ctx.c2 = c1, c2
+        ctx.c1, ctx.c2, ctx.pad = c1, c2, pad
         ctx.save_for_backward(x, y, w)
-        return _forward(get(x.dtype, w.numel()), x, y, w, c1, c2)
+        return _forward(get(x.dtype, w.numel()), x, y, w, c1, c2, pad)
 
     @staticmethod
     def backward(ctx, g_s, g_c):
         x, y, w = ctx.saved_tensors
         need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        none = (None,) * 4
         if (g_s is None and g_c is None) or not (need_x or need_y):
-            return None, None, None, None, None
+            return (None, None) + none
         if torch.is_grad_enabled() or _batched(g_s) or _batched(g_c):
             # create_graph=True needs a differentiable backward, and autograd.grad(...,
             # is_grads_batched=True) vmaps it over batched upstreams: both take the torch ops.
-            n = (x.shape[-2] - w.shape[0] + 1) * (x.shape[-1] - w.shape[0] + 1)
-            g_s = None if g_s is None else (g_s / n)[..., None, None]
-            g_c = None if g_c is None else (g_c / n)[..., None, None]
-            from .torch_fused import _backward as torch_ops_backward
-
-            gx, gy = torch_ops_backward(x, y, w, "valid", ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
-            return gx, gy, None, None, None
+            return _torch_ops_grads(x, y, w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y) + none
         zeros = torch.zeros(x.shape[:2], dtype=x.dtype)
         g_s = zeros if g_s is None else g_s
         g_c = zeros if g_c is None else g_c
-        gx, gy = _backward(get(x.dtype, w.numel()), x, y, w, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
-        return gx, gy, None, None, None
+        gx, gy = _backward(get(x.dtype, w.numel()), x, y, w, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y, ctx.pad)
+        return (gx, gy) + none
+
+
+class DSSIML1CPUFn(torch.autograd.Function):
+    """(x, y) -> per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)`` ``[B]``, one kernel:
+    the L1 term's gradient is added in the same pass that writes the SSIM gradient."""
+
+    @staticmethod
+    def forward(ctx, x, y, w, c1, c2, pad, lam):
+        x, y = x.contiguous(), y.contiguous()
+        ctx.c1, ctx.c2, ctx.pad, ctx.lam = c1, c2, pad, lam
+        ctx.save_for_backward(x, y, w)
+        s, _, l1 = _forward(get(x.dtype, w.numel()), x, y, w, c1, c2, pad, l1=True)  # [B, C] each
+        return (1 - lam) * l1.mean(dim=1) + lam * (1 - s.mean(dim=1))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y, w = ctx.saved_tensors
+        need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        none = (None,) * 5
+        if not (need_x or need_y):
+            return (None, None) + none
+        C = x.shape[1]
+        g_s = (-ctx.lam / C) * g[:, None].expand(-1, C)  # d loss / d mean-SSIM of each plane
+        g_l1 = ((1 - ctx.lam) / C) * g[:, None].expand(-1, C)  # d loss / d mean|x - y| of each plane
+        if torch.is_grad_enabled() or _batched(g):
+            gx, gy = _torch_ops_grads(x, y, w, ctx.pad, ctx.c1, ctx.c2, g_s, None, need_x, need_y)
+            sg = torch.sign(x - y) * (g_l1 / (x.shape[-2] * x.shape[-1]))[..., None, None]
+            return (None if gx is None else gx + sg, None if gy is None else gy - sg) + none
+        gx, gy = _backward(get(x.dtype, w.numel()), x, y, w, ctx.c1, ctx.c2, g_s, torch.zeros_like(g_s),
+                           need_x, need_y, ctx.pad, g_l1)
+        return (gx, gy) + none
 
 
 def ssim_stats(img1: torch.Tensor, img2: torch.Tensor, cfg) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(ssim_mean, cs_mean)`` [B, C] through the kernel; the caller checked :func:`fast_path_ok`."""
-    x, y = padded(img1, img2, cfg)
+    x, y, pad = padded(img1, img2, cfg)
     w = cfg.window_1d(x.dtype, "cpu")
-    return SSIMStatsCPUFn.apply(x, y, w, cfg.C1, cfg.C2)
+    return SSIMStatsCPUFn.apply(x, y, w, cfg.C1, cfg.C2, pad)
+
+
+def dssim_l1(img1: torch.Tensor, img2: torch.Tensor, cfg, lam: float) -> torch.Tensor:
+    """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)`` ``[B]``; the caller checked
+    :func:`fast_path_ok`. "valid" and "same" run fused; "reflect" adds a torch L1 to the kernel's
+    SSIM (its padded copy must not enter the L1 term)."""
+    if cfg.padding == "reflect":
+        acc = accumulation_dtype(img1.dtype)
+        l1 = (img1.to(acc) - img2.to(acc)).abs().mean(dim=(1, 2, 3))
+        s, _ = ssim_stats(img1, img2, cfg)
+        return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
+    x, y, pad = padded(img1, img2, cfg)
+    w = cfg.window_1d(x.dtype, "cpu")
+    return DSSIML1CPUFn.apply(x, y, w, cfg.C1, cfg.C2, pad, float(lam))
 
 
 def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg, upstream: torch.Tensor):
     """``(ssim_mean [B, C], d sum(upstream * ssim_mean) / d img1)`` without a graph (accumulation
     dtype); the caller checked :func:`fast_path_ok`."""
     with torch.no_grad():
-        x, y = padded(img1.detach(), img2.detach(), cfg)
+        x, y, pad = padded(img1.detach(), img2.detach(), cfg)
         x, y = x.contiguous(), y.contiguous()
         lib = get(x.dtype, cfg.window_size)
         w = cfg.window_1d(x.dtype, "cpu")
-        s, _ = _forward(lib, x, y, w, cfg.C1, cfg.C2)
+        s, _ = _forward(lib, x, y, w, cfg.C1, cfg.C2, pad)
         up = upstream.to(x.dtype)
-        gx, _ = _backward(lib, x, y, w, cfg.C1, cfg.C2, up, torch.zeros_like(up), True, False)
+        gx, _ = _backward(lib, x, y, w, cfg.C1, cfg.C2, up, torch.zeros_like(up), True, False, pad)
     return s, unpad_grad(gx, cfg, img1.shape[-2:])
 
 

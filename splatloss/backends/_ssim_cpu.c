@@ -63,15 +63,14 @@ static inline int rup(int n) { return (n + V - 1) / V * V; }
 /* Row lengths of the workspace, all multiples of V. */
 typedef struct {
     int W, K, Wp;      /* (tile) image width, taps, map width */
-    int ld;            /* row stride of the image planes */
     int Wo, Wpp;       /* padded image width, padded map width */
     int Lin;           /* input-row buffers: Wo + K rounded (reads up to Wpp + K - 2) */
     int Lv;            /* zero-bordered rows for the transposed horizontal pass: Wo + K - 1 rounded */
 } dims_t;
 
-static dims_t make_dims(int W, int K, int ld) {
+static dims_t make_dims(int W, int K) {
     dims_t d;
-    d.W = W; d.K = K; d.Wp = W - K + 1; d.ld = ld;
+    d.W = W; d.K = K; d.Wp = W - K + 1;
     d.Wo = rup(W); d.Wpp = rup(d.Wp);
     d.Lin = rup(d.Wo + K);
     d.Lv = rup(d.Wo + K - 1);
@@ -94,12 +93,21 @@ static size_t ws_elems(dims_t d) {
 size_t splat_ssim_workspace(int W, int K, int tile) {
     int w = W;
     if (tile > 0 && tile + 2 * (K - 1) < W) w = tile + 2 * (K - 1);
-    return ws_elems(make_dims(w, K, W));
+    return ws_elems(make_dims(w, K));
 }
 int splat_ssim_vector_width(void) { return V; }
 
+/* The image pair as the kernel sees it: "logical" coordinates include `pad` zero rows / columns
+ * around the H x W planes ("same" padding without a padded copy); col0 is the logical column of
+ * the current tile's first column. */
+typedef struct {
+    const REAL *x, *y;
+    int H, W, ld, pad, col0;
+} img_t;
+
 typedef struct {
     dims_t d;
+    img_t im;
     const REAL *g;     /* K taps */
     REAL *in;          /* 4 * Lin */
     REAL *hring;       /* 4 * K * Wpp, index [q][slot][j] */
@@ -108,9 +116,9 @@ typedef struct {
     REAL *grow;        /* 2 * Wo */
 } ws_t;
 
-static ws_t make_ws(dims_t d, const REAL *g, REAL *base) {
+static ws_t make_ws(dims_t d, img_t im, const REAL *g, REAL *base) {
     ws_t w;
-    w.d = d; w.g = g;
+    w.d = d; w.im = im; w.g = g;
     w.in = base;
     w.hring = w.in + (size_t)4 * d.Lin;
     w.aring = w.hring + (size_t)4 * d.K * d.Wpp;
@@ -119,12 +127,30 @@ static ws_t make_ws(dims_t d, const REAL *g, REAL *base) {
     return w;
 }
 
-/* Load input row r into the zero-tailed row buffers and form the products. */
-static void load_row(ws_t *w, const REAL *x, const REAL *y, int r) {
+/* dst[0..n) = logical columns c0 .. c0+n-1 of a physical row of width W (NULL: a padding row). */
+static void copy_seg(REAL *dst, const REAL *row, int c0, int n, int W) {
+    int lo = c0 < 0 ? -c0 : 0;
+    int hi = W - c0 < n ? W - c0 : n;
+    if (row == NULL || hi <= lo) { memset(dst, 0, sizeof(REAL) * n); return; }
+    if (lo > 0) memset(dst, 0, sizeof(REAL) * lo);
+    memcpy(dst + lo, row + c0 + lo, sizeof(REAL) * (hi - lo));
+    if (hi < n) memset(dst + hi, 0, sizeof(REAL) * (n - hi));
+}
+
+/* x and y of logical row r of the current tile into the first two (zero-tailed) row buffers. */
+static void load_xy(ws_t *w, int r) {
+    const img_t im = w->im;
+    const int rr = r - im.pad;
+    const int inside = rr >= 0 && rr < im.H;
+    copy_seg(w->in, inside ? im.x + (size_t)rr * im.ld : NULL, im.col0 - im.pad, w->d.W, im.W);
+    copy_seg(w->in + w->d.Lin, inside ? im.y + (size_t)rr * im.ld : NULL, im.col0 - im.pad, w->d.W, im.W);
+}
+
+/* Load logical row r into the zero-tailed row buffers and form the products. */
+static void load_row(ws_t *w, int r) {
     const dims_t d = w->d;
     REAL *bx = w->in, *by = bx + d.Lin, *bss = by + d.Lin, *bxy = bss + d.Lin;
-    memcpy(bx, x + (size_t)r * d.ld, sizeof(REAL) * d.W);
-    memcpy(by, y + (size_t)r * d.ld, sizeof(REAL) * d.W);
+    load_xy(w, r);
     for (int j = 0; j < d.Lin; j += V) {
         vr a = ld(bx + j), b = ld(by + j);
         st(bss + j, a * a + b * b); st(bxy + j, a * b);
@@ -153,11 +179,11 @@ static void hfilter(ws_t *w, int slot) {
 
 /* Make sure ring slots hold the horizontal sums of input rows m .. m+K-1; *next is the next
  * input row not yet filtered. */
-static void fill_rows(ws_t *w, const REAL *x, const REAL *y, int m, int *next) {
+static void fill_rows(ws_t *w, int m, int *next) {
     const int K = KTAPS(w->d.K);
     if (*next < m) *next = m;
     while (*next <= m + K - 1) {
-        load_row(w, x, y, *next);
+        load_row(w, *next);
         hfilter(w, *next % K);
         (*next)++;
     }
@@ -255,18 +281,19 @@ static inline __attribute__((always_inline)) void vadjoint(const REAL *const *ap
 }
 
 /* Map rows [m0, m1) of the tile image x, y (width d.W, stride d.ld): adds each row's sums. */
-static void fwd_tile(ws_t *w, const REAL *x, const REAL *y, REAL C1, REAL C2, int m0, int m1, double *out) {
+static void fwd_tile(ws_t *w, REAL C1, REAL C2, int m0, int m1, double *out) {
     int next = m0;
     for (int m = m0; m < m1; m++) {
-        fill_rows(w, x, y, m, &next);
+        fill_rows(w, m, &next);
         map_row(w, m, C1, C2, 0, out + 2 * (m - m0), 0, 0, 0, 0);
     }
 }
 
-/* Gradient rows [q0, q1), columns [c_lo, c_hi) of the tile image x, y (width d.W, stride d.ld)
- * of L = gS * sum(ssim) + gC * sum(cs) over the tile's own "valid" map. The caller chooses tiles
- * whose map covers every map pixel that reaches columns [c_lo, c_hi). */
-static void bwd_tile(ws_t *w, const REAL *x, const REAL *y, int H, REAL C1, REAL C2, REAL gS, REAL gC,
+/* Gradient of logical rows [q0, q1), tile columns [c_lo, c_hi) (all inside the physical image)
+ * of L = gS * sum(ssim) + gC * sum(cs) over the tile's own "valid" map, plus l1c * sum|x - y|.
+ * H is the logical height. The caller chooses tiles whose map covers every map pixel that
+ * reaches columns [c_lo, c_hi). gx / gy point at the physical planes. */
+static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1c,
                      int q0, int q1, int c_lo, int c_hi, REAL *gx, REAL *gy) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
@@ -283,7 +310,7 @@ static void bwd_tile(ws_t *w, const REAL *x, const REAL *y, int H, REAL C1, REAL
         int mhi = q < Hp - 1 ? q : Hp - 1;  /* map rows touching input row q: [q-K+1, q] */
         int mlo = q - K + 1 < 0 ? 0 : q - K + 1;
         while (next_m <= mhi) {
-            fill_rows(w, x, y, next_m, &next_in);
+            fill_rows(w, next_m, &next_in);
             map_row(w, next_m, C1, C2, 1, NULL, gS, gC, need_x, need_y);
             next_m++;
         }
@@ -303,9 +330,9 @@ static void bwd_tile(ws_t *w, const REAL *x, const REAL *y, int H, REAL C1, REAL
         }
         /* horizontal adjoint: h(j) = sum_k g[k] v(j-k) = sum_t g[K-1-t] vrow[j+t] */
         const REAL *bx = w->in, *by = w->in + d.Lin;
-        memcpy(w->in, x + (size_t)q * d.ld, sizeof(REAL) * d.W);      /* x, y of row q (tails 0) */
-        memcpy(w->in + d.Lin, y + (size_t)q * d.ld, sizeof(REAL) * d.W);
+        load_xy(w, q);                                      /* x, y of row q (tails 0) */
         REAL *ox = w->grow, *oy = w->grow + d.Wo;
+        const vr l1 = bc(l1c), one = bc(1);
         for (int j = c_lo / V * V; j < c_hi; j += V) {
             vr hb = {0}, hg = {0}, h2 = {0}, h3 = {0};
             for (int t = 0; t < K; t++) {
@@ -318,50 +345,80 @@ static void bwd_tile(ws_t *w, const REAL *x, const REAL *y, int H, REAL C1, REAL
             }
             vr xv = ld(bx + j), yv = ld(by + j);
             vr two_hb = hb + hb;
-            if (need_x) st(ox + j, h2 + two_hb * xv + hg * yv);
-            if (need_y) st(oy + j, (need_x ? h3 : h2) + two_hb * yv + hg * xv);
+            vr gxv = h2 + two_hb * xv + hg * yv;
+            vr gyv = (need_x ? h3 : h2) + two_hb * yv + hg * xv;
+            if (l1c != 0) {  /* + l1c * d|x - y|: sign(x - y), 0 where equal (torch's abs') */
+                vr sg = (vr)((vmask)one & (xv > yv)) - (vr)((vmask)one & (xv < yv));
+                gxv += l1 * sg;
+                gyv -= l1 * sg;
+            }
+            if (need_x) st(ox + j, gxv);
+            if (need_y) st(oy + j, gyv);
         }
-        if (need_x) memcpy(gx + (size_t)q * d.ld + c_lo, ox + c_lo, sizeof(REAL) * (c_hi - c_lo));
-        if (need_y) memcpy(gy + (size_t)q * d.ld + c_lo, oy + c_lo, sizeof(REAL) * (c_hi - c_lo));
+        const img_t im = w->im;
+        const size_t o = (size_t)(q - im.pad) * im.ld + (im.col0 + c_lo - im.pad);
+        if (need_x) memcpy(gx + o, ox + c_lo, sizeof(REAL) * (c_hi - c_lo));
+        if (need_y) memcpy(gy + o, oy + c_lo, sizeof(REAL) * (c_hi - c_lo));
     }
 }
 
-/* Per-row sums of the SSIM and cs maps for map rows [m0, m1) of one plane (H x W, contiguous):
- * out[2*(m-m0)] = sum_j ssim(m, j), out[2*(m-m0)+1] = sum_j cs(m, j). The map is swept in column
- * tiles of `tile` map columns (tile <= 0: whole rows) so the ring buffers stay in L1; the tiles'
- * partial row sums are added in a fixed order, so results do not depend on the threading. */
+/* Per-row sums of the SSIM and cs maps for map rows [m0, m1) of one plane (H x W, contiguous,
+ * seen with `pad` zero rows / columns around it): out[2*(m-m0)] = sum_j ssim(m, j),
+ * out[2*(m-m0)+1] = sum_j cs(m, j). The map may be swept in column tiles of `tile` map columns
+ * (tile <= 0: whole rows); the tiles' partial row sums are added in a fixed order, so results do
+ * not depend on the threading. */
 void splat_ssim_fwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
-                    REAL C1, REAL C2, int m0, int m1, REAL *work, double *out, int tile) {
-    (void)H;
-    const int Wp = W - K + 1;
+                    REAL C1, REAL C2, int m0, int m1, REAL *work, double *out, int tile, int pad) {
+    const int Wp = W + 2 * pad - K + 1;
     const int T = tile > 0 ? tile : Wp;
     for (int m = m0; m < m1; m++) out[2 * (m - m0)] = out[2 * (m - m0) + 1] = 0;
     for (int j0 = 0; j0 < Wp; j0 += T) {
         int tw = Wp - j0 < T ? Wp - j0 : T;
-        dims_t d = make_dims(tw + K - 1, K, W);
+        dims_t d = make_dims(tw + K - 1, K);
+        img_t im = {x, y, H, W, W, pad, j0};
         memset(work, 0, ws_elems(d) * sizeof(REAL));
-        ws_t w = make_ws(d, g, work);
-        fwd_tile(&w, x + j0, y + j0, C1, C2, m0, m1, out);
+        ws_t w = make_ws(d, im, g, work);
+        fwd_tile(&w, C1, C2, m0, m1, out);
     }
 }
 
-/* Gradient rows [q0, q1) of one plane of L = gS * sum(ssim map) + gC * sum(cs map).
- * gx / gy point at the plane's gradient (NULL when that image needs none); rows outside
- * [q0, q1) are not touched, so strips can run in parallel. Column tiles of `tile` gradient
- * columns (tile <= 0: whole rows) each recompute the K-1 map columns they share with the next. */
+/* Gradient rows [q0, q1) of one plane (H x W, seen with `pad` zero rows / columns around it) of
+ * L = gS * sum(ssim map) + gC * sum(cs map) + l1c * sum|x - y|. gx / gy point at the plane's
+ * gradient (NULL when that image needs none); rows outside [q0, q1) are not touched, so strips
+ * can run in parallel. Column tiles of `tile` gradient columns (tile <= 0: whole rows) each
+ * recompute the K-1 map columns they share with the next. */
 void splat_ssim_bwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
                     REAL C1, REAL C2, REAL gS, REAL gC, int q0, int q1, REAL *work,
-                    REAL *gx, REAL *gy, int tile) {
+                    REAL *gx, REAL *gy, int tile, int pad, REAL l1c) {
+    const int Wl = W + 2 * pad;
     const int T = tile > 0 ? tile : W;
-    for (int c0 = 0; c0 < W; c0 += T) {
-        int c1 = W - c0 < T ? W : c0 + T;
-        int a = c0 - K + 1 < 0 ? 0 : c0 - K + 1;     /* tile image columns [a, b) */
-        int b = c1 + K - 1 > W ? W : c1 + K - 1;
-        dims_t d = make_dims(b - a, K, W);
+    for (int c0 = pad; c0 < pad + W; c0 += T) {
+        int c1 = pad + W - c0 < T ? pad + W : c0 + T;
+        int a = c0 - K + 1 < 0 ? 0 : c0 - K + 1;     /* tile image: logical columns [a, b) */
+        int b = c1 + K - 1 > Wl ? Wl : c1 + K - 1;
+        dims_t d = make_dims(b - a, K);
+        img_t im = {x, y, H, W, W, pad, a};
         memset(work, 0, ws_elems(d) * sizeof(REAL));
-        ws_t w = make_ws(d, g, work);
-        bwd_tile(&w, x + a, y + a, H, C1, C2, gS, gC, q0, q1, c0 - a, c1 - a,
-                 gx ? gx + a : NULL, gy ? gy + a : NULL);
+        ws_t w = make_ws(d, im, g, work);
+        bwd_tile(&w, H + 2 * pad, C1, C2, gS, gC, l1c, q0 + pad, q1 + pad, c0 - a, c1 - a, gx, gy);
+    }
+}
+
+/* Per-row sums of |x - y| of one plane: out[r] = sum_j |x(r, j) - y(r, j)| (the L1 term). */
+void splat_l1_rows(const REAL *x, const REAL *y, int H, int W, double *out) {
+    for (int r = 0; r < H; r++) {
+        const REAL *a = x + (size_t)r * W, *b = y + (size_t)r * W;
+        vr acc = {0};
+        int j = 0;
+        for (; j + V <= W; j += V) {
+            vr dlt = ld(a + j) - ld(b + j);
+            vmask neg = dlt < 0;
+            acc += (vr)(((vmask)dlt & ~neg) | ((vmask)(-dlt) & neg));  /* |d| */
+        }
+        double s = 0;
+        for (int i = 0; i < V; i++) s += acc[i];
+        for (; j < W; j++) s += a[j] > b[j] ? a[j] - b[j] : b[j] - a[j];
+        out[r] = s;
     }
 }
 

@@ -46,7 +46,7 @@ from ..config import SSIMConfig
 from ..reference import accumulation_dtype
 from . import _cpu_kernel  # the compiled CPU fast path for ssim_stats (scripts/bench.py)
 
-__all__ = ["ssim_map", "ssim_stats", "ssim_mean_and_grad", "ms_ssim"]
+__all__ = ["ssim_map", "ssim_stats", "ssim_mean_and_grad", "ms_ssim", "dssim_l1"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,6 +317,17 @@ def ms_ssim(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, weights, ta
 
     terms = functional._ms_terms(img1, img2, cfg, len(weights), sys.modules[__name__])
     return functional._combine_ms(terms, weights, tau)
+
+
+def dssim_l1(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, lam: float) -> torch.Tensor:
+    """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)`` ``[B]``: on the CPU one fused
+    kernel pass (L1 gradient added where the SSIM gradient is written), else torch ops."""
+    if _cpu_kernel.fast_path_ok(img1, img2, cfg):
+        return _cpu_kernel.dssim_l1(img1, img2, cfg, lam)
+    acc = accumulation_dtype(img1.dtype)
+    l1 = (img1.to(acc) - img2.to(acc)).abs().mean(dim=(1, 2, 3))  # [B]
+    s, _ = ssim_stats(img1, img2, cfg)
+    return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
 
 
 def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, upstream: torch.Tensor):
