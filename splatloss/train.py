@@ -176,6 +176,7 @@ def train(cfg) -> Dict[str, Any]:
         render_backend=cfg.model.render_backend,
         render_options=_plain(cfg.model.get("render_options")),
         background=background,
+        time_steps=bool(cfg.model.get("time_steps", True)),
     )
     dm = SceneDataModule(scene, seed=int(cfg.seed))
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
