@@ -253,3 +253,7 @@ def test_load_scene_and_dataset(tmp_path, small_scene):
     assert item["viewmat"].shape == (4, 4) and item["K"].shape == (3, 3)
     with pytest.raises(ValueError, match="expected at least one view, got an empty list"):
         ViewDataset([])
+    odd = small_scene.train[1]
+    odd = type(odd)(odd.image[:20], odd.viewmat, odd.K, odd.width, 20, "odd")
+    with pytest.raises(ValueError, match=r"ViewDataset: all images must have the same size, got 32x32 \(train_000\) and 20x32 \(odd\)"):
+        ViewDataset([small_scene.train[0], odd])
