@@ -32,7 +32,7 @@ def test_every_config_file_is_covered():
     covered += [f"hydra/launcher/{c}.yaml" for c in _choices("hydra/launcher")]
     assert sorted(covered) == on_disk
     assert _choices("loss") == ["dssim_l1", "l1", "l2", "msssim", "msssim_l1", "ssim", "zhao_mix"]
-    assert _choices("trainer") == ["cpu", "ddp", "gpu"]
+    assert _choices("trainer") == ["cpu", "ddp", "default", "gpu"]
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -89,11 +89,14 @@ def test_targets_exist_and_trainer_configs_build(tmp_path):
     get_method(cfg.data.scene._target_)
     get_method(cfg.model.gaussians._target_)
     get_class(cfg.model.strategy._target_)
-    for choice in ("cpu", "ddp"):
+    for choice in ("default", "cpu", "ddp"):
         c = _compose([f"trainer={choice}", "trainer.max_steps=5"])
         trainer = instantiate(c.trainer, default_root_dir=str(tmp_path), logger=False)
         assert trainer.max_steps == 5
         assert trainer.num_devices == (2 if choice == "ddp" else 1)
+        if not torch.cuda.is_available():
+            assert type(trainer.accelerator).__name__ == "CPUAccelerator"
+    assert _compose([]).trainer.accelerator == "auto"  # the same command picks a GPU where one exists
     ddp = _compose(["trainer=ddp"])
     assert ddp.model.strategy is None  # DDP trains a fixed set of Gaussians
     assert ddp.trainer.strategy.process_group_backend == "gloo"
