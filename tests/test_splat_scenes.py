@@ -257,3 +257,6 @@ def test_load_scene_and_dataset(tmp_path, small_scene):
     odd = type(odd)(odd.image[:20], odd.viewmat, odd.K, odd.width, 20, "odd")
     with pytest.raises(ValueError, match=r"ViewDataset: all images must have the same size, got 32x32 \(train_000\) and 20x32 \(odd\)"):
         ViewDataset([small_scene.train[0], odd])
+    liar = type(odd)(odd.image, odd.viewmat, odd.K, 32, 32, "liar")
+    with pytest.raises(ValueError, match=r"view 'liar' declares 32x32 and expects an image of shape \(32, 32, 3\), got \(20, 32, 3\)"):
+        ViewDataset([liar])

@@ -324,6 +324,13 @@ def _read_image(path: str, background) -> np.ndarray:
 
 
 def _check_sizes(views: list, where: str) -> None:
+    for v in views:
+        shape = tuple(v.image.shape)
+        if len(shape) != 3 or shape[2] != 3 or shape[:2] != (v.height, v.width):
+            raise ValueError(
+                f"{where}: view {v.name!r} declares {v.height}x{v.width} and expects an image of shape "
+                f"({v.height}, {v.width}, 3), got {shape}"
+            )
     sizes = {(v.height, v.width) for v in views}
     if len(sizes) > 1:
         first = views[0]
