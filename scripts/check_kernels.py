@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Compile every Triton kernel of splatloss ahead of time for sm_80 and sm_90 -- no GPU needed.
 
-For each kernel, at the constexpr values and warp counts the launchers really use
+For each kernel, at the constexpr values, warp counts and register ceiling (``maxnreg``) the launchers really use
 (``splatloss.backends.triton._common.geometry`` on CUDA), this runs
 ``triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", arch, 32))``,
 then reads the cubin's resource usage with the cuobjdump bundled with Triton
@@ -34,10 +34,12 @@ from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from splatloss.backends.triton import _common  # noqa: E402
-from splatloss.backends.triton import dssim_l1 as dssim_l1_mod  # noqa: E402
-from splatloss.backends.triton import ms_ssim as ms_ssim_mod  # noqa: E402
-from splatloss.backends.triton import ssim as ssim_mod  # noqa: E402
+import importlib  # noqa: E402
+
+# the package re-exports functions named like its modules (ms_ssim, dssim_l1): import the modules
+_common = importlib.import_module("splatloss.backends.triton._common")
+ms_ssim_mod = importlib.import_module("splatloss.backends.triton.ms_ssim")
+ssim_mod = importlib.import_module("splatloss.backends.triton.ssim")
 
 #: Max shared memory per block (bytes, opt-in): A100 (sm_80) 163 KB, H100 (sm_90) 227 KB.
 SHARED_LIMIT = {80: 166912, 90: 232448}
@@ -151,7 +153,7 @@ def main(argv=None) -> int:
             try:
                 src = ASTSource(fn=case.fn, signature=_signature(case.fn, case.constexprs, case.dtype),
                                 constexprs=case.constexprs)
-                k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": case.warps})
+                k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": case.warps, "maxnreg": _common.MAXNREG})
                 use = resource_usage(k.asm["cubin"])
             except Exception as exc:  # a compile error is a failure of this check, reported per case
                 failures.append(f"{case.label} sm_{arch}: compile failed: {type(exc).__name__}: {exc}")

@@ -61,6 +61,11 @@ CUDA_LANES = 128
 CUDA_ROWS = 128
 FORCE_CUDA_GEOMETRY = False
 
+#: Register ceiling passed to every launch (and to scripts/check_kernels.py). Without it ptxas
+#: chose 128 registers plus a 4-byte spill for several backward variants at sm_80; with it they
+#: take 150-255 registers and spill nothing (one 256-thread CTA per SM for the ring kernels).
+MAXNREG = 255
+
 
 def cuda_warps(kp: int) -> int:
     """Warps per program: the ``[KP, BW]`` tap / ring tiles hold ``KP * BW / (32 * warps)`` values

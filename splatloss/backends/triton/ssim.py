@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    MAXNREG,
     _hadjoint,
     _partials,
     _row_moments,
@@ -345,7 +346,7 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
         float(c1), float(c2),
         K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
         WRITE_MAP=not stats, WRITE_CS=mode == "map_cs", HAS_L1=l1 is not None,
-        num_warps=geo.warps,
+        num_warps=geo.warps, maxnreg=MAXNREG,
     )
     if stats:
         # fixed-order reduction of the per-program partial sums: deterministic, no atomics
@@ -403,7 +404,7 @@ def launch_bwd(img1, img2, window, padding: str, c1: float, c2: float, g_s, g_cs
         K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
         UPSTREAM_MAP=upstream_map, HAS_CS=g_cs is not None, HAS_L1=l1 is not None,
         NEED1=need1, NEED2=need2, WRITE_SUMS=sums,
-        num_warps=geo.warps,
+        num_warps=geo.warps, maxnreg=MAXNREG,
     )
     if sums:
         per_bc = sum_buf.sum(dim=1)  # fixed order: deterministic
