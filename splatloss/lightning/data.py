@@ -16,11 +16,11 @@ from torch.utils.data import DataLoader, Sampler
 
 from ..splat.scenes import SceneData, ViewDataset
 
+__all__ = ["StepViewSampler", "ResumableLoader", "SceneDataModule", "check_scene"]
+
 
 def _one_view(item):
     return item  # batch_size=None: each item is one view (a dict of tensors)
-
-__all__ = ["StepViewSampler", "ResumableLoader", "SceneDataModule", "check_scene"]
 
 
 class StepViewSampler(Sampler[int]):
@@ -127,7 +127,7 @@ def check_scene(scene: SceneData) -> None:
 
 
 class SceneDataModule(L.LightningDataModule):
-    """Wraps a :class:`SceneData`: shuffled training views, held-out views in order.
+    """Wraps a :class:`SceneData`: training views in the step-indexed order, held-out views in order.
 
     Args:
         scene: the scene, or a zero-argument callable building it (built and checked once, in
