@@ -6,10 +6,12 @@ tests compare it with): pixel centres at +0.5, ``alpha = min(0.999, opacity * ex
 transmittance to <= 1e-4. Unlike the padded torch blocks, each pixel walks only its own tile's
 list and stops early, so the work is the number of (pixel, Gaussian) pairs actually composited.
 
-Backward walks each pixel's list back to front from the last Gaussian that contributed, recovering
-the transmittance before each one by division (``T / (1 - alpha)``, alpha <= 0.999, as gsplat
-does) and accumulating per-Gaussian gradients with plain ``+=`` (one thread, so no races).
-Forward saves only the final transmittance and the end of each pixel's list.
+Each tile first copies its Gaussians (depth order) into one contiguous ``[K, 10]`` block that its
+pixels then read (about 1.5x faster than gathering through the index for every pixel). Backward
+walks each pixel's list back to front from the last Gaussian that contributed, recovering the
+transmittance before each one by division (``T / (1 - alpha)``, alpha <= 0.999, as gsplat does),
+sums gradients per tile in float64 and adds them to the per-Gaussian arrays once per tile (one
+thread, so no races). Forward saves only the final transmittance and the end of each pixel's list.
 
 Kernels are compiled on first use and cached on disk by numba (``cache=True``).
 """
@@ -51,14 +53,35 @@ if _HAVE_NUMBA:
         return thr
 
     @numba.njit(cache=True, nogil=True)
+    def _gather(s, e, ids, m2d, con, opa, col, thr, buf):
+        # The tile's Gaussians, depth order, into one contiguous [K, 10] block the pixel loops reuse.
+        for j in range(e - s):
+            gi = ids[s + j]
+            buf[j, 0] = m2d[gi, 0]
+            buf[j, 1] = m2d[gi, 1]
+            buf[j, 2] = con[gi, 0]
+            buf[j, 3] = con[gi, 1]
+            buf[j, 4] = con[gi, 2]
+            buf[j, 5] = opa[gi]
+            buf[j, 6] = thr[gi]
+            buf[j, 7] = col[gi, 0]
+            buf[j, 8] = col[gi, 1]
+            buf[j, 9] = col[gi, 2]
+
+    @numba.njit(cache=True, nogil=True)
     def _fwd(W, H, ts, tw, offs, ids, m2d, con, opa, col, bg, img, alp, t_fin, last):
         thr = _thresholds(opa)
         th = (H + ts - 1) // ts
+        kmax = 0
+        for t in range(th * tw):
+            kmax = max(kmax, offs[t + 1] - offs[t])
+        buf = np.empty((max(kmax, 1), 10), dtype=np.float64)
         for ty in range(th):
             for tx in range(tw):
                 t = ty * tw + tx
                 s = offs[t]
-                e = offs[t + 1]
+                n = offs[t + 1] - s
+                _gather(s, s + n, ids, m2d, con, opa, col, thr, buf)
                 for py in range(ty * ts, min(H, (ty + 1) * ts)):
                     fy = py + 0.5
                     for px in range(tx * ts, min(W, (tx + 1) * ts)):
@@ -67,15 +90,14 @@ if _HAVE_NUMBA:
                         r = 0.0
                         g = 0.0
                         b = 0.0
-                        end = s
-                        for k in range(s, e):
-                            gi = ids[k]
-                            dx = fx - m2d[gi, 0]
-                            dy = fy - m2d[gi, 1]
-                            sigma = 0.5 * (con[gi, 0] * dx * dx + con[gi, 2] * dy * dy) + con[gi, 1] * dx * dy
-                            if sigma < 0.0 or sigma > thr[gi]:
+                        end = 0
+                        for j in range(n):
+                            dx = fx - buf[j, 0]
+                            dy = fy - buf[j, 1]
+                            sigma = 0.5 * (buf[j, 2] * dx * dx + buf[j, 4] * dy * dy) + buf[j, 3] * dx * dy
+                            if sigma < 0.0 or sigma > buf[j, 6]:
                                 continue
-                            a = opa[gi] * math.exp(-sigma)
+                            a = buf[j, 5] * math.exp(-sigma)
                             if a < ALPHA_MIN:
                                 continue
                             if a > ALPHA_MAX:
@@ -84,27 +106,36 @@ if _HAVE_NUMBA:
                             if nT <= T_MIN:
                                 break
                             w = a * T
-                            r += w * col[gi, 0]
-                            g += w * col[gi, 1]
-                            b += w * col[gi, 2]
+                            r += w * buf[j, 7]
+                            g += w * buf[j, 8]
+                            b += w * buf[j, 9]
                             T = nT
-                            end = k + 1
+                            end = j + 1
                         img[py, px, 0] = r + T * bg[0]
                         img[py, px, 1] = g + T * bg[1]
                         img[py, px, 2] = b + T * bg[2]
                         alp[py, px] = 1.0 - T
                         t_fin[py, px] = T
-                        last[py, px] = end
+                        last[py, px] = s + end
 
     @numba.njit(cache=True, nogil=True)
     def _bwd(W, H, ts, tw, offs, ids, m2d, con, opa, col, bg, t_fin, last, g_img, g_alp,
              v_m2d, v_con, v_opa, v_col, v_bg):
         thr = _thresholds(opa)
         th = (H + ts - 1) // ts
+        kmax = 0
+        for t in range(th * tw):
+            kmax = max(kmax, offs[t + 1] - offs[t])
+        kmax = max(kmax, 1)
+        buf = np.empty((kmax, 10), dtype=np.float64)
+        gbuf = np.empty((kmax, 9), dtype=np.float64)  # per tile: d m2d (2), d conic (3), d opacity, d colour (3)
         for ty in range(th):
             for tx in range(tw):
                 t = ty * tw + tx
                 s = offs[t]
+                n = offs[t + 1] - s
+                _gather(s, s + n, ids, m2d, con, opa, col, thr, buf)
+                gbuf[:n] = 0.0
                 for py in range(ty * ts, min(H, (ty + 1) * ts)):
                     fy = py + 0.5
                     for px in range(tx * ts, min(W, (tx + 1) * ts)):
@@ -119,38 +150,48 @@ if _HAVE_NUMBA:
                         # d(out)/d(T_final) terms: colour through the background, alpha = 1 - T_final.
                         tail = T * (bg[0] * gr + bg[1] * gg + bg[2] * gb - g_alp[py, px])
                         behind = 0.0  # sum over later Gaussians of w_k (c_k . dL/dC)
-                        for k in range(last[py, px] - 1, s - 1, -1):
-                            gi = ids[k]
-                            dx = fx - m2d[gi, 0]
-                            dy = fy - m2d[gi, 1]
-                            ca = con[gi, 0]
-                            cb = con[gi, 1]
-                            cc = con[gi, 2]
+                        for j in range(last[py, px] - s - 1, -1, -1):
+                            dx = fx - buf[j, 0]
+                            dy = fy - buf[j, 1]
+                            ca = buf[j, 2]
+                            cb = buf[j, 3]
+                            cc = buf[j, 4]
                             sigma = 0.5 * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
-                            if sigma < 0.0 or sigma > thr[gi]:
+                            if sigma < 0.0 or sigma > buf[j, 6]:
                                 continue
                             vis = math.exp(-sigma)
-                            raw = opa[gi] * vis
+                            raw = buf[j, 5] * vis
                             if raw < ALPHA_MIN:
                                 continue
                             a = raw if raw <= ALPHA_MAX else ALPHA_MAX
                             ra = 1.0 / (1.0 - a)
                             T = T * ra  # transmittance before this Gaussian
                             w = a * T
-                            v_col[gi, 0] += w * gr
-                            v_col[gi, 1] += w * gg
-                            v_col[gi, 2] += w * gb
-                            cg = col[gi, 0] * gr + col[gi, 1] * gg + col[gi, 2] * gb
+                            gbuf[j, 6] += w * gr
+                            gbuf[j, 7] += w * gg
+                            gbuf[j, 8] += w * gb
+                            cg = buf[j, 7] * gr + buf[j, 8] * gg + buf[j, 9] * gb
                             g_a = T * cg - (behind + tail) * ra
                             behind += w * cg
                             if raw <= ALPHA_MAX:  # clamped alphas pass no gradient (as gsplat)
-                                v_opa[gi] += g_a * vis
+                                gbuf[j, 5] += g_a * vis
                                 g_s = -g_a * raw
-                                v_con[gi, 0] += 0.5 * g_s * dx * dx
-                                v_con[gi, 1] += g_s * dx * dy
-                                v_con[gi, 2] += 0.5 * g_s * dy * dy
-                                v_m2d[gi, 0] -= g_s * (ca * dx + cb * dy)
-                                v_m2d[gi, 1] -= g_s * (cb * dx + cc * dy)
+                                gbuf[j, 2] += 0.5 * g_s * dx * dx
+                                gbuf[j, 3] += g_s * dx * dy
+                                gbuf[j, 4] += 0.5 * g_s * dy * dy
+                                gbuf[j, 0] -= g_s * (ca * dx + cb * dy)
+                                gbuf[j, 1] -= g_s * (cb * dx + cc * dy)
+                for j in range(n):
+                    gi = ids[s + j]
+                    v_m2d[gi, 0] += gbuf[j, 0]
+                    v_m2d[gi, 1] += gbuf[j, 1]
+                    v_con[gi, 0] += gbuf[j, 2]
+                    v_con[gi, 1] += gbuf[j, 3]
+                    v_con[gi, 2] += gbuf[j, 4]
+                    v_opa[gi] += gbuf[j, 5]
+                    v_col[gi, 0] += gbuf[j, 6]
+                    v_col[gi, 1] += gbuf[j, 7]
+                    v_col[gi, 2] += gbuf[j, 8]
 
 
 class CompositeNumba(torch.autograd.Function):
