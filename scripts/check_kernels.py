@@ -66,7 +66,7 @@ def _signature(fn, constexprs: Dict[str, object], dtype: str) -> Dict[str, str]:
             sig[name] = "*" + dtype
         elif name.endswith("_ptr"):
             sig[name] = "*fp32"
-        elif name in ("c1", "c2", "scale"):
+        elif name in ("c1", "c2", "shift"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"

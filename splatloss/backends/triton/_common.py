@@ -157,9 +157,10 @@ def window_taps(cfg, device: torch.device) -> torch.Tensor:
 
 @triton.jit
 def _row_moments(x_ptr, y_ptr, x_base, y_base, r, cols0, H, W, sx_h, sx_w, sy_h, sy_w, w_ptr,
-                 lane_ok, own_lo, own_hi, K: tl.constexpr, KP: tl.constexpr, REFLECT: tl.constexpr,
-                 L1: tl.constexpr):
-    """Horizontal pass of padded input row ``r``: window sums of x, y, x^2, y^2, xy for the lanes
+                 lane_ok, own_lo, own_hi, shift, K: tl.constexpr, KP: tl.constexpr,
+                 REFLECT: tl.constexpr, L1: tl.constexpr):
+    """Horizontal pass of padded input row ``r``: window sums of x', y', x'^2, y'^2, x'y' (``x' = x -
+    shift``; a zero-padded sample is ``x = 0``, i.e. ``x' = -shift``) for the lanes
     whose windows start at padded columns ``cols0`` [BW] (bases ``x_base`` / ``y_base`` [BW]).
 
     The K taps of every lane are one ``[KP, BW]`` load (tap ``a`` in row ``a``, rows >= K masked):
@@ -178,8 +179,8 @@ def _row_moments(x_ptr, y_ptr, x_base, y_base, r, cols0, H, W, sx_h, sx_w, sy_h,
     ok = (rr >= 0) & (rr < H) & (taps < K)[:, None] & (c >= 0) & (c < W) & lane_ok[None, :]
     c64 = c.to(tl.int64)
     r64 = rr.to(tl.int64)
-    xv = tl.load(x_ptr + (x_base + r64 * sx_h)[None, :] + c64 * sx_w, mask=ok, other=0.0).to(tl.float32)
-    yv = tl.load(y_ptr + (y_base + r64 * sy_h)[None, :] + c64 * sy_w, mask=ok, other=0.0).to(tl.float32)
+    xv = tl.load(x_ptr + (x_base + r64 * sx_h)[None, :] + c64 * sx_w, mask=ok, other=0.0).to(tl.float32) - shift
+    yv = tl.load(y_ptr + (y_base + r64 * sy_h)[None, :] + c64 * sy_w, mask=ok, other=0.0).to(tl.float32) - shift
     wx = w * xv
     wy = w * yv
     m1 = tl.sum(wx, axis=0)
@@ -222,11 +223,19 @@ def _hadjoint(buf, w_ptr, q_c0, W, f, F: tl.constexpr, BW: tl.constexpr, K: tl.c
 
 
 @triton.jit
-def _ssim_cs(mu1, mu2, e11, e22, e12, c1, c2):
-    """SSIM and contrast-structure maps from the moments (same formula as reference.ssim_map)."""
-    a1 = 2.0 * mu1 * mu2 + c1
+def _ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift):
+    """SSIM and contrast-structure from the moments of the *shifted* images ``x - shift``,
+    ``y - shift`` (same formula as reference.ssim_map: population (co)variances).
+
+    Why shifted: ``var = E[x^2] - mu^2`` cancels catastrophically in fp32 where the local variance
+    is small against ``mu^2`` (flat regions, MS-SSIM's coarse scales); moments of ``x - shift``
+    with ``shift = data_range / 2`` near the image mean remove most of it. Variances and covariance
+    are shift-invariant; the luminance term uses the true means ``mu + shift``."""
+    m1 = mu1 + shift
+    m2 = mu2 + shift
+    a1 = 2.0 * m1 * m2 + c1
     a2 = 2.0 * (e12 - mu1 * mu2) + c2
-    b1 = mu1 * mu1 + mu2 * mu2 + c1
+    b1 = m1 * m1 + m2 * m2 + c1
     b2 = (e11 - mu1 * mu1) + (e22 - mu2 * mu2) + c2
     cs = a2 / b2
     ssim = (a1 / b1) * cs
@@ -234,25 +243,31 @@ def _ssim_cs(mu1, mu2, e11, e22, e12, c1, c2):
 
 
 @triton.jit
-def _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2):
-    """Partial derivatives of ``gs * SSIM + gc * cs`` w.r.t. (mu1, mu2, E[x^2] = E[y^2], E[xy]).
+def _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift):
+    """Partial derivatives of ``gs * SSIM + gc * cs`` w.r.t. the shifted moments (mu1, mu2,
+    E[x'^2] = E[y'^2] (shared), E[x'y']), ``x' = x - shift``; ``m = mu + shift`` the true means.
 
-    With ``S = A1 A2 / (B1 B2)``: dS/dmu1 = 2 mu2 (A2 - A1) / (B1 B2) + 2 mu1 S (1/B2 - 1/B1),
-    dS/dE[x^2] = dS/dE[y^2] = -S / B2, dS/dE[xy] = 2 A1 / (B1 B2); and for ``cs = A2 / B2``:
-    dcs/dmu1 = 2 (mu1 cs - mu2) / B2, dcs/dE[x^2] = -cs / B2, dcs/dE[xy] = 2 / B2.
+    With ``S = A1 A2 / (B1 B2)``, ``A1 = 2 m1 m2 + C1``, ``B1 = m1^2 + m2^2 + C1``,
+    ``A2 = 2 (E[x'y'] - mu1 mu2) + C2``, ``B2 = E[x'^2] - mu1^2 + E[y'^2] - mu2^2 + C2``:
+    dS/dmu1 = 2 (m2 A2 - mu2 A1) / (B1 B2) + 2 S (mu1 / B2 - m1 / B1), dS/dE[x'^2] = -S / B2,
+    dS/dE[x'y'] = 2 A1 / (B1 B2); for ``cs = A2 / B2``: dcs/dmu1 = 2 (mu1 cs - mu2) / B2,
+    dcs/dE[x'^2] = -cs / B2, dcs/dE[x'y'] = 2 / B2. Returns them and (SSIM, cs).
     """
-    a1 = 2.0 * mu1 * mu2 + c1
+    m1 = mu1 + shift
+    m2 = mu2 + shift
+    a1 = 2.0 * m1 * m2 + c1
     a2 = 2.0 * (e12 - mu1 * mu2) + c2
-    b1 = mu1 * mu1 + mu2 * mu2 + c1
+    b1 = m1 * m1 + m2 * m2 + c1
     b2 = (e11 - mu1 * mu1) + (e22 - mu2 * mu2) + c2
+    inv_b1 = 1.0 / b1
     inv_b2 = 1.0 / b2
-    inv_b1b2 = inv_b2 / b1
+    inv_b1b2 = inv_b1 * inv_b2
     cs = a2 * inv_b2
     ssim = a1 * a2 * inv_b1b2
-    diff = 2.0 * (a2 - a1) * inv_b1b2
-    spread = 2.0 * ssim * (inv_b2 - 1.0 / b1)
-    p_mu1 = gs * (mu2 * diff + mu1 * spread) + gc * (2.0 * (mu1 * cs - mu2) * inv_b2)
-    p_mu2 = gs * (mu1 * diff + mu2 * spread) + gc * (2.0 * (mu2 * cs - mu1) * inv_b2)
+    p_mu1 = gs * (2.0 * (m2 * a2 - mu2 * a1) * inv_b1b2 + 2.0 * ssim * (mu1 * inv_b2 - m1 * inv_b1)) \
+        + gc * (2.0 * (mu1 * cs - mu2) * inv_b2)
+    p_mu2 = gs * (2.0 * (m1 * a2 - mu1 * a1) * inv_b1b2 + 2.0 * ssim * (mu2 * inv_b2 - m2 * inv_b1)) \
+        + gc * (2.0 * (mu2 * cs - mu1) * inv_b2)
     p_sq = -(gs * ssim + gc * cs) * inv_b2
     p_xy = gs * (2.0 * a1 * inv_b1b2) + gc * (2.0 * inv_b2)
     return p_mu1, p_mu2, p_sq, p_xy, ssim, cs

@@ -75,7 +75,7 @@ def _ssim_fwd_kernel(
     BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w,
     sy_b, sy_c, sy_h, sy_w,
-    c1, c2,
+    c1, c2, shift,
     K: tl.constexpr, KP: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr,
     F: tl.constexpr, BW: tl.constexpr, WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr,
     HAS_L1: tl.constexpr,
@@ -115,7 +115,7 @@ def _ssim_fwd_kernel(
         row_own = ((r_in >= p_r0) & (r_in < p_r0 + n_rows)) | (last_chunk & (r_in >= Ho) & (r_in < H))
         h1, h2, h11, h22, h12, l1_row = _row_moments(
             x_ptr, y_ptr, x_base, y_base, r_in, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
-            w_ptr, lane_ok, own_lo, own_hi, K, KP, REFLECT, HAS_L1)
+            w_ptr, lane_ok, own_lo, own_hi, shift, K, KP, REFLECT, HAS_L1)
         if HAS_L1:
             acc_l1 += tl.where(row_own, l1_row, 0.0)
         slot = ring + (i % KP) * BW + ar
@@ -133,7 +133,7 @@ def _ssim_fwd_kernel(
         e11 = tl.sum(tl.load(ring + 2 * KP * BW + ring_offs) * wv, axis=0)
         e22 = tl.sum(tl.load(ring + 3 * KP * BW + ring_offs) * wv, axis=0)
         e12 = tl.sum(tl.load(ring + 4 * KP * BW + ring_offs) * wv, axis=0)
-        ssim, cs = _ssim_cs(mu1, mu2, e11, e22, e12, c1, c2)
+        ssim, cs = _ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift)
         p = p_r0 + i - (K - 1)
         ok = col_ok & (i >= K - 1)
         if WRITE_MAP:
@@ -164,7 +164,7 @@ def _ssim_bwd_kernel(
     sy_b, sy_c, sy_h, sy_w,
     sg_b, sg_c, sg_h, sg_w,
     so_b, so_c, so_h, so_w,
-    c1, c2,
+    c1, c2, shift,
     K: tl.constexpr, KP: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr,
     F: tl.constexpr, BW: tl.constexpr,
     UPSTREAM_MAP: tl.constexpr, HAS_CS: tl.constexpr, HAS_L1: tl.constexpr,
@@ -214,7 +214,7 @@ def _ssim_bwd_kernel(
         r = q_r0 - (K - 1) + i
         h1, h2, h11, h22, h12, _ = _row_moments(
             x_ptr, y_ptr, x_base, y_base, r, q_c0 - (K - 1) + f, H, W, sx_h, sx_w, sy_h, sy_w,
-            w_ptr, lane_ok, f, f, K, KP, REFLECT, False)
+            w_ptr, lane_ok, f, f, shift, K, KP, REFLECT, False)
         mslot = mring + (i % KP) * BW + ar
         tl.store(mslot, h1)
         tl.store(mslot + KP * BW, h2)
@@ -240,7 +240,7 @@ def _ssim_bwd_kernel(
                 gc = tl.load(gc_ptr + g_offs, mask=valid, other=0.0).to(tl.float32)
             else:
                 gc = 0.0
-        d1, d2, dsq, dxy, ssim, cs = _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2)
+        d1, d2, dsq, dxy, ssim, cs = _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift)
         if WRITE_SUMS:
             own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
             acc_s += tl.where(own, ssim, 0.0)
@@ -277,8 +277,8 @@ def _ssim_bwd_kernel(
         wa = wa[:, None]
         out = qcol_ok & (i >= 2 * (K - 1)) & (q < q_r0 + n_rows)
         q64 = q.to(tl.int64)
-        xq = tl.load(x_ptr + x_base + q64 * sx_h + q_c.to(tl.int64) * sx_w, mask=out, other=0.0).to(tl.float32)
-        yq = tl.load(y_ptr + y_base + q64 * sy_h + q_c.to(tl.int64) * sy_w, mask=out, other=0.0).to(tl.float32)
+        xq = tl.load(x_ptr + x_base + q64 * sx_h + q_c.to(tl.int64) * sx_w, mask=out, other=0.0).to(tl.float32) - shift
+        yq = tl.load(y_ptr + y_base + q64 * sy_h + q_c.to(tl.int64) * sy_w, mask=out, other=0.0).to(tl.float32) - shift
         g_sq = tl.sum(tl.load(aring + ring_offs) * wa, axis=0)
         g_xy = tl.sum(tl.load(aring + KP * BW + ring_offs) * wa, axis=0)
         o_offs = o_base + q64 * so_h + q_c.to(tl.int64) * so_w
@@ -316,7 +316,7 @@ def _geometry(img1, window, padding: str):
     return B, C, H, W, K, pad, code == 2, out_size(H, K, padding), out_size(W, K, padding)
 
 
-def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str):
+def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, shift: float, mode: str):
     """Run the forward kernel. ``mode``: "stats" -> ``(ssim_sum, cs_sum)``, each ``[B, C]`` fp32
     sums over the map; "stats_l1" -> ``(ssim_sum, cs_sum, abs_diff_sum)``, the last summed over
     the image (the fused photometric loss); "map" -> ``(ssim_map, empty)``; "map_cs" ->
@@ -343,7 +343,7 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
         img1, img2, window, s, cs if mode != "map" else s, l1 if l1 is not None else s, scratch,
         BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
         *img1.stride(), *img2.stride(),
-        float(c1), float(c2),
+        float(c1), float(c2), float(shift),
         K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
         WRITE_MAP=not stats, WRITE_CS=mode == "map_cs", HAS_L1=l1 is not None,
         num_warps=geo.warps, maxnreg=MAXNREG,
@@ -355,8 +355,8 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
     return s, cs
 
 
-def launch_bwd(img1, img2, window, padding: str, c1: float, c2: float, g_s, g_cs, need1: bool,
-               need2: bool, l1=None, grad1=None, sums: bool = False):
+def launch_bwd(img1, img2, window, padding: str, c1: float, c2: float, shift: float, g_s, g_cs,
+               need1: bool, need2: bool, l1=None, grad1=None, sums: bool = False):
     """Run the backward kernel.
 
     ``g_s`` / ``g_cs``: ``[B, C]`` scalars (already divided by the map size) or ``[B, C, H', W']``
@@ -400,7 +400,7 @@ def launch_bwd(img1, img2, window, padding: str, c1: float, c2: float, g_s, g_cs
         gx if gx is not None else scratch, gy if gy is not None else scratch, scratch, sum_buf,
         BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
         *img1.stride(), *img2.stride(), *g_strides, *out_strides,
-        float(c1), float(c2),
+        float(c1), float(c2), float(shift),
         K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
         UPSTREAM_MAP=upstream_map, HAS_CS=g_cs is not None, HAS_L1=l1 is not None,
         NEED1=need1, NEED2=need2, WRITE_SUMS=sums,
@@ -429,37 +429,37 @@ def _empty() -> Tensor:
 
 
 @torch.library.custom_op("splatloss::triton_ssim_stats", mutates_args=())
-def _stats_op(img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float) -> Tuple[Tensor, Tensor]:
-    s, cs = launch_fwd(img1, img2, window, padding, c1, c2, "stats")
+def _stats_op(img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float, shift: float) -> Tuple[Tensor, Tensor]:
+    s, cs = launch_fwd(img1, img2, window, padding, c1, c2, shift, "stats")
     n = _map_numel(img1, window, padding)
     return s / n, cs / n
 
 
 @_stats_op.register_fake
-def _(img1, img2, window, padding, c1, c2):
+def _(img1, img2, window, padding, c1, c2, shift):
     shape = img1.shape[:2]
     return img1.new_empty(shape, dtype=torch.float32), img1.new_empty(shape, dtype=torch.float32)
 
 
 @torch.library.custom_op("splatloss::triton_ssim_stats_bwd", mutates_args=())
 def _stats_bwd_op(g_s: Tensor, g_cs: Tensor, img1: Tensor, img2: Tensor, window: Tensor, padding: str,
-                  c1: float, c2: float, need1: bool, need2: bool) -> Tuple[Tensor, Tensor]:
+                  c1: float, c2: float, shift: float, need1: bool, need2: bool) -> Tuple[Tensor, Tensor]:
     n = _map_numel(img1, window, padding)
-    gx, gy = launch_bwd(img1, img2, window, padding, c1, c2, g_s / n, g_cs / n, need1, need2)
+    gx, gy = launch_bwd(img1, img2, window, padding, c1, c2, shift, g_s / n, g_cs / n, need1, need2)
     return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
 
 
 @_stats_bwd_op.register_fake
-def _(g_s, g_cs, img1, img2, window, padding, c1, c2, need1, need2):
+def _(g_s, g_cs, img1, img2, window, padding, c1, c2, shift, need1, need2):
     return (torch.empty_like(img1) if need1 else img1.new_empty(0)), (torch.empty_like(img2) if need2 else img2.new_empty(0))
 
 
 def _save(ctx, inputs, output):
-    img1, img2, window, padding, c1, c2 = inputs[:6]
+    img1, img2, window, padding, c1, c2, shift = inputs[:7]
     # Only the inputs are kept (references, no copies): the backward recomputes the moments.
     ctx.save_for_backward(img1, img2, window)
-    ctx.cfg = (padding, c1, c2)
-    ctx.extra = inputs[6:]
+    ctx.cfg = (padding, c1, c2, shift)
+    ctx.extra = inputs[7:]
 
 
 def _zeros_if_none(g: Optional[Tensor], like_shape, device) -> Tensor:
@@ -470,12 +470,12 @@ def _stats_backward(ctx, g_s, g_cs):
     img1, img2, window = ctx.saved_tensors
     need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
     if not (need1 or need2):
-        return None, None, None, None, None, None
+        return None, None, None, None, None, None, None
     shape = img1.shape[:2]
     g_s = _zeros_if_none(g_s, shape, img1.device)
     g_cs = _zeros_if_none(g_cs, shape, img1.device)
     gx, gy = _stats_bwd_op(g_s, g_cs, img1, img2, window, *ctx.cfg, need1, need2)
-    return (gx if need1 else None), (gy if need2 else None), None, None, None, None
+    return (gx if need1 else None), (gy if need2 else None), None, None, None, None, None
 
 
 _stats_op.register_autograd(_stats_backward, setup_context=_save)
@@ -483,13 +483,13 @@ _stats_op.register_autograd(_stats_backward, setup_context=_save)
 
 @torch.library.custom_op("splatloss::triton_ssim_map", mutates_args=())
 def _map_op(img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float,
-            return_cs: bool) -> Tuple[Tensor, Tensor]:
-    s, cs = launch_fwd(img1, img2, window, padding, c1, c2, "map_cs" if return_cs else "map")
+            shift: float, return_cs: bool) -> Tuple[Tensor, Tensor]:
+    s, cs = launch_fwd(img1, img2, window, padding, c1, c2, shift, "map_cs" if return_cs else "map")
     return s, cs if return_cs else img1.new_empty(0, dtype=torch.float32)
 
 
 @_map_op.register_fake
-def _(img1, img2, window, padding, c1, c2, return_cs):
+def _(img1, img2, window, padding, c1, c2, shift, return_cs):
     B, C, H, W = img1.shape
     K = window.shape[0]
     shape = (B, C, out_size(H, K, padding), out_size(W, K, padding))
@@ -499,13 +499,13 @@ def _(img1, img2, window, padding, c1, c2, return_cs):
 
 @torch.library.custom_op("splatloss::triton_ssim_map_bwd", mutates_args=())
 def _map_bwd_op(g_s: Tensor, g_cs: Tensor, img1: Tensor, img2: Tensor, window: Tensor, padding: str,
-                c1: float, c2: float, has_cs: bool, need1: bool, need2: bool) -> Tuple[Tensor, Tensor]:
-    gx, gy = launch_bwd(img1, img2, window, padding, c1, c2, g_s, g_cs if has_cs else None, need1, need2)
+                c1: float, c2: float, shift: float, has_cs: bool, need1: bool, need2: bool) -> Tuple[Tensor, Tensor]:
+    gx, gy = launch_bwd(img1, img2, window, padding, c1, c2, shift, g_s, g_cs if has_cs else None, need1, need2)
     return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
 
 
 @_map_bwd_op.register_fake
-def _(g_s, g_cs, img1, img2, window, padding, c1, c2, has_cs, need1, need2):
+def _(g_s, g_cs, img1, img2, window, padding, c1, c2, shift, has_cs, need1, need2):
     return (torch.empty_like(img1) if need1 else img1.new_empty(0)), (torch.empty_like(img2) if need2 else img2.new_empty(0))
 
 
@@ -514,7 +514,7 @@ def _map_backward(ctx, g_s, g_cs):
     (return_cs,) = ctx.extra
     need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
     if not (need1 or need2):
-        return None, None, None, None, None, None, None
+        return None, None, None, None, None, None, None, None
     B, C, H, W = img1.shape
     K = window.shape[0]
     shape = (B, C, out_size(H, K, ctx.cfg[0]), out_size(W, K, ctx.cfg[0]))
@@ -522,7 +522,7 @@ def _map_backward(ctx, g_s, g_cs):
     has_cs = bool(return_cs) and g_cs is not None
     g_cs = g_cs if has_cs else g_s
     gx, gy = _map_bwd_op(g_s, g_cs, img1, img2, window, *ctx.cfg, has_cs, need1, need2)
-    return (gx if need1 else None), (gy if need2 else None), None, None, None, None, None
+    return (gx if need1 else None), (gy if need2 else None), None, None, None, None, None, None
 
 
 _map_op.register_autograd(_map_backward, setup_context=_save)
@@ -535,7 +535,8 @@ _map_op.register_autograd(_map_backward, setup_context=_save)
 
 def _args(img1: Tensor, img2: Tensor, cfg):
     check_inputs(img1, img2, cfg)
-    return window_taps(cfg, img1.device), cfg.padding, float(cfg.C1), float(cfg.C2)
+    # moments are taken of x - data_range / 2 (see _common._ssim_cs: fp32 cancellation)
+    return window_taps(cfg, img1.device), cfg.padding, float(cfg.C1), float(cfg.C2), 0.5 * float(cfg.data_range)
 
 
 def ssim_stats(img1: Tensor, img2: Tensor, cfg) -> Tuple[Tensor, Tensor]:
@@ -559,9 +560,9 @@ def ssim_mean_and_grad(img1: Tensor, img2: Tensor, cfg, upstream: Tensor) -> Tup
     The backward kernel already computes every SSIM value of the map on its way to the
     gradient, so it also sums them: read x, y once, write the gradient once -- 12 B per
     pixel-channel with fp32 I/O, the floor for a loss value plus its gradient."""
-    window, padding, c1, c2 = _args(img1, img2, cfg)
+    window, padding, c1, c2, shift = _args(img1, img2, cfg)
     n = _map_numel(img1, window, padding)
     g = (upstream.to(device=img1.device, dtype=torch.float32) / n).expand(img1.shape[:2])
-    gx, _, s_sum, _ = launch_bwd(img1.detach(), img2.detach(), window, padding, c1, c2, g, None,
+    gx, _, s_sum, _ = launch_bwd(img1.detach(), img2.detach(), window, padding, c1, c2, shift, g, None,
                                  True, False, sums=True)
     return s_sum / n, gx
