@@ -227,3 +227,9 @@ def test_errors_name_what_was_expected():
             os.environ["TRITON_INTERPRET"] = old
     with pytest.raises(ValueError, match=r"must be at least 11x11 .*got 20x9"):
         tri.ssim_stats(x[..., :9], y[..., :9], SSIMConfig())
+    # second derivatives are not implemented: create_graph=True gives a first-order gradient, and
+    # differentiating that again is a clear error, never a silent zero
+    xr = x.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(tri.ssim_stats(xr, y, SSIMConfig())[0].sum(), [xr], create_graph=True)
+    with pytest.raises(RuntimeError, match=r"triton_ssim_stats_bwd.* no autograd formula was registered"):
+        g.sum().backward()
