@@ -155,9 +155,10 @@ def test_pyramid_step_and_its_adjoint_match_torch_ops(size):
     torch.testing.assert_close(_cpu_kernel._down2_adjoint_torch(g, size), gs, rtol=1e-15, atol=1e-15)
 
 
-def test_ms_ssim_fast_path_equals_the_torch_ops_composition():
+@pytest.mark.parametrize("padding", ["valid", "same", "reflect"])
+def test_ms_ssim_fast_path_equals_the_torch_ops_composition(padding):
     x, y = _pair((2, 2, 45, 51), torch.float64, seed=6)
-    kw = dict(window_size=3, sigma=0.8, weights=(0.2, 0.3, 0.5), tau=0.01, backend="torch")
+    kw = dict(window_size=3, sigma=0.8, weights=(0.2, 0.3, 0.5), tau=0.01, backend="torch", padding=padding)
     import splatloss
 
     def run():
@@ -196,6 +197,8 @@ def test_double_backward_takes_the_torch_ops_adjoint():
 
     x, y = _pair((1, 1, 14, 15), torch.float64, seed=8)
     x.requires_grad_(True)
-    for fn in (lambda a: splatloss.dssim_l1(a, y, 0.2, padding="same", window_size=5, backend="torch"),
+    ms = dict(window_size=3, sigma=0.8, weights=(0.5, 0.5), tau=0.01, backend="torch")
+    for fn in (lambda a: splatloss.ms_ssim(a, y, **ms),
+               lambda a: splatloss.dssim_l1(a, y, 0.2, padding="same", window_size=5, backend="torch"),
                lambda a: splatloss.ssim(a, y, padding="same", window_size=5, backend="torch")):
         assert torch.autograd.gradgradcheck(fn, (x,))

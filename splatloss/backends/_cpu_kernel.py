@@ -135,7 +135,7 @@ def _load(dtype: torch.dtype, taps: int):
     lib.splat_down2_fwd.restype = None
     lib.splat_down2_fwd.argtypes = [P, I, I, I, P]
     lib.splat_down2_bwd.restype = None
-    lib.splat_down2_bwd.argtypes = [P, I, I, I, P]
+    lib.splat_down2_bwd.argtypes = [P, I, I, I, P, I]
     return lib
 
 
@@ -529,8 +529,73 @@ class Down2CPUFn(torch.autograd.Function):
         B, C = g.shape[:2]
         H, W = ctx.size
         gx = torch.empty(B, C, H, W, dtype=g.dtype)
-        get(g.dtype, FIXED_TAPS).splat_down2_bwd(g.data_ptr(), B * C, H, W, gx.data_ptr())
+        get(g.dtype, FIXED_TAPS).splat_down2_bwd(g.data_ptr(), B * C, H, W, gx.data_ptr(), 0)
         return gx
+
+
+def _down2(x: torch.Tensor) -> torch.Tensor:
+    B, C, H, W = x.shape
+    out = torch.empty(B, C, (H + 1) // 2, (W + 1) // 2, dtype=x.dtype)
+    get(x.dtype, FIXED_TAPS).splat_down2_fwd(x.data_ptr(), B * C, H, W, out.data_ptr())
+    return out
+
+
+class MSTermsCPUFn(torch.autograd.Function):
+    """(x, y) -> MS-SSIM terms ``[B, C, M]`` (cs at scales 1..M-1, SSIM at scale M), pyramid and
+    all scales in one node.
+
+    Saves the two pyramids (a third of an image each beyond the inputs). The backward walks the
+    scales coarse to fine, adding each scale's kernel gradient to the adjoint of the pyramid step
+    from the coarser one in place, so no per-scale gradient is summed by autograd.
+    """
+
+    @staticmethod
+    def forward(ctx, x, y, w, c1, c2, pad, scales):
+        x, y = x.contiguous(), y.contiguous()
+        lib = get(x.dtype, w.numel())
+        xs, ys, terms = [x], [y], []
+        for j in range(scales):
+            if j > 0:
+                xs.append(_down2(xs[-1]))
+                ys.append(_down2(ys[-1]))
+            s, c = _forward(lib, xs[j], ys[j], w, c1, c2, pad)
+            terms.append(c if j < scales - 1 else s)
+        ctx.c1, ctx.c2, ctx.pad, ctx.scales = c1, c2, pad, scales
+        ctx.save_for_backward(w, *xs, *ys)
+        return torch.stack(terms, dim=-1)
+
+    @staticmethod
+    def backward(ctx, g):
+        w, *pyr = ctx.saved_tensors
+        M = ctx.scales
+        xs, ys = pyr[:M], pyr[M:]
+        need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        none = (None,) * 5
+        if not (need_x or need_y):
+            return (None, None) + none
+        plain = not (torch.is_grad_enabled() or _batched(g))
+        lib = get(xs[0].dtype, w.numel())
+        zeros = torch.zeros(xs[0].shape[:2], dtype=xs[0].dtype)
+        gx = gy = None
+        for j in range(M - 1, -1, -1):
+            g_s = g[..., j] if j == M - 1 else None
+            g_c = g[..., j] if j < M - 1 else None
+            if plain:
+                gxj, gyj = _backward(lib, xs[j], ys[j], w, ctx.c1, ctx.c2, zeros if g_s is None else g_s,
+                                     zeros if g_c is None else g_c, need_x, need_y, ctx.pad)
+                B, C, H, W = xs[j].shape
+                for acc, coarse in ((gxj, gx), (gyj, gy)):
+                    if acc is not None and coarse is not None:  # acc += pyramid-step adjoint of coarse
+                        lib.splat_down2_bwd(coarse.contiguous().data_ptr(), B * C, H, W, acc.data_ptr(), 1)
+            else:  # create_graph / batched upstreams: the same walk in differentiable torch ops
+                gxj, gyj = _torch_ops_grads(xs[j], ys[j], w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
+                size = xs[j].shape[-2:]
+                if gx is not None:
+                    gxj = gxj + _down2_adjoint_torch(gx, size)
+                if gy is not None:
+                    gyj = gyj + _down2_adjoint_torch(gy, size)
+            gx, gy = gxj, gyj
+        return (gx, gy) + none
 
 
 def ms_ssim(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, weights, tau=None) -> torch.Tensor:
@@ -538,6 +603,10 @@ def ms_ssim(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, weights, ta
     checked :func:`fast_path_ok`. Same composition as ``functional`` (its ``_combine_ms``)."""
     from ..functional import _combine_ms  # imported here: functional imports the backends
 
+    if cfg.padding != "reflect":  # zeros or none: the kernel pads implicitly, one node for all
+        x, y, pad = padded(img1, img2, cfg)
+        w = cfg.window_1d(x.dtype, "cpu")
+        return _combine_ms(MSTermsCPUFn.apply(x, y, w, cfg.C1, cfg.C2, pad, len(weights)), weights, tau)
     acc = accumulation_dtype(img1.dtype)
     x, y = img1.to(acc), img2.to(acc)
     terms = []

@@ -442,9 +442,9 @@ void splat_down2_fwd(const REAL *x, int planes, int H, int W, REAL *out) {
     }
 }
 
-/* Adjoint of splat_down2_fwd: gx (planes x H x W) = each input pixel's share of the output
- * gradients it fed (a repeated last row / column feeds its block twice). */
-void splat_down2_bwd(const REAL *g, int planes, int H, int W, REAL *gx) {
+/* Adjoint of splat_down2_fwd: gx (planes x H x W) = (add ? gx : 0) + each input pixel's share of
+ * the output gradients it fed (a repeated last row / column feeds its block twice). */
+void splat_down2_bwd(const REAL *g, int planes, int H, int W, REAL *gx, int add) {
     const int Ho = (H + 1) / 2, Wo = (W + 1) / 2;
     for (int p = 0; p < planes; p++) {
         const REAL *gp = g + (size_t)p * Ho * Wo;
@@ -454,15 +454,28 @@ void splat_down2_bwd(const REAL *g, int planes, int H, int W, REAL *gx) {
             REAL rowf = (2 * i + 1 < H) ? (REAL)0.25 : (REAL)0.5;  /* repeated last row: twice */
             REAL *r0 = xp + (size_t)(2 * i) * W;
             REAL *r1 = (2 * i + 1 < H) ? xp + (size_t)(2 * i + 1) * W : NULL;
-            for (int j = 0; j < W / 2; j++) {
-                REAL v = gr[j] * rowf;
-                r0[2 * j] = v; r0[2 * j + 1] = v;
-                if (r1) { r1[2 * j] = v; r1[2 * j + 1] = v; }
-            }
-            if (W & 1) {
-                REAL v = gr[Wo - 1] * rowf * 2;
-                r0[W - 1] = v;
-                if (r1) r1[W - 1] = v;
+            if (add) {
+                for (int j = 0; j < W / 2; j++) {
+                    REAL v = gr[j] * rowf;
+                    r0[2 * j] += v; r0[2 * j + 1] += v;
+                    if (r1) { r1[2 * j] += v; r1[2 * j + 1] += v; }
+                }
+                if (W & 1) {
+                    REAL v = gr[Wo - 1] * rowf * 2;
+                    r0[W - 1] += v;
+                    if (r1) r1[W - 1] += v;
+                }
+            } else {
+                for (int j = 0; j < W / 2; j++) {
+                    REAL v = gr[j] * rowf;
+                    r0[2 * j] = v; r0[2 * j + 1] = v;
+                    if (r1) { r1[2 * j] = v; r1[2 * j + 1] = v; }
+                }
+                if (W & 1) {
+                    REAL v = gr[Wo - 1] * rowf * 2;
+                    r0[W - 1] = v;
+                    if (r1) r1[W - 1] = v;
+                }
             }
         }
     }
