@@ -82,6 +82,10 @@ def test_default_scene_errors():
         default_scene(image_size=2)
     with pytest.raises(ValueError, match="camera_distance must exceed the box's half-diagonal"):
         default_scene(camera_distance=1.0)
+    with pytest.raises(ValueError, match=r"fov_deg must be in \(0, 180\), got 180"):
+        default_scene(fov_deg=180)
+    with pytest.raises(ValueError, match="half_size must be > 0, got -1"):
+        default_scene(half_size=-1)
 
 
 def _write_png(path, arr):

@@ -232,6 +232,10 @@ def default_scene(
                           ("n_points", n_points, 1), ("supersample", supersample, 1)):
         if not isinstance(val, int) or val < lo:
             raise ValueError(f"default_scene: {name} must be an integer >= {lo}, got {val!r}")
+    if not 0 < fov_deg < 180:
+        raise ValueError(f"default_scene: fov_deg must be in (0, 180), got {fov_deg!r}")
+    if not half_size > 0:
+        raise ValueError(f"default_scene: half_size must be > 0, got {half_size!r}")
     if camera_distance <= math.sqrt(3) * half_size:
         raise ValueError(
             f"default_scene: camera_distance must exceed the box's half-diagonal "
