@@ -208,7 +208,10 @@ def test_load_colmap_errors(tmp_path):
     with pytest.raises(ValueError, match="expected cameras.txt, images.txt and points3D.txt"):
         load_colmap(str(tmp_path))
     _colmap(tmp_path, model="OPENCV", params="20 21 8 6 0.1 0 0 0")
-    with pytest.raises(ValueError, match="expected camera model PINHOLE .* or SIMPLE_PINHOLE .*, got OPENCV with 8 params"):
+    with pytest.raises(ValueError, match=r"camera 1 \(OPENCV\) has distortion \[0.1, 0.0, 0.0, 0.0\]; expected undistorted"):
+        load_colmap(str(tmp_path))
+    (tmp_path / "sparse" / "0" / "cameras.txt").write_text("1 FISHEYE 16 12 20 8 6 0.1\n")
+    with pytest.raises(ValueError, match="expected camera model PINHOLE .* or SIMPLE_PINHOLE .*, got FISHEYE with 4 params"):
         load_colmap(str(tmp_path))
     (tmp_path / "sparse" / "0" / "cameras.txt").write_text("1 PINHOLE sixteen 12 1 2 3 4\n")
     with pytest.raises(ValueError, match="cameras.txt:1: expected 'CAMERA_ID MODEL WIDTH HEIGHT PARAMS...'"):
@@ -232,6 +235,14 @@ def test_load_colmap_errors(tmp_path):
     (tmp_path / "sparse" / "0" / "cameras.txt").write_text("1 PINHOLE 16 13 20 21 8 6\n")
     with pytest.raises(ValueError, match=r"image 'img_00.png' is 12x16 but cameras.txt says 13x16"):
         load_colmap(str(tmp_path))
+
+
+@pytest.mark.parametrize("model,params", [("OPENCV", "20 21 8 6 0 0 0 0"), ("SIMPLE_RADIAL", "20 8 6 0")])
+def test_load_colmap_zero_distortion_models(tmp_path, model, params):
+    _colmap(tmp_path, model=model, params=params)
+    s = load_colmap(str(tmp_path))
+    fy = 21.0 if model == "OPENCV" else 20.0
+    torch.testing.assert_close(s.train[0].K, torch.tensor([[20.0, 0, 8], [0, fy, 6], [0, 0, 1]]))
 
 
 def test_load_colmap_mismatched_sizes(tmp_path):

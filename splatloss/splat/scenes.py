@@ -461,7 +461,8 @@ def load_colmap(path: str, downscale: int = 1, test_every: int = 8, images_dir: 
     """Load a COLMAP text model: ``sparse/0/{cameras,images,points3D}.txt`` (or the files directly
     in ``path/sparse`` or ``path``) and ``path/images_dir/<name>``.
 
-    Camera models PINHOLE and SIMPLE_PINHOLE are supported (undistorted images). Every
+    Camera models PINHOLE and SIMPLE_PINHOLE are supported, and SIMPLE_RADIAL / RADIAL / OPENCV
+    when their distortion coefficients are all zero (undistorted images). Every
     ``test_every``-th image (sorted by name) is held out, the convention of the 3DGS papers.
     """
     if not os.path.isdir(path):
@@ -492,16 +493,27 @@ def load_colmap(path: str, downscale: int = 1, test_every: int = 8, images_dir: 
             raise ValueError(
                 f"load_colmap: {fn}:{n}: expected 'CAMERA_ID MODEL WIDTH HEIGHT PARAMS...', got {s!r}"
             ) from None
-        if mdl == "PINHOLE" and len(params) == 4:
-            fx, fy, cx, cy = params
-        elif mdl == "SIMPLE_PINHOLE" and len(params) == 3:
-            fx = fy = params[0]
-            cx, cy = params[1:]
-        else:
+        # model -> (number of params, index of fx, fy, cx, cy, first distortion parameter)
+        layouts = {
+            "SIMPLE_PINHOLE": (3, 0, 0, 1, 2, 3),
+            "PINHOLE": (4, 0, 1, 2, 3, 4),
+            "SIMPLE_RADIAL": (4, 0, 0, 1, 2, 3),
+            "RADIAL": (5, 0, 0, 1, 2, 3),
+            "OPENCV": (8, 0, 1, 2, 3, 4),
+        }
+        if mdl not in layouts or len(params) != layouts[mdl][0]:
             raise ValueError(
                 f"load_colmap: {fn}:{n}: expected camera model PINHOLE (4 params) or SIMPLE_PINHOLE "
-                f"(3 params), got {mdl} with {len(params)} params"
+                f"(3 params) (or SIMPLE_RADIAL / RADIAL / OPENCV with zero distortion), got {mdl} with "
+                f"{len(params)} params"
             )
+        _, ifx, ify, icx, icy, idist = layouts[mdl]
+        if any(p != 0.0 for p in params[idist:]):
+            raise ValueError(
+                f"load_colmap: {fn}:{n}: camera {cid} ({mdl}) has distortion {params[idist:]}; expected "
+                f"undistorted images (run COLMAP's image_undistorter, which writes PINHOLE cameras)"
+            )
+        fx, fy, cx, cy = params[ifx], params[ify], params[icx], params[icy]
         cameras[cid] = (w, h, fx, fy, cx, cy)
 
     fn = os.path.join(model, "images.txt")
