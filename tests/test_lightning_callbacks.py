@@ -6,7 +6,6 @@ Real Lightning Trainer, real CSV logger, real PhotometricLoss and metrics; nothi
 import csv
 import glob
 import math
-import os
 
 import lightning as L
 import matplotlib.image as mpimg

@@ -5,8 +5,6 @@ Tiny scenes (32x32 views, a few hundred Gaussians) keep each run to seconds on o
 
 import json
 import os
-import subprocess
-import sys
 
 import lightning as L
 import pytest
