@@ -22,9 +22,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     Examples:
         >>> import tempfile, os, torch
-        >>> d = tempfile.mkdtemp()
-        >>> AtomicCheckpointIO().save_checkpoint({"w": torch.ones(2)}, os.path.join(d, "last.ckpt"))
-        >>> sorted(os.listdir(d))
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     AtomicCheckpointIO().save_checkpoint({"w": torch.ones(2)}, os.path.join(d, "last.ckpt"))
+        ...     sorted(os.listdir(d))
         ['last.ckpt']
     """
 
