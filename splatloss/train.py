@@ -187,6 +187,12 @@ def train(cfg) -> Dict[str, Any]:
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, default_root_dir=out_dir,
                           plugins=[AtomicCheckpointIO()])
 
+    if trainer.world_size > 1 and strategy is not None:
+        raise ValueError(
+            f"densification (model.strategy) cannot run with {trainer.world_size} processes: it replaces the "
+            "parameter tensors, which DDP's gradient buckets cannot follow; set model.strategy=null "
+            "(trainer=ddp does) or train on one device"
+        )
     init = _validate(trainer, module, dm, evaluator, "init")
     t0 = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)

@@ -103,3 +103,10 @@ def test_blender_scene_trains_through_the_pipeline(tmp_path):
                                           "trainer.max_steps=4", "export_ply=false"]))
     assert m["steps"] == 4 and m["image_size"] == [16, 16]
     assert m["num_train_views"] == 2 and m["num_test_views"] == 1
+
+
+def test_densification_under_ddp_is_rejected(tmp_path):
+    over = ["trainer=ddp", "model.strategy={_target_: splatloss.splat.strategy.DensifyStrategy}"]
+    with pytest.raises(ValueError, match=r"densification \(model.strategy\) cannot run with 2 processes"):
+        train(make_cfg(tmp_path, over))
+    assert _nothing_trained(tmp_path)
