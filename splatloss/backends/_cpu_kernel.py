@@ -574,6 +574,11 @@ class MSTermsCPUFn(torch.autograd.Function):
         if not (need_x or need_y):
             return (None, None) + none
         plain = not (torch.is_grad_enabled() or _batched(g))
+        if not plain:  # the saved levels carry no graph: rebuild them from the inputs in torch ops
+            xs, ys = [xs[0]], [ys[0]]
+            for _ in range(M - 1):
+                xs.append(_down2_torch(xs[-1]))
+                ys.append(_down2_torch(ys[-1]))
         lib = get(xs[0].dtype, w.numel())
         zeros = torch.zeros(xs[0].shape[:2], dtype=xs[0].dtype)
         gx = gy = None
