@@ -236,22 +236,3 @@ def test_nothing_in_view_renders_background(compositor):
     assert (out["alpha"] == 0).all()
     out["image"].sum().backward()
     assert (gs.means.grad == 0).all() and (gs.colors.grad == 0).all()
-
-
-def test_numba_result_does_not_depend_on_threads():
-    gs = _scene(n=300, seed=12, opacity=(0.05, 0.95), scale=(-2.5, -1.5))
-    view = _view(w=40, h=32, f=36.0)
-    up = torch.randn(32, 40, 3, generator=torch.Generator().manual_seed(13))
-    res = []
-    old = torch.get_num_threads()
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            gs.zero_grad(set_to_none=True)
-            out = render(gs, view, compositor="numba")
-            (out["image"] * up).sum().backward()
-            res.append([out["image"].detach()] + [getattr(gs, k).grad.clone() for k in Gaussians.param_names])
-    finally:
-        torch.set_num_threads(old)
-    for a, b in zip(*res):
-        assert torch.equal(a, b)

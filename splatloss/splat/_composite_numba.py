@@ -10,11 +10,8 @@ Each tile first copies its Gaussians (depth order) into one contiguous ``[K, 10]
 pixels then read (about 1.5x faster than gathering through the index for every pixel). Backward
 walks each pixel's list back to front from the last Gaussian that contributed, recovering the
 transmittance before each one by division (``T / (1 - alpha)``, alpha <= 0.999, as gsplat does),
-and sums gradients in float64 into one slot per (tile, Gaussian) pair; the slots are added to the
-Gaussians afterwards in a fixed order. Tiles are independent, so both kernels run their tiles in
-parallel (``numba.prange``) on as many threads as torch uses (``torch.set_num_threads``), with the
-same result for any thread count. Forward saves only the final transmittance and the end of each
-pixel's list.
+sums gradients per tile in float64 and adds them to the per-Gaussian arrays once per tile (one
+thread, so no races). Forward saves only the final transmittance and the end of each pixel's list.
 
 Kernels are compiled on first use and cached on disk by numba (``cache=True``).
 """
@@ -71,121 +68,130 @@ if _HAVE_NUMBA:
             buf[j, 8] = col[gi, 1]
             buf[j, 9] = col[gi, 2]
 
-    @numba.njit(cache=True, nogil=True, parallel=True)
+    @numba.njit(cache=True, nogil=True)
     def _fwd(W, H, ts, tw, offs, ids, m2d, con, opa, col, bg, img, alp, t_fin, last):
         thr = _thresholds(opa)
         th = (H + ts - 1) // ts
-        for t in numba.prange(th * tw):  # tiles are independent: each writes only its own pixels
-            ty = t // tw
-            tx = t - ty * tw
-            s = offs[t]
-            n = offs[t + 1] - s
-            buf = np.empty((max(n, 1), 10), dtype=np.float64)
-            _gather(s, s + n, ids, m2d, con, opa, col, thr, buf)
-            for py in range(ty * ts, min(H, (ty + 1) * ts)):
-                fy = py + 0.5
-                for px in range(tx * ts, min(W, (tx + 1) * ts)):
-                    fx = px + 0.5
-                    T = 1.0
-                    r = 0.0
-                    g = 0.0
-                    b = 0.0
-                    end = 0
-                    for j in range(n):
-                        dx = fx - buf[j, 0]
-                        dy = fy - buf[j, 1]
-                        sigma = 0.5 * (buf[j, 2] * dx * dx + buf[j, 4] * dy * dy) + buf[j, 3] * dx * dy
-                        if sigma < 0.0 or sigma > buf[j, 6]:
-                            continue
-                        a = buf[j, 5] * math.exp(-sigma)
-                        if a < ALPHA_MIN:
-                            continue
-                        if a > ALPHA_MAX:
-                            a = ALPHA_MAX
-                        nT = T * (1.0 - a)
-                        if nT <= T_MIN:
-                            break
-                        w = a * T
-                        r += w * buf[j, 7]
-                        g += w * buf[j, 8]
-                        b += w * buf[j, 9]
-                        T = nT
-                        end = j + 1
-                    img[py, px, 0] = r + T * bg[0]
-                    img[py, px, 1] = g + T * bg[1]
-                    img[py, px, 2] = b + T * bg[2]
-                    alp[py, px] = 1.0 - T
-                    t_fin[py, px] = T
-                    last[py, px] = s + end
+        kmax = 0
+        for t in range(th * tw):
+            kmax = max(kmax, offs[t + 1] - offs[t])
+        buf = np.empty((max(kmax, 1), 10), dtype=np.float64)
+        for ty in range(th):
+            for tx in range(tw):
+                t = ty * tw + tx
+                s = offs[t]
+                n = offs[t + 1] - s
+                _gather(s, s + n, ids, m2d, con, opa, col, thr, buf)
+                for py in range(ty * ts, min(H, (ty + 1) * ts)):
+                    fy = py + 0.5
+                    for px in range(tx * ts, min(W, (tx + 1) * ts)):
+                        fx = px + 0.5
+                        T = 1.0
+                        r = 0.0
+                        g = 0.0
+                        b = 0.0
+                        end = 0
+                        for j in range(n):
+                            dx = fx - buf[j, 0]
+                            dy = fy - buf[j, 1]
+                            sigma = 0.5 * (buf[j, 2] * dx * dx + buf[j, 4] * dy * dy) + buf[j, 3] * dx * dy
+                            if sigma < 0.0 or sigma > buf[j, 6]:
+                                continue
+                            a = buf[j, 5] * math.exp(-sigma)
+                            if a < ALPHA_MIN:
+                                continue
+                            if a > ALPHA_MAX:
+                                a = ALPHA_MAX
+                            nT = T * (1.0 - a)
+                            if nT <= T_MIN:
+                                break
+                            w = a * T
+                            r += w * buf[j, 7]
+                            g += w * buf[j, 8]
+                            b += w * buf[j, 9]
+                            T = nT
+                            end = j + 1
+                        img[py, px, 0] = r + T * bg[0]
+                        img[py, px, 1] = g + T * bg[1]
+                        img[py, px, 2] = b + T * bg[2]
+                        alp[py, px] = 1.0 - T
+                        t_fin[py, px] = T
+                        last[py, px] = s + end
 
-    @numba.njit(cache=True, nogil=True, parallel=True)
-    def _bwd(W, H, ts, tw, offs, ids, m2d, con, opa, col, bg, t_fin, last, g_img, g_alp, slots, v_bg_tiles):
-        """Gradients per (tile, Gaussian) pair into ``slots [M, 9]`` (d m2d (2), d conic (3),
-        d opacity, d colour (3)) and per tile into ``v_bg_tiles [tiles, 3]``: every slot belongs
-        to one tile, so tiles run in parallel without races and the result does not depend on the
-        number of threads."""
+    @numba.njit(cache=True, nogil=True)
+    def _bwd(W, H, ts, tw, offs, ids, m2d, con, opa, col, bg, t_fin, last, g_img, g_alp,
+             v_m2d, v_con, v_opa, v_col, v_bg):
         thr = _thresholds(opa)
         th = (H + ts - 1) // ts
-        for t in numba.prange(th * tw):
-            ty = t // tw
-            tx = t - ty * tw
-            s = offs[t]
-            n = offs[t + 1] - s
-            buf = np.empty((max(n, 1), 10), dtype=np.float64)
-            _gather(s, s + n, ids, m2d, con, opa, col, thr, buf)
-            gbuf = slots[s : s + n]
-            gbuf[:] = 0.0
-            for py in range(ty * ts, min(H, (ty + 1) * ts)):
-                fy = py + 0.5
-                for px in range(tx * ts, min(W, (tx + 1) * ts)):
-                    fx = px + 0.5
-                    gr = g_img[py, px, 0]
-                    gg = g_img[py, px, 1]
-                    gb = g_img[py, px, 2]
-                    T = t_fin[py, px]
-                    v_bg_tiles[t, 0] += T * gr
-                    v_bg_tiles[t, 1] += T * gg
-                    v_bg_tiles[t, 2] += T * gb
-                    # d(out)/d(T_final) terms: colour through the background, alpha = 1 - T_final.
-                    tail = T * (bg[0] * gr + bg[1] * gg + bg[2] * gb - g_alp[py, px])
-                    behind = 0.0  # sum over later Gaussians of w_k (c_k . dL/dC)
-                    for j in range(last[py, px] - s - 1, -1, -1):
-                        dx = fx - buf[j, 0]
-                        dy = fy - buf[j, 1]
-                        ca = buf[j, 2]
-                        cb = buf[j, 3]
-                        cc = buf[j, 4]
-                        sigma = 0.5 * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
-                        if sigma < 0.0 or sigma > buf[j, 6]:
-                            continue
-                        vis = math.exp(-sigma)
-                        raw = buf[j, 5] * vis
-                        if raw < ALPHA_MIN:
-                            continue
-                        a = raw if raw <= ALPHA_MAX else ALPHA_MAX
-                        ra = 1.0 / (1.0 - a)
-                        T = T * ra  # transmittance before this Gaussian
-                        w = a * T
-                        gbuf[j, 6] += w * gr
-                        gbuf[j, 7] += w * gg
-                        gbuf[j, 8] += w * gb
-                        cg = buf[j, 7] * gr + buf[j, 8] * gg + buf[j, 9] * gb
-                        g_a = T * cg - (behind + tail) * ra
-                        behind += w * cg
-                        if raw <= ALPHA_MAX:  # clamped alphas pass no gradient (as gsplat)
-                            gbuf[j, 5] += g_a * vis
-                            g_s = -g_a * raw
-                            gbuf[j, 2] += 0.5 * g_s * dx * dx
-                            gbuf[j, 3] += g_s * dx * dy
-                            gbuf[j, 4] += 0.5 * g_s * dy * dy
-                            gbuf[j, 0] -= g_s * (ca * dx + cb * dy)
-                            gbuf[j, 1] -= g_s * (cb * dx + cc * dy)
-
-
-def _set_threads() -> None:
-    # numba's pool follows torch's intra-op setting (the project's ``num_threads``; 1 by default on
-    # this shared machine), bounded by the threads numba started with.
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+        kmax = 0
+        for t in range(th * tw):
+            kmax = max(kmax, offs[t + 1] - offs[t])
+        kmax = max(kmax, 1)
+        buf = np.empty((kmax, 10), dtype=np.float64)
+        gbuf = np.empty((kmax, 9), dtype=np.float64)  # per tile: d m2d (2), d conic (3), d opacity, d colour (3)
+        for ty in range(th):
+            for tx in range(tw):
+                t = ty * tw + tx
+                s = offs[t]
+                n = offs[t + 1] - s
+                _gather(s, s + n, ids, m2d, con, opa, col, thr, buf)
+                gbuf[:n] = 0.0
+                for py in range(ty * ts, min(H, (ty + 1) * ts)):
+                    fy = py + 0.5
+                    for px in range(tx * ts, min(W, (tx + 1) * ts)):
+                        fx = px + 0.5
+                        gr = g_img[py, px, 0]
+                        gg = g_img[py, px, 1]
+                        gb = g_img[py, px, 2]
+                        T = t_fin[py, px]
+                        v_bg[0] += T * gr
+                        v_bg[1] += T * gg
+                        v_bg[2] += T * gb
+                        # d(out)/d(T_final) terms: colour through the background, alpha = 1 - T_final.
+                        tail = T * (bg[0] * gr + bg[1] * gg + bg[2] * gb - g_alp[py, px])
+                        behind = 0.0  # sum over later Gaussians of w_k (c_k . dL/dC)
+                        for j in range(last[py, px] - s - 1, -1, -1):
+                            dx = fx - buf[j, 0]
+                            dy = fy - buf[j, 1]
+                            ca = buf[j, 2]
+                            cb = buf[j, 3]
+                            cc = buf[j, 4]
+                            sigma = 0.5 * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
+                            if sigma < 0.0 or sigma > buf[j, 6]:
+                                continue
+                            vis = math.exp(-sigma)
+                            raw = buf[j, 5] * vis
+                            if raw < ALPHA_MIN:
+                                continue
+                            a = raw if raw <= ALPHA_MAX else ALPHA_MAX
+                            ra = 1.0 / (1.0 - a)
+                            T = T * ra  # transmittance before this Gaussian
+                            w = a * T
+                            gbuf[j, 6] += w * gr
+                            gbuf[j, 7] += w * gg
+                            gbuf[j, 8] += w * gb
+                            cg = buf[j, 7] * gr + buf[j, 8] * gg + buf[j, 9] * gb
+                            g_a = T * cg - (behind + tail) * ra
+                            behind += w * cg
+                            if raw <= ALPHA_MAX:  # clamped alphas pass no gradient (as gsplat)
+                                gbuf[j, 5] += g_a * vis
+                                g_s = -g_a * raw
+                                gbuf[j, 2] += 0.5 * g_s * dx * dx
+                                gbuf[j, 3] += g_s * dx * dy
+                                gbuf[j, 4] += 0.5 * g_s * dy * dy
+                                gbuf[j, 0] -= g_s * (ca * dx + cb * dy)
+                                gbuf[j, 1] -= g_s * (cb * dx + cc * dy)
+                for j in range(n):
+                    gi = ids[s + j]
+                    v_m2d[gi, 0] += gbuf[j, 0]
+                    v_m2d[gi, 1] += gbuf[j, 1]
+                    v_con[gi, 0] += gbuf[j, 2]
+                    v_con[gi, 1] += gbuf[j, 3]
+                    v_con[gi, 2] += gbuf[j, 4]
+                    v_opa[gi] += gbuf[j, 5]
+                    v_col[gi, 0] += gbuf[j, 6]
+                    v_col[gi, 1] += gbuf[j, 7]
+                    v_col[gi, 2] += gbuf[j, 8]
 
 
 class CompositeNumba(torch.autograd.Function):
@@ -203,7 +209,6 @@ class CompositeNumba(torch.autograd.Function):
         last = np.empty((H, W), dtype=np.int64)
         offs_np = offs.numpy()
         ids_np = ids.numpy()
-        _set_threads()
         _fwd(W, H, ts, tw, offs_np, ids_np, *np_arrs, img, alp, t_fin, last)
         ctx.save_for_backward(*arrs, offs, ids, torch.from_numpy(t_fin), torch.from_numpy(last))
         ctx.dims = (W, H, ts, tw)
@@ -216,14 +221,7 @@ class CompositeNumba(torch.autograd.Function):
         dt = m2d.dtype
         g_img = (torch.zeros(H, W, 3, dtype=dt) if g_img is None else g_img.to(dt)).contiguous()
         g_alp = (torch.zeros(H, W, dtype=dt) if g_alp is None else g_alp.to(dt).reshape(H, W)).contiguous()
-        n_tiles = offs.shape[0] - 1
-        slots = np.empty((ids.shape[0], 9), dtype=np.float64)
-        v_bg_tiles = np.zeros((n_tiles, 3), dtype=np.float64)
-        _set_threads()
+        v = [torch.zeros_like(x) for x in (m2d, con, opa, col, bg)]
         _bwd(W, H, ts, tw, offs.numpy(), ids.numpy(), m2d.numpy(), con.numpy(), opa.numpy(), col.numpy(),
-             bg.numpy(), t_fin.numpy(), last.numpy(), g_img.numpy(), g_alp.numpy(), slots, v_bg_tiles)
-        # Pair gradients -> Gaussians, summed in a fixed order (float64, then the input dtype).
-        per = torch.zeros(m2d.shape[0], 9, dtype=torch.float64).index_add_(0, ids, torch.from_numpy(slots))
-        per = per.to(dt)
-        v_bg = torch.from_numpy(v_bg_tiles).sum(0).to(dt)
-        return (per[:, 0:2], per[:, 2:5], per[:, 5], per[:, 6:9], v_bg, None, None, None, None, None, None)
+             bg.numpy(), t_fin.numpy(), last.numpy(), g_img.numpy(), g_alp.numpy(), *[x.numpy() for x in v])
+        return (*v, None, None, None, None, None, None)
