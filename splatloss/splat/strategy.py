@@ -56,7 +56,8 @@ class DensifyStrategy:
 
     The defaults are the settings measured on the default scene (docs/splat.md): ``grow_grad2d`` is
     6x 3DGS's 2e-4 because on 64x64 views the normalised gradients are larger (median ~4e-4, 90th
-    percentile ~1.6e-3 after 100 steps; 2e-4 would grow ~85 % of the Gaussians at every refinement);
+    percentile ~1.6e-3 after 100 steps; with 2e-4 a test run grew 83 % of its Gaussians at the first
+    refinement);
     no opacity reset within the short CPU runs; at most 6000 Gaussians.
 
     Args:
