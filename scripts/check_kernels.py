@@ -75,22 +75,25 @@ def _signature(fn, constexprs: Dict[str, object], dtype: str) -> Dict[str, str]:
 
 def cases(quick: bool = False) -> List[Case]:
     """The configurations the launchers use on CUDA (see the module docstring)."""
-    lanes = _common.CUDA_LANES
     out: List[Case] = []
     windows = range(3, _common.MAX_WINDOW + 1, 2)
     if quick:
         windows = (11,)
 
-    def fwd(label, K, padding, mode, dtype="fp32", F=lanes, l1=False):
+    def fwd(label, K, padding, mode, dtype="fp32", F=None, l1=False):
         kp = triton.next_power_of_2(K)
+        lanes = _common.cuda_lanes(kp)
+        F = lanes if F is None else F
         pad = 0 if padding == "valid" else K // 2
         const = dict(K=K, KP=kp, PAD=pad, REFLECT=padding == "reflect", F=F, BW=lanes,
                      WRITE_MAP=mode != "stats", WRITE_CS=mode == "map_cs", HAS_L1=l1)
         out.append(Case(label, ssim_mod._ssim_fwd_kernel, const, dtype, _common.cuda_warps(kp)))
 
-    def bwd(label, K, padding, dtype="fp32", F=lanes, upstream_map=False, cs=True, l1=False,
+    def bwd(label, K, padding, dtype="fp32", F=None, upstream_map=False, cs=True, l1=False,
             need1=True, need2=True, sums=False):
         kp = triton.next_power_of_2(K)
+        lanes = _common.cuda_lanes(kp)
+        F = lanes if F is None else F
         pad = 0 if padding == "valid" else K // 2
         const = dict(K=K, KP=kp, PAD=pad, REFLECT=padding == "reflect", F=F, BW=lanes,
                      UPSTREAM_MAP=upstream_map, HAS_CS=cs, HAS_L1=l1, NEED1=need1, NEED2=need2,

@@ -125,19 +125,20 @@ def test_public_api_runs_the_kernels_and_matches_reference():
 
 
 @pytest.mark.parametrize(
-    "shape,padding",
+    "shape,padding,window_size",
     [
-        ((1, 3, 70, 40), "valid"),  # lanes packed 4 (fwd) / 2 (bwd) channels per program, 3 row chunks
-        ((1, 1, 20, 150), "reflect"),  # two column strips per row, mirrored borders at strip edges
+        ((1, 3, 70, 40), "valid", 11),  # lanes packed 4 (fwd) / 2 (bwd) channels per program, 3 row chunks
+        ((1, 1, 20, 150), "reflect", 11),  # two column strips per row, mirrored borders at strip edges
+        ((1, 1, 36, 45), "reflect", 31),  # 32-deep tap tiles, 64-lane programs, 2 strips x 2 chunks
     ],
 )
-def test_cuda_launch_geometry(monkeypatch, shape, padding):
+def test_cuda_launch_geometry(monkeypatch, shape, padding, window_size):
     """The interpreter normally runs one wide program; here it runs the exact CUDA geometry
     (128 lanes, channel packing, column strips with halos) with 32-row chunks (ROWS is a runtime
     argument, so this is the compiled code's logic) to prove the strip / chunk / lane seams."""
     monkeypatch.setattr(tri_common, "FORCE_CUDA_GEOMETRY", True)
     monkeypatch.setattr(tri_common, "CUDA_ROWS", 32)
-    cfg = SSIMConfig(padding=padding)
+    cfg = SSIMConfig(padding=padding, window_size=window_size, sigma=1.5 if window_size == 11 else 5.0)
     x, y = _pair(shape, seed=3)
     g = torch.Generator().manual_seed(4)
     gs, gc = torch.randn(shape[:2], generator=g), torch.randn(shape[:2], generator=g)
@@ -149,6 +150,19 @@ def test_cuda_launch_geometry(monkeypatch, shape, padding):
     _assert_rel(gy, gy64, what="grad img2")
     m = tri.ssim_map(x, y, cfg)
     _assert_rel(m, reference.ssim_map(x.double(), y.double(), cfg), what="ssim map")
+
+
+def test_uniform_window_given_constants_and_data_range():
+    """Box window of 7 taps, C1 / C2 given directly, images in [0, 255] (the moments' shift is
+    data_range / 2 = 127.5): values and gradient against the float64 reference."""
+    cfg = SSIMConfig(window="uniform", window_size=7, c1=6.5, c2=58.5, data_range=255.0, padding="same")
+    x, y = _pair((1, 2, 20, 23), seed=8)
+    x, y = x * 255, y * 255
+    gs, gc = torch.tensor([[1.0, -0.5]]), torch.tensor([[0.25, 2.0]])
+    s, c, gx, gy = _stats_and_grads(tri, x, y, cfg, gs, gc)
+    s64, c64, gx64, gy64 = _stats_and_grads(reference, x.double(), y.double(), cfg, gs.double(), gc.double())
+    for a, b, what in ((s, s64, "ssim"), (c, c64, "cs"), (gx, gx64, "grad img1"), (gy, gy64, "grad img2")):
+        _assert_rel(a, b, what=what)
 
 
 def test_bitwise_deterministic():
@@ -214,8 +228,8 @@ def test_errors_name_what_was_expected():
     x, y = _pair((1, 1, 20, 20))
     with pytest.raises(TypeError, match=r"takes float32, float16 or bfloat16 images, got torch.float64"):
         tri.ssim_stats(x.double(), y.double(), SSIMConfig())
-    with pytest.raises(ValueError, match=r"supports window_size <= 15 .*got 17; use backend='torch'"):
-        tri.ssim_stats(x, y, SSIMConfig(window_size=17))
+    with pytest.raises(ValueError, match=r"supports window_size <= 31 .*got 33; use backend='torch'"):
+        tri.ssim_stats(x, y, SSIMConfig(window_size=33, padding="same"))
     with pytest.raises(ValueError, match=r"needs CUDA tensors, got a tensor on cpu; set TRITON_INTERPRET=1"):
         import os
 

@@ -35,10 +35,11 @@ import torch
 import triton
 import triton.language as tl
 
-#: Largest window the kernels accept. Up to 15 taps the tap / ring tiles are 16 rows deep and every
-#: kernel compiles without spilling (scripts/check_kernels.py); 17..31 taps need 32-row tiles and
-#: the backward spilled ~0.5 KB per thread at sm_80, so they are refused rather than run slowly.
-MAX_WINDOW = 15
+#: Largest window the kernels accept. Tap / ring tiles are ``KP = next_pow2(K)`` rows deep; up to
+#: 15 taps programs have 128 lanes, 17..31 taps 64 lanes (so a thread still holds 8 values of each
+#: ``[KP, lanes]`` tile and nothing spills, scripts/check_kernels.py); 33+ taps would need 32-lane
+#: programs, narrower than the backward's ``K - 1`` halo, so they are refused.
+MAX_WINDOW = 31
 
 _PADDING_CODE = {"valid": 0, "same": 1, "reflect": 2}
 
@@ -55,9 +56,9 @@ class Geometry(NamedTuple):
     warps: int
 
 
-#: Lanes per program on CUDA; the interpreter (one program at a time) uses wider programs, see
-#: :func:`geometry`. Tests set ``FORCE_CUDA_GEOMETRY`` to run the CUDA geometry in the interpreter.
-CUDA_LANES = 128
+#: Rows streamed per program on CUDA; the interpreter (one program at a time) uses wider and longer
+#: programs, see :func:`geometry`. Tests set ``FORCE_CUDA_GEOMETRY`` to run the CUDA geometry in
+#: the interpreter.
 CUDA_ROWS = 128
 FORCE_CUDA_GEOMETRY = False
 
@@ -67,25 +68,30 @@ FORCE_CUDA_GEOMETRY = False
 MAXNREG = 255
 
 
+def cuda_lanes(kp: int) -> int:
+    """Lanes (columns) per program on CUDA: 128, or 64 for 32-deep tap tiles (K = 17..31)."""
+    return 128 if kp <= 16 else 64
+
+
 def cuda_warps(kp: int) -> int:
-    """Warps per program: the ``[KP, BW]`` tap / ring tiles hold ``KP * BW / (32 * warps)`` values
-    per thread, kept at <= 8 so that no kernel spills (scripts/check_kernels.py)."""
-    return max(4, (kp * CUDA_LANES) // (8 * 32))
+    """Warps per program: each thread holds ``KP * lanes / (32 * warps)`` values of every
+    ``[KP, lanes]`` tap / ring tile, kept at <= 8 so that no kernel spills (check_kernels.py)."""
+    return max(4, (kp * cuda_lanes(kp)) // (8 * 32))
 
 
 def geometry(frame: int, rows: int, window_size: int, bc: int, device: torch.device) -> Geometry:
     """Geometry for rows of ``frame`` lanes of work (map width, or image width + K - 1 halo).
 
-    On CUDA: 128 lanes, 128 rows per program; rows narrower than 64 lanes are packed several
-    channels per program (MS-SSIM's coarse scales). In the interpreter programs run one after
-    the other at a cost per operation, not per element: one program takes every row and column
-    (up to 2048 lanes) of as many channels as fit.
+    On CUDA: 128 lanes (64 for windows of 17..31 taps), 128 rows per program; rows of at most
+    half the lanes are packed several channels per program (MS-SSIM's coarse scales). In the
+    interpreter programs run one after the other at a cost per operation, not per element: one
+    program takes every row and column (up to 2048 lanes) of as many channels as fit.
     """
     kp = triton.next_power_of_2(window_size)
     need = triton.next_power_of_2(max(frame, 1))
     if device.type == "cuda" or FORCE_CUDA_GEOMETRY:
-        f = min(CUDA_LANES, need)
-        return Geometry(bw=CUDA_LANES, f=f, rows=CUDA_ROWS, kp=kp, warps=cuda_warps(kp))
+        lanes = cuda_lanes(kp)
+        return Geometry(bw=lanes, f=min(lanes, need), rows=CUDA_ROWS, kp=kp, warps=cuda_warps(kp))
     f = min(need, 2048)
     bw = f * min(triton.next_power_of_2(bc), max(1, 2048 // f))
     return Geometry(bw=bw, f=f, rows=max(rows, 1), kp=kp, warps=4)
@@ -114,7 +120,7 @@ def check_inputs(img1: torch.Tensor, img2: torch.Tensor, cfg) -> None:
         )
     if cfg.window_size > MAX_WINDOW:
         raise ValueError(
-            f"the triton backend supports window_size <= {MAX_WINDOW} (larger windows spill registers), "
+            f"the triton backend supports window_size <= {MAX_WINDOW} (wider programs than its halo), "
             f"got {cfg.window_size}; use backend='torch' for larger windows"
         )
     h, w = img1.shape[-2:]
