@@ -247,3 +247,20 @@ def test_errors_name_what_was_expected():
     (g,) = torch.autograd.grad(tri.ssim_stats(xr, y, SSIMConfig())[0].sum(), [xr], create_graph=True)
     with pytest.raises(RuntimeError, match=r"triton_ssim_stats_bwd.* no autograd formula was registered"):
         g.sum().backward()
+    with pytest.raises(ValueError, match=r"does not support torch.func transforms .*use backend='torch'"):
+        torch.func.grad(lambda a: tri.ssim_stats(a, y, SSIMConfig())[0].sum())(x)
+
+
+def test_bfloat16_inputs():
+    """bf16 in, fp32 values equal the float64 reference; bf16 gradients within one bf16 ulp of the
+    reference's own bf16 gradient."""
+    cfg = SSIMConfig(padding="same")
+    x, y = _pair((1, 2, 20, 23), torch.bfloat16, seed=9)
+    gs, gc = torch.tensor([[1.0, 0.5]]), torch.tensor([[0.3, -1.0]])
+    s, c, gx, gy = _stats_and_grads(tri, x, y, cfg, gs, gc)
+    s64, c64, gx64, gy64 = _stats_and_grads(reference, x.double(), y.double(), cfg, gs.double(), gc.double())
+    _, _, gx_lp, gy_lp = _stats_and_grads(reference, x, y, cfg, gs, gc)
+    _assert_rel(s, s64, what="ssim mean")
+    _assert_rel(c, c64, what="cs mean")
+    _assert_grad(gx, gx64, gx_lp, torch.bfloat16, "grad img1")
+    _assert_grad(gy, gy64, gy_lp, torch.bfloat16, "grad img2")

@@ -132,6 +132,23 @@ def check_inputs(img1: torch.Tensor, img2: torch.Tensor, cfg) -> None:
         )
 
 
+class functorch_guard:
+    """Turn torch's message for a ``torch.func.grad`` / ``jvp`` transform over our custom ops
+    ("...autograd.Function with functorch transforms... must override the setup_context...") into
+    an error that says what to do. (``vmap`` works, through torch's per-sample fallback.)"""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is RuntimeError and "functorch transforms" in str(exc):
+            raise ValueError(
+                "the triton backend does not support torch.func transforms (grad, jvp, jacrev, ...); "
+                "use backend='torch' or 'reference' with torch.func"
+            ) from exc
+        return False
+
+
 def padding_code(padding: str) -> int:
     if padding not in _PADDING_CODE:
         raise ValueError(f"padding must be one of {tuple(_PADDING_CODE)}, got {padding!r}")

@@ -13,7 +13,7 @@ from typing import Tuple
 
 import torch
 
-from ._common import check_inputs, out_size, window_taps
+from ._common import check_inputs, functorch_guard, out_size, window_taps
 from .ssim import launch_bwd, launch_fwd
 
 __all__ = ["dssim_l1"]
@@ -77,5 +77,6 @@ _dssim_l1_op.register_autograd(_backward, setup_context=_save)
 def dssim_l1(img1: Tensor, img2: Tensor, cfg, lam: float) -> Tensor:
     """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)``, shape ``[B]`` float32."""
     check_inputs(img1, img2, cfg)
-    return _dssim_l1_op(img1, img2, window_taps(cfg, img1.device), cfg.padding, float(cfg.C1),
-                        float(cfg.C2), 0.5 * float(cfg.data_range), float(lam))
+    with functorch_guard():
+        return _dssim_l1_op(img1, img2, window_taps(cfg, img1.device), cfg.padding, float(cfg.C1),
+                            float(cfg.C2), 0.5 * float(cfg.data_range), float(lam))

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAXNREG, check_inputs
+from ._common import MAXNREG, check_inputs, functorch_guard
 from .ssim import ssim_stats
 
 __all__ = ["downsample2x", "ms_ssim"]
@@ -114,7 +114,8 @@ _down_op.register_autograd(_down_backward, setup_context=_down_setup)
 
 def downsample2x(x: Tensor) -> Tensor:
     """``(B, C, H, W)`` -> ``(B, C, ceil(H/2), ceil(W/2))`` float32, TF's pyramid step."""
-    return _down_op(x)
+    with functorch_guard():
+        return _down_op(x)
 
 
 def ms_ssim(img1: Tensor, img2: Tensor, cfg, weights: Sequence[float], tau: Optional[float] = None) -> Tensor:

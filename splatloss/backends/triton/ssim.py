@@ -44,6 +44,7 @@ from ._common import (
     _row_moments,
     _ssim_cs,
     check_inputs,
+    functorch_guard,
     geometry,
     out_size,
     padding_code,
@@ -553,12 +554,14 @@ def ssim_stats(img1: Tensor, img2: Tensor, cfg) -> Tuple[Tensor, Tensor]:
         >>> s.shape, bool(torch.allclose(s, torch.ones(1, 3)))
         (torch.Size([1, 3]), True)
     """
-    return _stats_op(img1, img2, *_args(img1, img2, cfg))
+    with functorch_guard():
+        return _stats_op(img1, img2, *_args(img1, img2, cfg))
 
 
 def ssim_map(img1: Tensor, img2: Tensor, cfg, return_cs: bool = False):
     """SSIM map ``[B, C, H', W']`` float32 (and the cs map when ``return_cs``)."""
-    s, cs = _map_op(img1, img2, *_args(img1, img2, cfg), bool(return_cs))
+    with functorch_guard():
+        s, cs = _map_op(img1, img2, *_args(img1, img2, cfg), bool(return_cs))
     return (s, cs) if return_cs else s
 
 
