@@ -57,7 +57,11 @@ OPS = ("ssim", "ms_ssim", "dssim_l1")
 MODES = ("fwdbwd", "fwd")
 SPLAT_LIBS = ("splatloss-torch", "splatloss-torch-ops", "splatloss-reference", "splatloss-triton")
 PEER_LIBS = ("pytorch_msssim", "piq", "torchmetrics", "kornia", "fused_ssim")
-ALL_LIBS = SPLAT_LIBS + PEER_LIBS
+# The design not taken, for comparison: torch.compile (inductor) of the plain autograd reference.
+# Not in the default set: each op, mode and size compiles anew (tens of seconds each).
+EXTRA_LIBS = ("compiled-reference",)
+DEFAULT_LIBS = SPLAT_LIBS + PEER_LIBS
+ALL_LIBS = DEFAULT_LIBS + EXTRA_LIBS
 LAM = 0.2  # 3DGS: (1 - lam) * L1 + lam * (1 - SSIM)
 
 
@@ -165,6 +169,18 @@ def _fused_ssim(op: str, device: str):
     )
 
 
+def _compiled_reference(op: str, device: str):
+    from splatloss import functional as SF
+
+    if op == "ssim":
+        fn = lambda x, y: 1 - SF.ssim(x, y, backend="reference")  # noqa: E731
+    elif op == "ms_ssim":
+        fn = lambda x, y: 1 - SF.ms_ssim(x, y, backend="reference")  # noqa: E731
+    else:
+        fn = lambda x, y: SF.dssim_l1(x, y, LAM, padding="same", backend="reference")  # noqa: E731
+    return torch.compile(fn, dynamic=False)
+
+
 def make_loss(lib: str, op: str, device: str):
     """``loss(x, y)`` for ``lib`` and ``op``; raises :class:`Unavailable` with the reason."""
     if lib == "splatloss-torch":
@@ -175,6 +191,8 @@ def make_loss(lib: str, op: str, device: str):
         return _splat("reference", op, device)
     if lib == "splatloss-triton":
         return _splat("triton", op, device)
+    if lib == "compiled-reference":
+        return _compiled_reference(op, device)
     return {
         "pytorch_msssim": _pytorch_msssim,
         "piq": _piq,
@@ -413,6 +431,30 @@ def print_table(results, baseline, file=sys.stdout):
             print(f"{r['op']:9} {r['mode']:6} {shape:16} {r['lib']:21} {'-':>10}  ({why[:70]})", file=file)
 
 
+def markdown_table(results, baseline):
+    """The timed records as a GitHub-flavoured markdown table (what README / docs show)."""
+    key, ckey, mkey = f"speedup_vs_{baseline}", f"cpu_speedup_vs_{baseline}", f"memory_ratio_vs_{baseline}"
+    lines = [
+        f"| op | mode | B x C x H x W | library | wall ms (median) | x {baseline} | CPU ms (median) | x {baseline} (CPU) "
+        f"| added peak MiB | x less memory |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if "median_ms" not in r:
+            continue
+        shape = f"{r['batch']}x{r['channels']}x{r['height']}x{r['width']}"
+        mem = r.get("peak_added_bytes")
+        lines.append(
+            f"| {r['op']} | {r['mode']} | {shape} | {r['lib']} | {r['median_ms']:.1f} | "
+            + (f"{r[key]:.1f}" if key in r else "") + " | "
+            + (f"{r['cpu_median_ms']:.1f}" if "cpu_median_ms" in r else "") + " | "
+            + (f"{r[ckey]:.1f}" if ckey in r else "") + " | "
+            + ("" if mem is None else f"{mem / 2**20:.1f}") + " | "
+            + (f"{r[mkey]:.1f}" if mkey in r else "") + " |"
+        )
+    return "\n".join(lines)
+
+
 def write_json(path, payload):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -480,7 +522,8 @@ def parse_args(argv=None):
     p.add_argument("--batch", default="1", help="batch sizes, e.g. 1,8")
     p.add_argument("--ops", default=",".join(OPS), help=f"subset of {','.join(OPS)}")
     p.add_argument("--modes", default=",".join(MODES), help="fwdbwd (forward+backward) and/or fwd (forward, no graph)")
-    p.add_argument("--libs", default=",".join(ALL_LIBS), help=f"subset of {','.join(ALL_LIBS)}")
+    p.add_argument("--libs", default=",".join(DEFAULT_LIBS),
+                   help=f"subset of {','.join(ALL_LIBS)} (default: all but {','.join(EXTRA_LIBS)})")
     p.add_argument("--baseline", default="pytorch_msssim", help="library the ratios are taken against")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "float64"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -494,6 +537,7 @@ def parse_args(argv=None):
     p.add_argument("--full", action="store_true", help="sizes 256x256..1080x1920, channels 1,3, batch 1,8")
     p.add_argument("--json", help="write every record (and the machine) to this JSON file")
     p.add_argument("--plot", help="write a plot of time against size to this image file")
+    p.add_argument("--markdown", metavar="JSON", help="print the records of a --json file as a markdown table and exit")
     p.add_argument("--_memory-child", nargs=6, help=argparse.SUPPRESS)
     p.add_argument("--_cold-child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -509,6 +553,10 @@ def main(argv=None):
         lib, op, mode, shape, dt, device = args._memory_child
         print(json.dumps(memory_child(lib, op, mode, tuple(int(v) for v in shape.split("x")),
                                       getattr(torch, dt), device)))
+        return 0
+    if args.markdown:
+        payload = json.loads(Path(args.markdown).read_text())
+        print(markdown_table(payload["results"], payload.get("baseline", args.baseline)))
         return 0
     if args._cold_child:
         op, shape, dt = args._cold_child

@@ -46,6 +46,11 @@ def test_bench_smoke_writes_json_and_plot(tmp_path):
     assert all(c["first_call_ms"] > 0 and c["second_call_ms"] > 0 for c in cold.values())
     assert out_png.stat().st_size > 1000 and out_png.read_bytes()[:4] == b"\x89PNG"
     assert "splatloss-torch" in proc.stdout and "pytorch_msssim" in proc.stdout
+    md = subprocess.run([sys.executable, str(BENCH), "--markdown", str(out_json)], capture_output=True, text=True,
+                        timeout=120, cwd=ROOT)
+    assert md.returncode == 0, md.stderr[-2000:]
+    rows = [l for l in md.stdout.splitlines() if l.startswith("| ssim | fwdbwd | 2x1x176x184 | splatloss-torch |")]
+    assert len(rows) == 1 and rows[0].count("|") == 11
 
 
 def test_bench_rejects_unknown_library():
