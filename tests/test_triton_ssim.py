@@ -264,3 +264,24 @@ def test_bfloat16_inputs():
     _assert_rel(c, c64, what="cs mean")
     _assert_grad(gx, gx64, gx_lp, torch.bfloat16, "grad img1")
     _assert_grad(gy, gy64, gy_lp, torch.bfloat16, "grad img2")
+
+
+@pytest.mark.parametrize(
+    "shape,padding,window_size",
+    [
+        ((1, 2, 6, 7), "reflect", 11),  # mirror images at both borders of every row and column
+        ((2, 1, 3, 4), "same", 11),  # image smaller than the window
+        ((1, 1, 11, 12), "valid", 11),  # a single map row
+        ((1, 1, 1, 1), "same", 3),  # one pixel
+        ((1, 3, 17, 16), "reflect", 31),  # the largest window, reflect at its minimum size
+    ],
+)
+def test_tiny_images_and_borders(shape, padding, window_size):
+    cfg = SSIMConfig(padding=padding, window_size=window_size, sigma=5.0 if window_size == 31 else 1.5)
+    x, y = _pair(shape, seed=10)
+    gs, gc = torch.ones(shape[:2]), torch.full(shape[:2], 0.3)
+    s, c, gx, gy = _stats_and_grads(tri, x, y, cfg, gs, gc)
+    s64, c64, gx64, gy64 = _stats_and_grads(reference, x.double(), y.double(), cfg, gs.double(), gc.double())
+    for a, b, what in ((s, s64, "ssim"), (c, c64, "cs"), (gx, gx64, "grad img1"), (gy, gy64, "grad img2")):
+        _assert_rel(a, b, what=what)
+    _assert_rel(tri.ssim_map(x, y, cfg), reference.ssim_map(x.double(), y.double(), cfg), what="map")
