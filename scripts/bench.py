@@ -477,10 +477,11 @@ def plot(results, path, baseline):
         rows = [r for r in results if r["op"] == op and r["mode"] == "fwdbwd" and "median_ms" in r]
         if not rows:
             rows = [r for r in results if r["op"] == op and "median_ms" in r]
-        for lib in sorted({r["lib"] for r in rows}):
+        for lib in [l for l in ALL_LIBS if any(r["lib"] == l for r in rows)]:
             pts = sorted((r["batch"] * r["channels"] * r["height"] * r["width"] / 1e6, r["median_ms"])
                          for r in rows if r["lib"] == lib)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=lib)
+            color = plt.get_cmap("tab10")(ALL_LIBS.index(lib) % 10)  # one colour per library everywhere
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=lib, color=color)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("pixel-channels (millions)")
@@ -537,7 +538,8 @@ def parse_args(argv=None):
     p.add_argument("--full", action="store_true", help="sizes 256x256..1080x1920, channels 1,3, batch 1,8")
     p.add_argument("--json", help="write every record (and the machine) to this JSON file")
     p.add_argument("--plot", help="write a plot of time against size to this image file")
-    p.add_argument("--markdown", metavar="JSON", help="print the records of a --json file as a markdown table and exit")
+    p.add_argument("--markdown", metavar="JSON",
+                   help="print the records of a --json file as a markdown table (and --plot them) and exit")
     p.add_argument("--_memory-child", nargs=6, help=argparse.SUPPRESS)
     p.add_argument("--_cold-child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -557,6 +559,8 @@ def main(argv=None):
     if args.markdown:
         payload = json.loads(Path(args.markdown).read_text())
         print(markdown_table(payload["results"], payload.get("baseline", args.baseline)))
+        if args.plot:
+            plot(payload["results"], args.plot, payload.get("baseline", args.baseline))
         return 0
     if args._cold_child:
         op, shape, dt = args._cold_child
