@@ -109,15 +109,19 @@ def cases(quick: bool = False) -> List[Case]:
         fwd("ssim_stats fwd valid fp16", 11, "valid", "stats", "fp16")
         fwd("ssim_map fwd valid +cs fp32", 11, "valid", "map_cs")
         fwd("ssim_map fwd same bf16", 11, "same", "map", "bf16")
-        fwd("ssim_stats fwd packed F=16", 11, "same", "stats", F=16)
-        fwd("ssim_stats fwd packed F=1", 11, "valid", "stats", F=1)
+        # channel packing: every frame width below the lane count (one compile per width)
+        for F in (1, 2, 4, 8, 16, 32, 64):
+            fwd(f"ssim_stats fwd packed F={F}", 11, "same", "stats", F=F)
+        for F in (16, 32, 64):
+            bwd(f"ssim_stats bwd packed F={F}", 11, "same", F=F)
+        fwd("ssim_stats fwd K=31 packed F=32", 31, "same", "stats", F=32)
+        bwd("ssim_stats bwd K=31 packed F=32", 31, "same", F=32)
         bwd("ssim_stats bwd valid fp16", 11, "valid", "fp16")
         bwd("ssim_map bwd same +cs bf16", 11, "same", "bf16", upstream_map=True)
         bwd("ssim_map bwd valid no-cs", 11, "valid", upstream_map=True, cs=False)
         bwd("mean_and_grad bwd same", 11, "same", cs=False, need2=False, sums=True)
         bwd("dssim_l1 bwd same", 11, "same", cs=False, l1=True)
         bwd("ssim_stats bwd img2 only", 11, "same", need1=False)
-        bwd("ssim_stats bwd packed F=16", 11, "same", F=16)
         for dtype in ("fp32", "fp16", "bf16"):
             c = dict(BLOCK=ms_ssim_mod.BLOCK)
             out.append(Case(f"downsample fwd {dtype}", ms_ssim_mod._down_fwd_kernel, c, dtype, ms_ssim_mod.WARPS))

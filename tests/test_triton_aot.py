@@ -27,5 +27,5 @@ def test_check_kernels_compiles_everything_without_spills():
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith(("ssim", "mean_and_grad", "dssim_l1", "downsample"))]
     # 33 configurations (7 window sizes x fwd/bwd, 12 API paths, 6 pyramid, 1 fused-loss fwd) per arch
-    assert sum(" 80 " in r for r in rows) == sum(" 90 " in r for r in rows) >= 49
+    assert sum(" 80 " in r for r in rows) == sum(" 90 " in r for r in rows) >= 58
     assert "no spills, shared memory within limits" in proc.stdout
