@@ -1,17 +1,22 @@
 """SSIM on Triton: forward (map or per-image/channel means) and the analytic adjoint backward.
 
-Kernels
+Kernels (geometry and the streaming scheme: ``_common``)
 -------
-``_ssim_fwd_kernel``: one program per ``T x T`` tile of one (image, channel). Loads both input tiles
-once, computes the five window moments with separable banded matmuls (see ``_common``), then
-either writes the SSIM (and cs) map, or reduces the tile to two partial sums (SSIM, cs) written to
-a ``[B*C, n_tiles]`` buffer that torch sums in a fixed order: no atomics, bitwise reproducible.
+``_ssim_fwd_kernel``: one program per (lane group, row chunk, column strip). Streams down the
+rows: horizontal K-tap pass of x', y', x'^2, y'^2, x'y' per input row (``x' = x - data_range/2``),
+vertical K-tap pass over a ring of the last rows, then either writes the SSIM (and cs) map row,
+or accumulates per-lane sums that end as one partial sum per (channel, program) in a
+``[B*C, programs]`` buffer torch adds in a fixed order: no atomics, bitwise reproducible. In
+"stats_l1" mode it also sums ``|x - y|`` over the pixels each lane owns (the fused 3DGS loss).
 
-``_ssim_bwd_kernel``: one program per gradient tile. Recomputes the moments over the tile plus a
-``2 (K - 1)`` halo, forms the partial derivatives of ``gs * SSIM + gc * cs`` (``gs`` / ``gc`` one
-scalar per (image, channel) for the means, or map-sized upstream gradients for ``ssim_map``), and
-applies the adjoint window (banded matmuls again) to get both image gradients in one pass;
-optionally adds an L1 term ``l1 * sign(x - y)`` (the fused photometric loss).
+``_ssim_bwd_kernel``: one program per (lane group, row chunk, column strip of ``F - (K - 1)``
+gradient columns). Recomputes the moments on the map positions whose windows reach its pixels,
+forms the partial derivatives of ``gs * SSIM + gc * cs`` (``gs`` / ``gc`` one scalar per (image,
+channel) for the means, or map-sized upstream gradients for ``ssim_map``), applies the adjoint
+window (horizontal through a scratch row, vertical through a ring) and writes both image
+gradients once; optionally adds an L1 term ``l1 * sign(x - y)`` (the fused photometric loss) and
+sums the SSIM / cs values it computed on the way (``ssim_mean_and_grad``: value and gradient in
+one pass).
 
 Save or recompute
 -----------------
@@ -20,9 +25,10 @@ moments. With fp32 I/O, saving the four partial maps would cost the forward 16 B
 pixel-channel and the backward 16 B of reads, against the 8 B the backward re-reads to recompute;
 recomputing also keeps ``torch.no_grad()`` / inference at its 8 B read.
 
-Bytes per pixel-channel (fp32 I/O, DRAM traffic, halo re-reads served by L2 not counted):
+Bytes per pixel-channel (fp32 I/O, DRAM traffic; halo re-reads served by L2 and the L1/L2-resident
+scratch not counted, see the README's "Triton kernels" for both):
 
-* ``ssim_stats`` forward: reads x, y = 8 B; writes 2 floats per tile (negligible).
+* ``ssim_stats`` forward: reads x, y = 8 B; writes 2 floats per program (negligible).
 * ``ssim_stats`` backward: reads x, y = 8 B; writes grad_x (and grad_y) = 4 B (8 B). 12 B for one
   gradient, so forward + backward = 20 B (fused-ssim ~80 B, FastCUDASSIM.jl ~44 B).
 * ``ssim_map`` forward: 8 B + 4 B map (+ 4 B cs map); backward adds the upstream map reads: 4 B
