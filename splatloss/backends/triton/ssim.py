@@ -1,7 +1,9 @@
 """SSIM on Triton: forward (map or per-image/channel means) and the analytic adjoint backward.
 
-Kernels (geometry and the streaming scheme: ``_common``)
+Kernels
 -------
+(Launch geometry and the streaming scheme are described in ``_common``.)
+
 ``_ssim_fwd_kernel``: one program per (lane group, row chunk, column strip). Streams down the
 rows: horizontal K-tap pass of x', y', x'^2, y'^2, x'y' per input row (``x' = x - data_range/2``),
 vertical K-tap pass over a ring of the last rows, then either writes the SSIM (and cs) map row,
