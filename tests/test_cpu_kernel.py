@@ -202,3 +202,26 @@ def test_double_backward_takes_the_torch_ops_adjoint():
                lambda a: splatloss.dssim_l1(a, y, 0.2, padding="same", window_size=5, backend="torch"),
                lambda a: splatloss.ssim(a, y, padding="same", window_size=5, backend="torch")):
         assert torch.autograd.gradgradcheck(fn, (x,))
+
+
+def test_threaded_kernel_works_in_a_forked_child():
+    """A fork after the thread pool exists (DataLoader workers) must not wait on absent threads."""
+    import multiprocessing as mp
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        x, y = _pair((1, 2, 120, 40))
+        parent = torch_fused.ssim_stats(x, y, SSIMConfig())[0]  # creates the pool here
+        assert _cpu_kernel._pool is not None
+        ctx = mp.get_context("fork")
+        with ctx.Pool(1) as pool:
+            child = pool.apply_async(_child_ssim, (x, y)).get(timeout=60)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(child, parent)
+
+
+def _child_ssim(x, y):
+    torch.set_num_threads(2)
+    return torch_fused.ssim_stats(x, y, SSIMConfig())[0]

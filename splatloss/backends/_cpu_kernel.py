@@ -183,6 +183,18 @@ def unavailable_reason() -> Optional[str]:
     return _reason
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (e.g. a DataLoader worker) inherits the pool object but none of its threads,
+    and possibly a held lock: start both afresh there."""
+    global _lock, _pool, _pool_size
+    _lock = threading.Lock()
+    _pool, _pool_size = None, 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _run(fn, ntasks: int) -> None:
     """Run ``fn(t)`` for t in range(ntasks) on torch's intra-op thread count (ctypes calls
     release the GIL, so Python threads run the C code in parallel)."""
