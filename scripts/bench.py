@@ -53,6 +53,8 @@ _early_threads(sys.argv[1:])
 
 import torch  # noqa: E402
 
+from splatloss._atomic import atomic_output  # noqa: E402
+
 OPS = ("ssim", "ms_ssim", "dssim_l1")
 MODES = ("fwdbwd", "fwd")
 SPLAT_LIBS = ("splatloss-torch", "splatloss-torch-ops", "splatloss-reference", "splatloss-triton")
@@ -456,11 +458,8 @@ def markdown_table(results, baseline):
 
 
 def write_json(path, payload):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    os.replace(tmp, path)
+    with atomic_output(path) as tmp:
+        Path(tmp).write_text(json.dumps(payload, indent=1))
 
 
 def plot(results, path, baseline):
@@ -490,12 +489,9 @@ def plot(results, path, baseline):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=110)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=110, format=Path(path).suffix.lstrip(".") or "png")
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------------------

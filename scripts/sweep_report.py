@@ -15,8 +15,9 @@ import json
 import math
 import os
 import sys
-import tempfile
 from typing import Dict, List
+
+from splatloss._atomic import atomic_output
 
 COLUMNS = [
     # (header, key, format)
@@ -106,24 +107,9 @@ def markdown(rows: List[Dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def _atomic_write(path: str, write) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.splitext(path)[1])
-    os.close(fd)
-    try:
+    with atomic_output(path) as tmp:
         write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def plot(rows: List[Dict], path: str) -> None:

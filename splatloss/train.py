@@ -22,12 +22,13 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 import warnings
 from typing import Any, Dict, List, Optional
 
 import torch
+
+from ._atomic import atomic_output
 
 log = logging.getLogger(__name__)
 
@@ -42,22 +43,8 @@ CONFIG_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, 
 def write_json_atomic(path: str, obj: Any) -> None:
     """Write ``obj`` as JSON to ``path`` through a temporary file and ``os.replace``: a reader
     sees the old file or the whole new one, never a partial write."""
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, allow_nan=True)
-            f.flush()
-            os.fsync(f.fileno())
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_output(path) as tmp, open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, allow_nan=True)
 
 
 def _numbers(node, prefix: str) -> List[tuple]:

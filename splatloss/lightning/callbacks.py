@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import lightning as L
 import numpy as np
 import torch
+
+from .._atomic import atomic_output
 
 __all__ = ["LossTerms", "HeldOutMetrics", "find_loss", "interpolate_schedule", "ms_ssim_weights_for"]
 
@@ -163,20 +164,8 @@ def _write_png_atomic(path: str, rgb: np.ndarray) -> None:
     matplotlib.use("Agg", force=False)
     import matplotlib.image as mpimg
 
-    d = os.path.dirname(path) or "."
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".png.tmp")
-    os.close(fd)
-    try:
+    with atomic_output(path) as tmp:
         mpimg.imsave(tmp, np.clip(rgb, 0, 1), format="png")
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 class HeldOutMetrics(L.Callback):

@@ -7,12 +7,12 @@ temp folder; moving it across file systems is a copy, not an atomic rename.)
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Any, Dict, Optional
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from .._atomic import atomic_output
 
 __all__ = ["AtomicCheckpointIO"]
 
@@ -33,20 +33,5 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise TypeError(
                 f"AtomicCheckpointIO.save_checkpoint does not take storage_options, got {storage_options!r}"
             )
-        path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".ckpt")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            mask = os.umask(0)
-            os.umask(mask)
-            os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; give the file the usual mode
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_output(path) as tmp:
+            torch.save(checkpoint, tmp)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 
 import numpy as np
 import torch
 from torch import nn
+
+from .._atomic import atomic_output
 
 __all__ = ["Gaussians", "SH_C0", "rgb_to_sh", "sh_to_rgb"]
 
@@ -189,18 +189,9 @@ class Gaussians(nn.Module):
         header += f"element vertex {n}\n"
         header += "".join(f"property float {name}\n" for name, _ in cols)
         header += "end_header\n"
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".ply", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(header.encode("ascii"))
-                fh.write(data.tobytes())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_output(path) as tmp, open(tmp, "wb") as fh:
+            fh.write(header.encode("ascii"))
+            fh.write(data.tobytes())
 
 
 def read_ply(path: str) -> dict:
