@@ -167,6 +167,9 @@ def train(cfg) -> Dict[str, Any]:
     )
     dm = SceneDataModule(scene, seed=int(cfg.seed))
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    if not cfg.trainer.get("enable_progress_bar", True):
+        # Lightning refuses a progress-bar callback beside enable_progress_bar=false.
+        callbacks = [c for c in callbacks if not isinstance(c, L.pytorch.callbacks.ProgressBar)]
     evaluator = next((c for c in callbacks if isinstance(c, HeldOutMetrics)), None)
     if evaluator is not None and evaluator.dirpath is None:
         evaluator.dirpath = os.path.join(out_dir, "renders")
@@ -244,6 +247,22 @@ def _root_message(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def _one_log_stream() -> None:
+    """Route Lightning's messages through Hydra's logging only.
+
+    Lightning attaches its own stderr handler to its loggers at import; Hydra's root handler prints
+    the same records again (and writes the run's log file), so every Lightning line came out twice.
+    """
+    import lightning  # noqa: F401  (its import adds the handlers removed here)
+
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        lg = logging.getLogger(name)
+        for h in list(lg.handlers):
+            if type(h) is logging.StreamHandler:
+                lg.removeHandler(h)
+        lg.propagate = True
+
+
 def main() -> Optional[float]:
     """Hydra entry: ``python scripts/train.py [overrides]``; returns ``cfg.optimized_metric``'s
     value (for the Optuna sweeper) when set."""
@@ -251,6 +270,7 @@ def main() -> Optional[float]:
 
     @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
     def _main(cfg) -> Optional[float]:
+        _one_log_stream()
         torch.set_num_threads(int(cfg.get("num_threads") or torch.get_num_threads()))
         metrics = train(cfg)
         key = cfg.get("optimized_metric")

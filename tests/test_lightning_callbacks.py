@@ -133,3 +133,12 @@ def test_held_out_metrics_match_the_definitions_and_save_renders(tmp_path):
 def test_held_out_metrics_need_pred_and_target(tmp_path):
     with pytest.raises(ValueError, match="validation_step must return a dict with 'pred' and 'target'"):
         _trainer(tmp_path, [HeldOutMetrics(save_renders=False)]).validate(FitImage(_photo(), return_dict=False), verbose=False)
+
+
+def test_step_progress_bar_labels_training_not_epoch_minus_two():
+    from splatloss.lightning import StepProgressBar
+
+    bar = StepProgressBar()
+    label = bar._get_train_description(current_epoch=0)
+    assert label.strip() == "Training"
+    assert "-2" not in label

@@ -3,8 +3,8 @@
 Importing this package imports Lightning (the core ``splatloss`` package never does).
 """
 
-from .callbacks import HeldOutMetrics, LossTerms
+from .callbacks import HeldOutMetrics, LossTerms, StepProgressBar
 from .data import ResumableLoader, SceneDataModule, StepViewSampler, check_scene
 from .module import SplatModule
 
-__all__ = ["SplatModule", "SceneDataModule", "StepViewSampler", "ResumableLoader", "check_scene", "LossTerms", "HeldOutMetrics"]
+__all__ = ["SplatModule", "SceneDataModule", "StepViewSampler", "ResumableLoader", "check_scene", "LossTerms", "HeldOutMetrics", "StepProgressBar"]

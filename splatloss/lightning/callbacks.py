@@ -23,7 +23,7 @@ import torch
 
 from .._atomic import atomic_output
 
-__all__ = ["LossTerms", "HeldOutMetrics", "find_loss", "interpolate_schedule", "ms_ssim_weights_for"]
+__all__ = ["LossTerms", "HeldOutMetrics", "StepProgressBar", "find_loss", "interpolate_schedule", "ms_ssim_weights_for"]
 
 
 def find_loss(pl_module: torch.nn.Module, attr: str = "loss"):
@@ -233,3 +233,15 @@ class HeldOutMetrics(L.Callback):
             pl_module.log(f"val/{key}", value, sync_dist=True, batch_size=len(self._rows))
             self.last[key] = value
         self.last["num_views"] = len(self._rows)
+
+
+class StepProgressBar(L.pytorch.callbacks.RichProgressBar):
+    """Lightning's rich progress bar, labelled for step-budgeted runs.
+
+    Training here is one long pass of ``max_steps`` steps over a step-indexed view order, so
+    Lightning's ``Epoch 0/{max_epochs - 1}`` label read ``Epoch 0/-2`` (``max_epochs=-1``).
+    The label becomes ``Training`` and the bar counts steps as before.
+    """
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        return f"{'Training':{len(self.validation_description)}}"
