@@ -260,4 +260,14 @@ def test_dssim_with_gradient_unbatched_and_dtype():
     buf = torch.zeros(3, 16, 17, dtype=torch.float32)
     _, g2 = splatloss.dssim_with_gradient(x, y, grad=buf)
     assert g2 is buf
-    torch.testing.assert_close(buf, g.float(), atol=1e-3, rtol=1e-2)
+    # |g| <= ~0.04 here, so the former atol=1e-3 / rtol=1e-2 passed almost anything. Both results
+    # must be the float64 gradient (of the same fp16 values) rounded to fp16: within half an fp16
+    # ulp (2**-11 relative) plus fp16's subnormal step and fp32 round-off; then within one ulp of
+    # each other.
+    xr = x.double().requires_grad_()
+    (1 - splatloss.ssim(xr, y.double(), backend="reference")).backward()
+    truth = xr.grad
+    for got in (g, buf):
+        err = (got.double() - truth).abs() - (2.0**-11 * truth.abs() + 2.0**-24 + 1e-5 * float(truth.abs().max()))
+        assert float(err.max()) <= 0, f"fp16 gradient off the float64 truth by {float(err.max()):.3g} beyond half an ulp"
+    torch.testing.assert_close(buf, g.float(), atol=2.0**-24, rtol=2.0**-10)
