@@ -128,6 +128,9 @@ def test_held_out_metrics_match_the_definitions_and_save_renders(tmp_path):
     assert side.shape[:2] == (48, 96)  # prediction | ground truth
     gt = target[0].permute(1, 2, 0).numpy()
     assert abs(side[:, 48:, :3] - gt).max() < 1.5 / 255  # 8-bit PNG round-off
+    # and the left half is the prediction (not a second copy of the target: they differ by ~0.1)
+    assert abs(side[:, :48, :3] - pred[0].permute(1, 2, 0).numpy()).max() < 1.5 / 255
+    assert abs(side[:, :48, :3] - gt).max() > 0.05
 
 
 def test_held_out_metrics_need_pred_and_target(tmp_path):
