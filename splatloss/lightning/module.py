@@ -35,11 +35,16 @@ __all__ = ["SplatModule"]
 _PARAM_NAMES = ("means", "quats", "log_scales", "opacity_logits", "colors")
 
 
-def _view_from_batch(batch: Mapping[str, Any]) -> View:
-    """A ``ViewDataset`` item (dict of tensors) back to the renderer's :class:`View`."""
+def _view_from_batch(batch: Mapping[str, Any], named: bool = True) -> View:
+    """A ``ViewDataset`` item (dict of tensors) back to the renderer's :class:`View`.
+
+    ``named=False`` skips the name: ``batch["index"]`` is a tensor that Lightning moves to the
+    GPU with the batch, and ``int()`` of it would sync GPU -> CPU on every training step.
+    """
     image = batch["image"]  # [H, W, 3]
+    name = str(int(batch["index"])) if named and "index" in batch else ""
     return View(image=image, viewmat=batch["viewmat"], K=batch["K"], width=int(image.shape[1]),
-                height=int(image.shape[0]), name=str(int(batch["index"])) if "index" in batch else "")
+                height=int(image.shape[0]), name=name)
 
 
 class SplatModule(L.LightningModule):
@@ -155,7 +160,7 @@ class SplatModule(L.LightningModule):
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
         optimizer = opt.optimizer if hasattr(opt, "optimizer") else opt
-        view = _view_from_batch(batch)
+        view = _view_from_batch(batch, named=False)  # no name: no device sync on the hot path
         t0 = self._now()
         out = self.render_view(view)
         pred = self._to_bchw(out["image"])  # [1, 3, H, W]
