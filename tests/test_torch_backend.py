@@ -255,6 +255,15 @@ def test_half_precision_within_1e3_of_fp32(dtype, backend, cpu_path):
         assert abs(float((half - full).detach())) < 1e-3
     (g,) = torch.autograd.grad(splatloss.ssim(xh, yh, backend=backend), xh)
     assert g.dtype == dtype and bool(torch.isfinite(g).all())
+    # the gradient is the float64 one (same rounded inputs) rounded to the dtype: half an ulp, plus
+    # fp16's subnormal step (|g| <= 4.2e-5 here, below fp16's smallest normal 6.1e-5), plus the fp32
+    # computation's own error (1e-5 of the scale, as tests/test_triton_ssim.py) where it tips a rounding
+    x64 = xh.detach().double().requires_grad_()
+    (g64,) = torch.autograd.grad(splatloss.ssim(x64, yh.double(), backend="reference"), x64)
+    half_ulp = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[dtype]
+    sub = 2.0**-24 if dtype == torch.float16 else 0.0
+    over = float(((g.double() - g64).abs() - (half_ulp * g64.abs() + sub + 1e-5 * float(g64.abs().max()))).max())
+    assert over <= 0, f"{dtype} gradient off the float64 truth by {over:.3g} beyond half an ulp"
 
 
 @pytest.mark.parametrize("backend", ["torch", "reference"])
