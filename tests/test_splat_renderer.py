@@ -190,9 +190,10 @@ def test_compositors_agree_on_a_textured_scene():
     a, b = res["torch"], res["numba"]
     torch.testing.assert_close(a[0], b[0], atol=2e-6, rtol=0)
     torch.testing.assert_close(a[1], b[1], atol=2e-6, rtol=0)
-    torch.testing.assert_close(a[2], b[2], atol=1e-4 * float(a[2].abs().max()), rtol=0)
+    # gradients normwise: measured <= 3.3e-7 of their scale (the former 1e-4 was 300x that)
+    torch.testing.assert_close(a[2], b[2], atol=5e-6 * float(a[2].abs().max()), rtol=0)
     for k in a[3]:
-        torch.testing.assert_close(a[3][k], b[3][k], atol=1e-4 * float(a[3][k].abs().max()), rtol=0)
+        torch.testing.assert_close(a[3][k], b[3][k], atol=5e-6 * float(a[3][k].abs().max()), rtol=0)
 
 
 def test_render_errors():
