@@ -165,8 +165,10 @@ class DensifyStrategy:
         grad[:, 0] *= out["width"] / 2.0 * out.get("n_cameras", 1)
         grad[:, 1] *= out["height"] / 2.0 * out.get("n_cameras", 1)
         visible = (out["radii"].reshape(n, -1) > 0).all(dim=-1)
-        self.grad2d[visible] += grad[visible].norm(dim=-1)
-        self.count[visible] += 1
+        # torch.where, not boolean-mask indexing: a mask index is a nonzero(), i.e. a GPU -> CPU
+        # sync on every training step. Adding 0 leaves the other entries bitwise unchanged.
+        self.grad2d += torch.where(visible, grad.norm(dim=-1), torch.zeros_like(self.grad2d))
+        self.count += visible.to(self.count.dtype)
 
     def _refine(self, g: Gaussians, optimizer) -> None:
         n = g.num
