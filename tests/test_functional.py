@@ -156,6 +156,19 @@ def test_auto_never_picks_triton_on_cpu():
     assert flags["torch"] and flags["reference"] and isinstance(flags["triton"], bool)
 
 
+def test_auto_takes_triton_only_for_cuda_tensors_that_are_not_float64():
+    # No CUDA tensor can exist here: the predicate reads only .device and .dtype, so describe one.
+    from types import SimpleNamespace
+
+    from splatloss.backends import _auto_wants_triton
+
+    cuda = torch.device("cuda")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert _auto_wants_triton(SimpleNamespace(device=cuda, dtype=dtype))
+    assert not _auto_wants_triton(SimpleNamespace(device=cuda, dtype=torch.float64))
+    assert not _auto_wants_triton(torch.rand(1, 1, 12, 12))
+
+
 def test_triton_on_cpu_without_interpreter_is_an_error(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     x = torch.rand(1, 1, 12, 12)

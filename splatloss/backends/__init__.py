@@ -77,11 +77,22 @@ def _triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _auto_wants_triton(img) -> bool:
+    """Whether ``"auto"`` should try Triton for ``img``: CUDA tensors, except float64.
+
+    The Triton kernels compute in float32 and refuse float64 input; the torch path computes float64
+    in float64, so "auto" gives float64 users the precision they asked for instead of an error.
+    Both paths equal ``reference`` to their dtype's round-off, so this is a choice, not a fallback
+    to different numbers.
+    """
+    return img.device.type == "cuda" and img.dtype != torch.float64
+
+
 def resolve(name: str, img: torch.Tensor) -> ModuleType:
     """The backend module for ``name`` able to run on ``img``'s device, or a ValueError saying why.
 
     Never falls back silently to a different backend: ``"triton"`` that cannot run is an error;
-    only ``"auto"`` chooses, and it chooses Triton only for CUDA tensors.
+    only ``"auto"`` chooses, and it chooses Triton only for CUDA tensors that are not float64.
 
     Examples:
         >>> resolve("auto", torch.zeros(1)).__name__
@@ -99,7 +110,7 @@ def resolve(name: str, img: torch.Tensor) -> ModuleType:
         return _load_torch()
     on_cuda = img.device.type == "cuda"
     if name == "auto":
-        if on_cuda:
+        if _auto_wants_triton(img):
             mod = _load_triton()
             if mod is not None:
                 return mod
