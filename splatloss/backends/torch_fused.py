@@ -192,6 +192,17 @@ def _to_acc(t: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 
 
+def _save_inputs(ctx, inputs) -> None:
+    """What both SSIM Functions keep for backward / jvp: the two images and the window, nothing
+    map-sized (the backward recomputes the moments)."""
+    img1, img2, w, padding, c1, c2 = inputs
+    ctx.padding, ctx.c1, ctx.c2 = padding, c1, c2
+    ctx.dtypes = (img1.dtype, img2.dtype)
+    ctx.set_materialize_grads(False)  # an unused output (e.g. cs) passes None, skipping its terms
+    ctx.save_for_backward(img1, img2, w)
+    ctx.save_for_forward(img1, img2, w)
+
+
 class _SSIMMapFn(torch.autograd.Function):
     """(img1, img2) -> (SSIM map, cs map), analytic backward and jvp."""
 
@@ -204,12 +215,7 @@ class _SSIMMapFn(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        img1, img2, w, padding, c1, c2 = inputs
-        ctx.padding, ctx.c1, ctx.c2 = padding, c1, c2
-        ctx.dtypes = (img1.dtype, img2.dtype)
-        ctx.set_materialize_grads(False)  # an unused output (e.g. cs) passes None, skipping its terms
-        ctx.save_for_backward(img1, img2, w)
-        ctx.save_for_forward(img1, img2, w)
+        _save_inputs(ctx, inputs)
 
     @staticmethod
     def backward(ctx, g_s, g_c):
@@ -238,12 +244,7 @@ class _SSIMStatsFn(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        img1, img2, w, padding, c1, c2 = inputs
-        ctx.padding, ctx.c1, ctx.c2 = padding, c1, c2
-        ctx.dtypes = (img1.dtype, img2.dtype)
-        ctx.set_materialize_grads(False)  # an unused output (e.g. cs) passes None, skipping its terms
-        ctx.save_for_backward(img1, img2, w)
-        ctx.save_for_forward(img1, img2, w)
+        _save_inputs(ctx, inputs)
 
     @staticmethod
     def _map_numel(img, w, padding):
