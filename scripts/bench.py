@@ -8,7 +8,7 @@ script times the Triton backend and fused-ssim with ``triton.testing.do_bench``.
 
 Examples::
 
-    python scripts/bench.py --threads 1                       # 1x3x256x256 and 1x3x720x1280
+    python scripts/bench.py --threads 1                       # 1x3x256x256 and 1x3x720x1280, one thread
     python scripts/bench.py --sizes 720x1280 --memory --cold-start --json bench.json --plot bench.png
     python scripts/bench.py --full                            # 256x256 .. 1080x1920, C 1/3, B 1/8
 
@@ -524,7 +524,8 @@ def parse_args(argv=None):
     p.add_argument("--baseline", default="pytorch_msssim", help="library the ratios are taken against")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "float64"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (and OMP/MKL); default 1")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (and OMP/MKL); default: torch's own choice (recorded in the results)")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds per configuration (median taken)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per library after the first")
     p.add_argument("--memory", action="store_true", help="added peak memory per library, fresh process each")
@@ -546,7 +547,10 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    # Fresh processes (memory, cold start) run with the count this one uses, whoever chose it.
+    args.threads = torch.get_num_threads()
     if args._memory_child:
         lib, op, mode, shape, dt, device = args._memory_child
         print(json.dumps(memory_child(lib, op, mode, tuple(int(v) for v in shape.split("x")),
