@@ -25,9 +25,20 @@
  * so the backward is four transposed separable filters (three when only one image needs a
  * gradient), after recomputing the forward statistics of the rows it needs.
  *
+ * Numerics: the moments are those of the shifted images x - s, y - s, with s one number per plane
+ * (the mean of (x + y) / 2 over the plane's middle row; "same" padding then holds -s). Variances
+ * and the covariance do not change under a common shift, and E[x'^2] - E[x']^2 no longer cancels
+ * catastrophically in float32 where the local variance is small against the squared mean (flat
+ * skies and walls): on a flat JPEG photograph the float32 gradient went from 7e-5 to 1e-6 of the
+ * float64 one. The luminance terms use the true means mu' + s. With x' = x - s the formulas above
+ * hold with mu_x, e_ss, e_xy of the shifted images in A2, B2, beta, gamma, and
+ *   alpha_x = 2 gS (mu_y cs - mu_x ssim) / B1 - 2 mu'_x beta - mu'_y gamma    (mu = mu' + s)
+ *   dL/dx = w^T*alpha_x + 2 x' (w^T*beta) + y' (w^T*gamma).
+ * 1/B1 and 1/B2 are two divisions, never 1/(B1 B2): that product overflows (B1 ~ B2 ~ 1e19 at
+ * data_range = 1e10) or underflows (C1 = C2 = 1e-20 on a black image) in float32.
+ *
  * Cost: the work is all in the filters (FMA-bound on one core): forward 4 quantities x 2 passes,
- * backward 4 recomputed + 3 adjoint quantities x 2 passes, K taps each. One division per pixel
- * (1 / (B1 B2), from which 1/B1 and 1/B2 follow) keeps the divider off the critical path.
+ * backward 4 recomputed + 3 adjoint quantities x 2 passes, K taps each.
  *
  * Vectorisation uses GCC/Clang vector extensions (64-byte vectors: AVX-512 where the CPU has it,
  * split into narrower registers elsewhere). Row buffers are padded to whole vectors and the pad
@@ -103,7 +114,17 @@ int splat_ssim_vector_width(void) { return V; }
 typedef struct {
     const REAL *x, *y;
     int H, W, ld, pad, col0;
+    REAL shift;        /* subtracted from every sample, padding included (see the top) */
 } img_t;
+
+/* The plane's shift: the mean of (x + y) / 2 over its middle row, in double. It depends on the
+ * plane only, so every strip of a plane (and every thread count) uses the same one. */
+static REAL plane_shift(const REAL *x, const REAL *y, int H, int W) {
+    const REAL *a = x + (size_t)(H / 2) * W, *b = y + (size_t)(H / 2) * W;
+    double s = 0;
+    for (int j = 0; j < W; j++) s += (double)a[j] + (double)b[j];
+    return (REAL)(s / (2.0 * W));
+}
 
 typedef struct {
     dims_t d;
@@ -127,14 +148,15 @@ static ws_t make_ws(dims_t d, img_t im, const REAL *g, REAL *base) {
     return w;
 }
 
-/* dst[0..n) = logical columns c0 .. c0+n-1 of a physical row of width W (NULL: a padding row). */
-static void copy_seg(REAL *dst, const REAL *row, int c0, int n, int W) {
+/* dst[0..n) = logical columns c0 .. c0+n-1 of a physical row of width W (NULL: a padding row),
+ * minus the shift (a zero padding sample becomes -shift). */
+static void copy_seg(REAL *dst, const REAL *row, int c0, int n, int W, REAL shift) {
     int lo = c0 < 0 ? -c0 : 0;
     int hi = W - c0 < n ? W - c0 : n;
-    if (row == NULL || hi <= lo) { memset(dst, 0, sizeof(REAL) * n); return; }
-    if (lo > 0) memset(dst, 0, sizeof(REAL) * lo);
-    memcpy(dst + lo, row + c0 + lo, sizeof(REAL) * (hi - lo));
-    if (hi < n) memset(dst + hi, 0, sizeof(REAL) * (n - hi));
+    if (row == NULL || hi <= lo) { for (int j = 0; j < n; j++) dst[j] = -shift; return; }
+    for (int j = 0; j < lo; j++) dst[j] = -shift;
+    for (int j = lo; j < hi; j++) dst[j] = row[c0 + j] - shift;
+    for (int j = hi; j < n; j++) dst[j] = -shift;
 }
 
 /* x and y of logical row r of the current tile into the first two (zero-tailed) row buffers. */
@@ -142,8 +164,9 @@ static void load_xy(ws_t *w, int r) {
     const img_t im = w->im;
     const int rr = r - im.pad;
     const int inside = rr >= 0 && rr < im.H;
-    copy_seg(w->in, inside ? im.x + (size_t)rr * im.ld : NULL, im.col0 - im.pad, w->d.W, im.W);
-    copy_seg(w->in + w->d.Lin, inside ? im.y + (size_t)rr * im.ld : NULL, im.col0 - im.pad, w->d.W, im.W);
+    copy_seg(w->in, inside ? im.x + (size_t)rr * im.ld : NULL, im.col0 - im.pad, w->d.W, im.W, im.shift);
+    copy_seg(w->in + w->d.Lin, inside ? im.y + (size_t)rr * im.ld : NULL, im.col0 - im.pad, w->d.W, im.W,
+             im.shift);
 }
 
 /* Load logical row r into the zero-tailed row buffers and form the products. */
@@ -205,7 +228,7 @@ static void map_row(ws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
     for (int i = 0; i < V; i++) lane[i] = i;
     const int as = m % K;
     REAL *a0 = w->aring + (size_t)as * d.Wpp;
-    const vr c1 = bc(C1), c2 = bc(C2), two = bc(2), vgs = bc(gS), vgc = bc(gC);
+    const vr c1 = bc(C1), c2 = bc(C2), two = bc(2), vgs = bc(gS), vgc = bc(gC), sh = bc(w->im.shift);
 
     for (int j = 0; j < d.Wpp; j += V) {
         vr mx = {0}, my = {0}, ess = {0}, exy = {0};
@@ -217,37 +240,32 @@ static void map_row(ws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
             ess += gk * ld(h + 2 * qs);
             exy += gk * ld(h + 3 * qs);
         }
-        vr mxy = mx * my;
-        vr m2 = mx * mx + my * my;
-        vr A1 = two * mxy + c1;
-        vr B1 = m2 + c1;
-        vr A2 = two * (exy - mxy) + c2;
-        vr B2 = (ess - m2) + c2;
-        vr iB12 = 1 / (B1 * B2);        /* the only division */
+        vr ux = mx + sh, uy = my + sh;  /* true means (mx, my: means of the shifted images) */
+        vr A1 = two * ux * uy + c1;
+        vr B1 = ux * ux + uy * uy + c1;
+        vr A2 = two * (exy - mx * my) + c2;
+        vr B2 = (ess - (mx * mx + my * my)) + c2;
+        vr iB1 = 1 / B1, iB2 = 1 / B2;  /* never 1 / (B1 B2): it overflows or underflows */
+        vr lum = A1 * iB1, cs = A2 * iB2;
+        vr ssim = lum * cs;
         vmask vm = (lane + j) < d.Wp;   /* all-ones bits in the map's lanes, 0 in the pad */
         if (mode == 0) {
-            vr ssim = A1 * A2 * iB12;
-            vr cs = A2 * B1 * iB12;
             acc_s += (vr)((vmask)ssim & vm);
             acc_c += (vr)((vmask)cs & vm);
         } else {
-            vr iB1 = B2 * iB12, iB2 = B1 * iB12;
-            vr cs = A2 * iB2;
-            vr ssim = A1 * iB1 * cs;
             vr beta = -(vgs * ssim + vgc * cs) * iB2;
-            vr gamma = two * (vgs * A1 * iB1 + vgc) * iB2;
-            vr t = two * vgs * iB1 * iB2;  /* 2 gS / (B1 B2) */
-            vr sB2 = ssim * B2;
+            vr gamma = two * (vgs * lum + vgc) * iB2;
+            vr t = two * vgs * iB1;  /* 2 gS / B1 */
             st(a0 + j, (vr)((vmask)beta & vm));
             st(a0 + qs + j, (vr)((vmask)gamma & vm));
             int q = 2;
             if (need_x) {
-                vr ax = t * (my * A2 - mx * sB2) - two * mx * beta - my * gamma;
+                vr ax = t * (uy * cs - ux * ssim) - two * mx * beta - my * gamma;
                 st(a0 + q * qs + j, (vr)((vmask)ax & vm));
                 q++;
             }
             if (need_y) {
-                vr ay = t * (mx * A2 - my * sB2) - two * my * beta - mx * gamma;
+                vr ay = t * (ux * cs - uy * ssim) - two * my * beta - mx * gamma;
                 st(a0 + q * qs + j, (vr)((vmask)ay & vm));
             }
         }
@@ -347,7 +365,8 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
             vr two_hb = hb + hb;
             vr gxv = h2 + two_hb * xv + hg * yv;
             vr gyv = (need_x ? h3 : h2) + two_hb * yv + hg * xv;
-            if (l1c != 0) {  /* + l1c * d|x - y|: sign(x - y), 0 where equal (torch's abs') */
+            if (l1c != 0) {  /* + l1c * d|x - y|: sign(x - y), 0 where equal (torch's abs'); */
+                             /* x - s, y - s keep the order of x, y (ties only below an ulp of s) */
                 vr sg = (vr)((vmask)one & (xv > yv)) - (vr)((vmask)one & (xv < yv));
                 gxv += l1 * sg;
                 gyv -= l1 * sg;
@@ -371,11 +390,12 @@ void splat_ssim_fwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, i
                     REAL C1, REAL C2, int m0, int m1, REAL *work, double *out, int tile, int pad) {
     const int Wp = W + 2 * pad - K + 1;
     const int T = tile > 0 ? tile : Wp;
+    const REAL shift = plane_shift(x, y, H, W);
     for (int m = m0; m < m1; m++) out[2 * (m - m0)] = out[2 * (m - m0) + 1] = 0;
     for (int j0 = 0; j0 < Wp; j0 += T) {
         int tw = Wp - j0 < T ? Wp - j0 : T;
         dims_t d = make_dims(tw + K - 1, K);
-        img_t im = {x, y, H, W, W, pad, j0};
+        img_t im = {x, y, H, W, W, pad, j0, shift};
         memset(work, 0, ws_elems(d) * sizeof(REAL));
         ws_t w = make_ws(d, im, g, work);
         fwd_tile(&w, C1, C2, m0, m1, out);
@@ -392,12 +412,13 @@ void splat_ssim_bwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, i
                     REAL *gx, REAL *gy, int tile, int pad, REAL l1c) {
     const int Wl = W + 2 * pad;
     const int T = tile > 0 ? tile : W;
+    const REAL shift = plane_shift(x, y, H, W);
     for (int c0 = pad; c0 < pad + W; c0 += T) {
         int c1 = pad + W - c0 < T ? pad + W : c0 + T;
         int a = c0 - K + 1 < 0 ? 0 : c0 - K + 1;     /* tile image: logical columns [a, b) */
         int b = c1 + K - 1 > Wl ? Wl : c1 + K - 1;
         dims_t d = make_dims(b - a, K);
-        img_t im = {x, y, H, W, W, pad, a};
+        img_t im = {x, y, H, W, W, pad, a, shift};
         memset(work, 0, ws_elems(d) * sizeof(REAL));
         ws_t w = make_ws(d, im, g, work);
         bwd_tile(&w, H + 2 * pad, C1, C2, gS, gC, l1c, q0 + pad, q1 + pad, c0 - a, c1 - a, gx, gy);
