@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["s3im", "S3IM_SIGMA"]
+__all__ = ["s3im", "s3im_with_config", "S3IMConfig", "s3im_window", "S3IM_SIGMA"]
 
 #: Standard deviation of the S3IM window in pixels (the authors' value; not an option there either).
 S3IM_SIGMA = 1.5
@@ -96,6 +97,44 @@ def s3im_window(kernel_size: int, dtype: torch.dtype = torch.float64, device="cp
     return (w / w.sum()).to(dtype=dtype, device=device)
 
 
+@dataclass(frozen=True)
+class S3IMConfig:
+    """S3IM settings, validated once (see :func:`s3im` for their meaning).
+
+    Examples:
+        >>> S3IMConfig().patch_height
+        64
+        >>> S3IMConfig(stride=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: stride must be a positive integer, got 0
+    """
+
+    kernel_size: int = 4
+    stride: int = 4
+    repeats: int = 10
+    patch_height: int = 64
+    data_range: float = 1.0
+    k1: float = 0.01
+    k2: float = 0.03
+
+    def __post_init__(self):
+        for name in ("kernel_size", "stride", "repeats", "patch_height"):
+            object.__setattr__(self, name, _positive_int(name, getattr(self, name)))
+        for name in ("data_range", "k1", "k2"):
+            object.__setattr__(self, name, _positive_real(name, getattr(self, name)))
+
+    @property
+    def C1(self) -> float:
+        """``(k1 * data_range) ** 2``."""
+        return (self.k1 * self.data_range) ** 2
+
+    @property
+    def C2(self) -> float:
+        """``(k2 * data_range) ** 2``."""
+        return (self.k2 * self.data_range) ** 2
+
+
 def s3im(
     pred: torch.Tensor,
     target: torch.Tensor,
@@ -141,14 +180,31 @@ def s3im(
         >>> 0.0 < float(value) < 1.0
         True
     """
+    cfg = S3IMConfig(
+        kernel_size=kernel_size,
+        stride=stride,
+        repeats=repeats,
+        patch_height=patch_height,
+        data_range=data_range,
+        k1=k1,
+        k2=k2,
+    )
+    return s3im_with_config(pred, target, cfg, generator=generator)
+
+
+def s3im_with_config(
+    pred: torch.Tensor, target: torch.Tensor, cfg: S3IMConfig, generator: Optional[torch.Generator] = None
+) -> torch.Tensor:
+    """:func:`s3im` with settings already validated in an :class:`S3IMConfig` (what the modules call).
+
+    Examples:
+        >>> rays = torch.rand(640, 3)
+        >>> float(s3im_with_config(rays, rays, S3IMConfig()))
+        1.0
+    """
     _check_rays(pred, target)
-    kernel_size = _positive_int("kernel_size", kernel_size)
-    stride = _positive_int("stride", stride)
-    repeats = _positive_int("repeats", repeats)
-    patch_height = _positive_int("patch_height", patch_height)
-    data_range = _positive_real("data_range", data_range)
-    k1 = _positive_real("k1", k1)
-    k2 = _positive_real("k2", k2)
+    kernel_size, stride, repeats, patch_height = cfg.kernel_size, cfg.stride, cfg.repeats, cfg.patch_height
+    data_range = cfg.data_range
     if generator is not None:
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
@@ -201,8 +257,7 @@ def s3im(
     mu_p, mu_t = mp + shift, mt + shift  # the window sums to 1
 
     # 5. SSIM map and its mean.
-    c1 = (k1 * data_range) ** 2
-    c2 = (k2 * data_range) ** 2
+    c1, c2 = cfg.C1, cfg.C2
     lum = (2 * mu_p * mu_t + c1) / (mu_p * mu_p + mu_t * mu_t + c1)
     cs = (2 * cov + c2) / (var_p + var_t + c2)
     return (lum * cs).mean()
