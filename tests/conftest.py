@@ -1,0 +1,138 @@
+"""Shared test data for the backend conformance suite (tests/backends/) and the core tests.
+
+Image pairs: random correlated pairs (SSIM far from 0, so both of its terms matter), crops of real
+photographs from scikit-image (``_truth.photo`` / ``_truth.distort``), and awkward sizes.
+
+Tolerances (``TOL``) are normwise relative errors, ``max|got - truth| / max|truth|``, against the
+float64 reference computed on the very same input values; SSIM maps and gradients cross zero, where
+a pointwise relative error means nothing. Each entry carries the error measured when it was set.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))  # tests/_truth.py for tests/backends/*
+
+# Backends the conformance suite runs: every one that computes SSIM its own way. "reference" is the
+# truth they are measured against (in float64), so it is not in this list.
+CONFORMING = ("torch", "cpu", "triton")
+PADDINGS = ("valid", "same", "reflect")
+
+# Normwise relative tolerance of fp32 inputs against the float64 reference, per backend:
+# (values, gradients). Measured:
+#   torch / cpu: ssim_stats values <= 1.3e-7, gradients <= 1.1e-6; window options values <= 1.2e-7,
+#     gradients <= 2.3e-6 (max |grad| ~4e-3); MS-SSIM values <= 5e-6, gradients <= 3.5e-5 (the fp32
+#     reference's own MS-SSIM gradient is 5.1e-5 off).
+#   triton: every value and gradient within 1e-5 (the kernels' documented bar).
+#   "map": SSIM / cs maps, whose pixels are O(1): the fp32 per-pixel bar of 1e-5 (measured <= 2.4e-6 on
+#     the tiny images and borders of test_values.py).
+TOL = {
+    "torch": {"values": 1e-6, "grads": 1e-5, "map": 1e-5, "ms_values": 2e-5, "ms_grads": 1e-4},
+    "cpu": {"values": 1e-6, "grads": 1e-5, "map": 1e-5, "ms_values": 2e-5, "ms_grads": 1e-4},
+    "triton": {"values": 1e-5, "grads": 1e-5, "map": 1e-5, "ms_values": 1e-5, "ms_grads": 1e-5},
+}
+# Per map pixel, fp32 against float64 (absolute): map values O(1) to 1e-5 and gradients O(5) under a
+# standard-normal upstream to 4e-5 (the fused torch path measured ~2e-6 and ~8e-6).
+MAP_ATOL_FP32 = {"values": 1e-5, "grads": 4e-5}
+# float64 backends against the float64 reference, per element (atol, rtol).
+FP64 = (1e-12, 1e-10)
+# fp16 / bf16 gradients: one unit in the last place of the dtype, relative to the reference's own
+# gradient in that dtype (both round an fp32 value), plus REL of the scale and fp16's subnormal step.
+ULP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+HALF_ULP = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+# dtypes each backend accepts (Triton computes in fp32 and refuses float64 with a TypeError).
+DTYPES = {
+    "torch": (torch.float32, torch.float64, torch.float16, torch.bfloat16),
+    "cpu": (torch.float32, torch.float64, torch.float16, torch.bfloat16),
+    "triton": (torch.float32, torch.float16, torch.bfloat16),
+}
+# largest window each backend supports
+MAX_WINDOW = {"torch": None, "cpu": None, "triton": 31}
+# backends whose results are promised bitwise equal from run to run
+DETERMINISTIC = ("torch", "cpu", "triton")
+# backends whose backward is differentiable again (double backward, gradgradcheck, torch.func)
+SECOND_ORDER = ("torch", "cpu")
+
+
+def has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def device_for(name: str) -> torch.device:
+    """Triton runs on CUDA where a GPU exists (else in the interpreter on the CPU); "cpu" is the CPU."""
+    if name == "triton" and has_cuda():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def backend_params(names=CONFORMING, slow_triton=False):
+    """pytest params for ``names``: Triton marked ``triton`` (and ``gpu`` where CUDA exists; ``slow``
+    too when ``slow_triton`` and it runs in the interpreter)."""
+    out = []
+    for name in names:
+        marks = []
+        if name == "triton" and slow_triton and not has_cuda():
+            marks.append(pytest.mark.slow)
+        if name == "triton":
+            marks.append(pytest.mark.triton)
+            if has_cuda():
+                marks.append(pytest.mark.gpu)
+        out.append(pytest.param(name, marks=marks, id=name))
+    return out
+
+
+def side(name: str, big: int, small: int) -> int:
+    """Image side for a backend: ``small`` for Triton in the interpreter (slow), else ``big``."""
+    return small if name == "triton" and not has_cuda() else big
+
+
+def make_pair(shape, dtype=torch.float32, seed=0, device="cpu"):
+    """A correlated random pair drawn in float64 then cast, so every dtype sees the same values."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(shape, generator=g, dtype=torch.float64)
+    y = (0.6 * x + 0.4 * torch.rand(shape, generator=g, dtype=torch.float64)).clamp(0, 1)
+    return x.to(device=device, dtype=dtype), y.to(device=device, dtype=dtype)
+
+
+def photo_pair(h: int, w: int, seed: int = 0, dtype=torch.float64):
+    """A crop of scikit-image's astronaut and a shifted, brightened, noisy copy, ``(1, 3, h, w)``."""
+    from _truth import distort, photo, to_torch
+
+    a = photo("astronaut", 100, 150, h, w)
+    b = distort(a, seed)
+    return to_torch(a, dtype), to_torch(b, dtype), a, b
+
+
+def rel(got, truth) -> float:
+    got, truth = got.detach().double().cpu(), truth.detach().double().cpu()
+    return float((got - truth).abs().max() / truth.abs().max().clamp_min(1e-30))
+
+
+def assert_rel(got, truth, tol, what=""):
+    err = rel(got, truth)
+    assert err <= tol, f"{what}: normwise relative error {err:.3g} > {tol:.1g}"
+
+
+def assert_lowp_grad(got, ref_lowp, dtype, rel_tol, what=""):
+    """fp16 / bf16 gradient within one ulp of the reference's own gradient in that dtype."""
+    assert got.dtype == dtype, f"{what}: gradient dtype {got.dtype}, expected {dtype}"
+    a, b = got.detach().double().cpu(), ref_lowp.detach().double().cpu()
+    bound = ULP[dtype] * b.abs() + rel_tol * b.abs().max() + 2.0**-24
+    worst = float(((a - b).abs() - bound).max())
+    assert worst <= 0, f"{what}: {dtype} gradient off by more than one ulp ({worst:.3g} over)"
+
+
+def grads(out_terms, inputs):
+    return torch.autograd.grad(out_terms, inputs)
+
+
+@pytest.fixture(params=backend_params())
+def backend(request):
+    """Every conforming backend that can run here."""
+    return request.param
