@@ -1,0 +1,63 @@
+"""The backend contract: names, objects, every entry point on every backend, the public API routing."""
+
+import pytest
+import torch
+
+import splatloss
+from conftest import CONFORMING, TOL, assert_rel, device_for, make_pair
+from splatloss.config import MS_SSIM_WEIGHTS, SSIMConfig
+
+ENTRY_POINTS = ("ssim_map", "ssim_stats", "ms_ssim", "dssim_l1", "ssim_mean_and_grad")
+
+
+def test_names():
+    assert splatloss.backends.NAMES == ("reference", "torch", "cpu", "triton")
+    assert splatloss.backends.BACKENDS == ("auto",) + splatloss.backends.NAMES
+    assert set(CONFORMING) == set(splatloss.backends.NAMES) - {"reference"}
+
+
+@pytest.mark.parametrize("name", ["reference", "torch", "cpu", "triton"])
+def test_get_returns_a_backend_with_every_entry_point(name):
+    b = splatloss.backends.get(name)
+    assert b.name == name
+    for entry in ENTRY_POINTS:
+        assert callable(getattr(b, entry)), f"{name} lacks {entry}"
+
+
+def test_auto_picks_the_cpu_kernel_for_cpu_tensors_and_explains_why():
+    x = torch.rand(1, 3, 16, 16)
+    assert splatloss.backends.resolve("auto", x).name == "cpu"
+    assert splatloss.backends.resolve("torch", x).name == "torch"
+    why = splatloss.backends.explain(x)
+    assert isinstance(why, str) and "cpu" in why
+
+
+@pytest.mark.parametrize("entry", ["ssim_map", "ssim", "ms_ssim", "dssim_l1"])
+def test_public_api_runs_the_named_backend(backend, entry):
+    """splatloss.<entry>(backend=name) gives what the backend object computes (bitwise: one path)."""
+    dev = device_for(backend)
+    x, y = make_pair((2, 3, 23, 24), seed=3, device=dev)
+    b = splatloss.backends.get(backend)
+    small = dict(window_size=3, sigma=0.8)
+    cfg = SSIMConfig(**small)
+    if entry == "ssim_map":
+        got, direct = splatloss.ssim_map(x, y, backend=backend, **small), b.ssim_map(x, y, cfg)
+    elif entry == "ssim":
+        got = splatloss.ssim(x, y, backend=backend, reduction="none", **small)
+        direct = b.ssim_stats(x, y, cfg)[0].mean(dim=1)
+    elif entry == "ms_ssim":
+        w = (0.2, 0.3, 0.5)
+        got = splatloss.ms_ssim(x, y, backend=backend, weights=w, reduction="none", **small)
+        direct = b.ms_ssim(x, y, cfg, w)
+    else:
+        got = splatloss.dssim_l1(x, y, 0.2, backend=backend, reduction="none", **small)
+        direct = b.dssim_l1(x, y, cfg, 0.2)
+    assert torch.equal(got, direct)
+    ref = getattr(splatloss, entry)
+    kw = dict(reduction="none") if entry != "ssim_map" else {}
+    if entry == "ms_ssim":
+        kw["weights"] = (0.2, 0.3, 0.5)
+    args = (0.2,) if entry == "dssim_l1" else ()
+    truth = ref(x.double().cpu(), y.double().cpu(), *args, backend="reference", **small, **kw)
+    assert_rel(got, truth, TOL[backend]["ms_values" if entry == "ms_ssim" else "map"], entry)
+    assert MS_SSIM_WEIGHTS  # the default weights exist in config
