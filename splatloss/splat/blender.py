@@ -1,0 +1,91 @@
+"""NeRF-synthetic ("Blender") scenes: ``transforms_{train,test}.json`` plus images."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import torch
+
+from splatloss.splat.views import SceneData, View, _check_sizes, _downscale, _random_points, _read_image
+
+__all__ = ["load_blender"]
+
+
+def load_blender(
+    path: str,
+    downscale: int = 1,
+    white_background: bool = True,
+    n_points: int = 3000,
+    seed: int = 0,
+) -> SceneData:
+    """Load a NeRF-synthetic ("Blender") scene: ``transforms_{train,test}.json`` plus images.
+
+    Each json has ``camera_angle_x`` (horizontal field of view, radians) and ``frames``, each with a
+    ``file_path`` (relative to ``path``, ``.png`` appended when it has no extension) and a 4x4
+    camera->world ``transform_matrix`` in the OpenGL frame (x right, y up, z backward). RGBA images
+    are composited on white (or black). With no point cloud in the format, initial points are
+    uniform in the cube the cameras look into (half-width 1.3, the NeRF-synthetic convention).
+    """
+    if not os.path.isdir(path):
+        raise ValueError(f"load_blender: dataset directory {path!r} does not exist")
+    if not isinstance(downscale, int) or downscale < 1:
+        raise ValueError(f"load_blender: downscale must be an integer >= 1, got {downscale!r}")
+    background = (1.0, 1.0, 1.0) if white_background else (0.0, 0.0, 0.0)
+    splits = {}
+    for split in ("train", "test"):
+        fn = os.path.join(path, f"transforms_{split}.json")
+        if not os.path.isfile(fn):
+            raise ValueError(f"load_blender: expected {fn!r} (NeRF-synthetic layout), it does not exist")
+        try:
+            with open(fn) as fh:
+                meta = json.load(fh)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"load_blender: {fn!r} is not valid JSON: {e}") from None
+        if not isinstance(meta, dict) or "camera_angle_x" not in meta or "frames" not in meta:
+            got = sorted(meta) if isinstance(meta, dict) else type(meta).__name__
+            raise ValueError(
+                f"load_blender: {fn!r} must be an object with 'camera_angle_x' and 'frames', got keys {got}"
+            )
+        fov = float(meta["camera_angle_x"])
+        views = []
+        for k, fr in enumerate(meta["frames"]):
+            if not isinstance(fr, dict) or "file_path" not in fr or "transform_matrix" not in fr:
+                raise ValueError(
+                    f"load_blender: {fn!r} frame {k} must have 'file_path' and 'transform_matrix', got {fr!r}"
+                )
+            c2w = np.asarray(fr["transform_matrix"], dtype=np.float64)
+            if c2w.shape != (4, 4):
+                raise ValueError(
+                    f"load_blender: {fn!r} frame {k}: transform_matrix must be 4x4, got shape {c2w.shape}"
+                )
+            img_path = os.path.join(path, fr["file_path"])
+            if not os.path.splitext(img_path)[1]:
+                img_path += ".png"
+            img = _downscale(_read_image(img_path, background), downscale)
+            H, W = img.shape[:2]
+            f = 0.5 * W / math.tan(0.5 * fov)
+            c2w = c2w.copy()
+            c2w[:3, 1:3] *= -1  # OpenGL -> OpenCV camera axes
+            viewmat = np.linalg.inv(c2w)
+            K = np.array([[f, 0, W / 2], [0, f, H / 2], [0, 0, 1]])
+            views.append(
+                View(
+                    image=torch.from_numpy(img.astype(np.float32)),
+                    viewmat=torch.from_numpy(viewmat.astype(np.float32)),
+                    K=torch.from_numpy(K.astype(np.float32)),
+                    width=W,
+                    height=H,
+                    name=os.path.basename(img_path),
+                )
+            )
+        if not views:
+            raise ValueError(f"load_blender: {fn!r} has no frames")
+        splits[split] = views
+    _check_sizes(splits["train"] + splits["test"], "load_blender")
+    cams = torch.stack([torch.linalg.inv(v.viewmat)[:3, 3] for v in splits["train"]])
+    extent = float(cams.norm(dim=-1).max())
+    pts, cols = _random_points(n_points, 1.3, seed)
+    return SceneData(splits["train"], splits["test"], pts, cols, extent, background)

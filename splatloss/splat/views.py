@@ -1,0 +1,149 @@
+"""Views, scenes and the view dataset, plus the image helpers every loader shares.
+
+Camera convention everywhere (as gsplat): ``viewmat`` is the 4x4 world->camera matrix in the
+OpenCV frame (x right, y down, z forward), ``K`` the 3x3 pinhole intrinsics, and pixel ``(row i,
+column j)`` has its centre at image coordinates ``(j + 0.5, i + 0.5)``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+__all__ = ["View", "SceneData", "ViewDataset", "look_at"]
+
+
+@dataclass
+class View:
+    """One camera and its image.
+
+    Attributes:
+        image: ``[H, W, 3]`` float32 in ``[0, 1]``.
+        viewmat: ``[4, 4]`` world->camera (OpenCV frame: x right, y down, z forward).
+        K: ``[3, 3]`` pinhole intrinsics in pixels.
+        width, height: image size in pixels.
+        name: an identifier (file name or ``train_007``).
+    """
+
+    image: torch.Tensor
+    viewmat: torch.Tensor
+    K: torch.Tensor
+    width: int
+    height: int
+    name: str = ""
+
+
+@dataclass
+class SceneData:
+    """Training and held-out views plus points to initialise Gaussians from.
+
+    Attributes:
+        train, test: lists of :class:`View`.
+        points: ``[P, 3]`` float32 initial positions.
+        colors: ``[P, 3]`` float32 in ``[0, 1]`` initial colours.
+        extent: scene radius (used to scale learning rates and densification thresholds).
+        background: RGB the images were composited on (the renderer should use it).
+    """
+
+    train: list
+    test: list
+    points: torch.Tensor
+    colors: torch.Tensor
+    extent: float
+    background: tuple = field(default=(0.0, 0.0, 0.0))
+
+
+def look_at(eye, target=(0.0, 0.0, 0.0), up=(0.0, 0.0, 1.0)) -> np.ndarray:
+    """World->camera 4x4 matrix (OpenCV frame) for a camera at ``eye`` looking at ``target``."""
+    eye = np.asarray(eye, dtype=np.float64)
+    forward = np.asarray(target, dtype=np.float64) - eye
+    forward /= np.linalg.norm(forward)
+    right = np.cross(forward, np.asarray(up, dtype=np.float64))
+    right /= np.linalg.norm(right)
+    down = np.cross(forward, right)
+    R = np.stack([right, down, forward])  # rows: camera axes in world coordinates
+    M = np.eye(4)
+    M[:3, :3] = R
+    M[:3, 3] = -R @ eye
+    return M
+
+
+
+def _read_image(path: str, background) -> np.ndarray:
+    if not os.path.isfile(path):
+        raise ValueError(f"image file {path!r} does not exist")
+    import skimage.io
+
+    img = np.asarray(skimage.io.imread(path))
+    if img.dtype == np.uint8:
+        img = img.astype(np.float32) / 255.0
+    elif img.dtype == np.uint16:
+        img = img.astype(np.float32) / 65535.0
+    else:
+        img = img.astype(np.float32)
+    if img.ndim == 2:
+        img = np.repeat(img[..., None], 3, axis=-1)
+    if img.ndim != 3 or img.shape[-1] not in (3, 4):
+        raise ValueError(f"image {path!r}: expected an RGB or RGBA image, got shape {img.shape}")
+    if img.shape[-1] == 4:  # composite onto the background, as NeRF-synthetic training does
+        a = img[..., 3:4]
+        img = img[..., :3] * a + np.asarray(background, dtype=np.float32) * (1 - a)
+    return np.ascontiguousarray(img)
+
+
+def _check_sizes(views: list, where: str) -> None:
+    for v in views:
+        shape = tuple(v.image.shape)
+        if len(shape) != 3 or shape[2] != 3 or shape[:2] != (v.height, v.width):
+            raise ValueError(
+                f"{where}: view {v.name!r} declares {v.height}x{v.width} and expects an image of shape "
+                f"({v.height}, {v.width}, 3), got {shape}"
+            )
+    sizes = {(v.height, v.width) for v in views}
+    if len(sizes) > 1:
+        first = views[0]
+        odd = next(v for v in views if (v.height, v.width) != (first.height, first.width))
+        raise ValueError(
+            f"{where}: all images must have the same size, got {first.height}x{first.width} "
+            f"({first.name}) and {odd.height}x{odd.width} ({odd.name})"
+        )
+
+
+def _downscale(img: np.ndarray, factor: int) -> np.ndarray:
+    if factor == 1:
+        return img
+    h, w = img.shape[0] // factor * factor, img.shape[1] // factor * factor
+    return img[:h, :w].reshape(h // factor, factor, w // factor, factor, 3).mean(axis=(1, 3))
+
+
+def _random_points(n: int, extent: float, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    pts = (torch.rand(n, 3, generator=g) * 2 - 1) * extent
+    cols = torch.rand(n, 3, generator=g)
+    return pts, cols
+
+
+
+class ViewDataset(torch.utils.data.Dataset):
+    """A list of :class:`View` as a map-style dataset; items are dicts of tensors.
+
+    Items: ``image [H, W, 3]``, ``viewmat [4, 4]``, ``K [3, 3]``, ``index`` (int64 scalar).
+    Use ``batch_size=None`` or a collate that keeps one view per step (the renderer draws one
+    camera at a time); ``ViewDataset.views[i]`` gives the :class:`View` itself.
+    """
+
+    def __init__(self, views: list):
+        if not views:
+            raise ValueError("ViewDataset: expected at least one view, got an empty list")
+        _check_sizes(views, "ViewDataset")
+        self.views = list(views)
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def __getitem__(self, i: int) -> dict:
+        v = self.views[i]
+        return {"image": v.image, "viewmat": v.viewmat, "K": v.K, "index": torch.tensor(i)}
