@@ -49,7 +49,7 @@ HALF_ULP = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 # torch / cpu round one fp32 gradient (half an ulp); Triton's bar is one ulp of the reference's own
 # low-precision gradient (itself half an ulp off float64). Measured: triton bf16 at 24x24 is 7.3e-6
 # beyond half an ulp (plus 1e-5 of the scale).
-LOWP_GRAD_ULPS = {"torch": 0.5, "cpu": 0.5, "triton": 1.5}
+LOWP_GRAD_ULPS = {"reference": 0.5, "torch": 0.5, "cpu": 0.5, "triton": 1.5}
 
 # dtypes each backend accepts (Triton computes in fp32 and refuses float64 with a TypeError).
 DTYPES = {

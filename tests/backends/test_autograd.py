@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import splatloss
-from conftest import DTYPES, SECOND_ORDER, backend_params, device_for, make_pair, side
+from conftest import DTYPES, SECOND_ORDER, TOL, assert_rel, backend_params, device_for, make_pair, side
 from splatloss import reference
 from splatloss.config import SSIMConfig
 
@@ -122,6 +122,10 @@ def test_only_one_image_requires_grad_or_neither(backend):
     yr = y.clone().requires_grad_()
     (gy,) = torch.autograd.grad(splatloss.ssim(x, yr, backend=backend), yr)
     torch.testing.assert_close(gy, gy_both)
+    if backend != "reference":  # img2 alone against the float64 truth, at the backend's bar
+        y6 = y.double().cpu().requires_grad_()
+        (gy6,) = torch.autograd.grad(splatloss.ssim(x.double().cpu(), y6, backend="reference"), y6)
+        assert_rel(gy, gy6, TOL[backend]["grads"], "grad img2 alone")
     out = splatloss.ssim(x, y, backend=backend)
     assert not out.requires_grad and out.grad_fn is None
 

@@ -132,6 +132,9 @@ def test_window_and_constant_options(backend, kw):
     assert_rel(got, ref6, TOL[backend]["values"], "ssim")
     for a, b, what in zip(got_g, ref6_g, ("grad x", "grad y")):
         assert_rel(a, b, TOL[backend]["grads"], what)
+    cs = splatloss.ssim_map(x.detach(), y.detach(), backend=backend, return_cs=True, **kw)[1]
+    cs6 = splatloss.ssim_map(x6.detach(), y6.detach(), backend="reference", return_cs=True, **kw)[1]
+    assert_rel(cs.mean(dim=(1, 2, 3)), cs6.mean(dim=(1, 2, 3)), TOL[backend]["values"], "cs mean")
 
 
 @pytest.mark.parametrize(
@@ -172,6 +175,7 @@ def test_tiny_images_and_borders(backend, shape, padding, window_size):
 
 
 @pytest.mark.parametrize("what", ["ssim", "ssim-same", "ms_ssim", "ms_ssim-tau"])
+@pytest.mark.parametrize("backend", backend_params() + ["reference"])
 def test_every_pixel_gets_a_finite_gradient_at_odd_sizes(backend, what):
     """165x167 (odd at every pyramid scale for MS-SSIM): no row or column dropped by a border."""
     dev = device_for(backend)
