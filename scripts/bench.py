@@ -92,7 +92,7 @@ def _splat(backend: str, op: str, device: str, plain_torch: bool = False):
         fn = lambda x, y: SF.dssim_l1(x, y, LAM, padding="same", backend=backend)  # noqa: E731
     if not plain_torch:
         return fn
-    from splatloss.backends import _cpu_kernel
+    from splatloss.backends import cpu as _cpu_kernel
 
     def plain(x, y):
         with _cpu_kernel.cpu_kernel(False):

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from ..config import SSIMConfig
 from ..reference import accumulation_dtype
-from . import _cpu_kernel  # the compiled CPU fast path for ssim_stats (scripts/bench.py)
+from . import cpu as _cpu_kernel  # the compiled CPU fast path for ssim_stats (scripts/bench.py)
 
 __all__ = ["ssim_map", "ssim_stats", "ssim_mean_and_grad", "ms_ssim", "dssim_l1"]
 

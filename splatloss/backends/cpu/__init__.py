@@ -39,8 +39,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..config import SSIMConfig
-from ..reference import accumulation_dtype
+from ...config import SSIMConfig
+from ...reference import accumulation_dtype
 
 __all__ = ["get", "unavailable_reason", "cpu_kernel", "fast_path_ok", "ssim_stats", "ssim_mean_and_grad", "ms_ssim", "dssim_l1"]
 
@@ -388,7 +388,7 @@ def _batched(t: Optional[torch.Tensor]) -> bool:
 def _torch_ops_grads(x, y, w, pad, c1, c2, g_s, g_c, need_x, need_y):
     """The same gradients through the torch-ops adjoint (differentiable, vmappable): used under
     ``create_graph=True`` and for batched upstreams. ``g_s`` / ``g_c`` are ``[B, C]`` or None."""
-    from .torch_fused import _backward as torch_ops_backward  # imported here: it imports us
+    from ..torch_fused import _backward as torch_ops_backward  # imported here: it imports us
 
     k = w.shape[0]
     n = (x.shape[-2] + 2 * pad - k + 1) * (x.shape[-1] + 2 * pad - k + 1)
@@ -620,7 +620,7 @@ class MSTermsCPUFn(torch.autograd.Function):
 def ms_ssim(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, weights, tau=None) -> torch.Tensor:
     """MS-SSIM per image ``[B]`` through the kernel (pyramid and per-scale statistics); the caller
     checked :func:`fast_path_ok`. Same composition as ``functional`` (its ``_combine_ms``)."""
-    from ..functional import _combine_ms  # imported here: functional imports the backends
+    from ...functional import _combine_ms  # imported here: functional imports the backends
 
     if cfg.padding != "reflect":  # zeros or none: the kernel pads implicitly, one node for all
         x, y, pad = padded(img1, img2, cfg)
