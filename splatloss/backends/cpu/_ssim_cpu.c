@@ -30,8 +30,8 @@
  * and the covariance do not change under a common shift, and E[x'^2] - E[x']^2 no longer cancels
  * catastrophically in float32 where the local variance is small against the squared mean (flat
  * skies and walls): on a flat JPEG photograph the float32 gradient went from 7.3e-5 to 5.1e-7 of
- * the float64 one (tests/test_numerics.py). The luminance terms use the true means mu' + s. With x' = x - s the formulas above
- * hold with mu_x, e_ss, e_xy of the shifted images in A2, B2, beta, gamma, and
+ * the float64 one (tests/test_numerics.py). The luminance terms use the true means mu' + s.
+ * With x' = x - s the formulas above hold with mu_x, e_ss, e_xy of the shifted images in A2, B2, beta, gamma, and
  *   alpha_x = 2 gS (mu_y cs - mu_x ssim) / B1 - 2 mu'_x beta - mu'_y gamma    (mu = mu' + s)
  *   dL/dx = w^T*alpha_x + 2 x' (w^T*beta) + y' (w^T*gamma).
  * 1/B1 and 1/B2 are two divisions, never 1/(B1 B2): that product overflows (B1 ~ B2 ~ 1e19 at
