@@ -9,7 +9,7 @@ import os
 import numpy as np
 import torch
 
-from splatloss.splat.views import SceneData, View, _check_sizes, _downscale, _random_points, _read_image
+from splatloss.splat.views import SceneData, _check_sizes, _downscale, _make_view, _random_points, _read_image, _stem
 
 __all__ = ["load_blender"]
 
@@ -20,6 +20,7 @@ def load_blender(
     white_background: bool = True,
     n_points: int = 3000,
     seed: int = 0,
+    alpha_as_mask: bool = False,
 ) -> SceneData:
     """Load a NeRF-synthetic ("Blender") scene: ``transforms_{train,test}.json`` plus images.
 
@@ -28,11 +29,15 @@ def load_blender(
     camera->world ``transform_matrix`` in the OpenGL frame (x right, y up, z backward). RGBA images
     are composited on white (or black). With no point cloud in the format, initial points are
     uniform in the cube the cameras look into (half-width 1.3, the NeRF-synthetic convention).
+    With ``alpha_as_mask`` each view also keeps its alpha as ``View.mask`` (ones for RGB images), so
+    that the loss ignores the transparent background. View names are the image files' stems.
     """
     if not os.path.isdir(path):
         raise ValueError(f"load_blender: dataset directory {path!r} does not exist")
     if not isinstance(downscale, int) or downscale < 1:
         raise ValueError(f"load_blender: downscale must be an integer >= 1, got {downscale!r}")
+    if not isinstance(alpha_as_mask, bool):
+        raise TypeError(f"load_blender: alpha_as_mask must be true or false, got {alpha_as_mask!r}")
     background = (1.0, 1.0, 1.0) if white_background else (0.0, 0.0, 0.0)
     splits = {}
     for split in ("train", "test"):
@@ -64,23 +69,16 @@ def load_blender(
             img_path = os.path.join(path, fr["file_path"])
             if not os.path.splitext(img_path)[1]:
                 img_path += ".png"
-            img = _downscale(_read_image(img_path, background), downscale)
+            img, alpha = _read_image(img_path, background, keep_alpha=True)
+            img = _downscale(img, downscale)
+            alpha = _downscale(alpha, downscale) if alpha_as_mask else None
             H, W = img.shape[:2]
             f = 0.5 * W / math.tan(0.5 * fov)
             c2w = c2w.copy()
             c2w[:3, 1:3] *= -1  # OpenGL -> OpenCV camera axes
             viewmat = np.linalg.inv(c2w)
             K = np.array([[f, 0, W / 2], [0, f, H / 2], [0, 0, 1]])
-            views.append(
-                View(
-                    image=torch.from_numpy(img.astype(np.float32)),
-                    viewmat=torch.from_numpy(viewmat.astype(np.float32)),
-                    K=torch.from_numpy(K.astype(np.float32)),
-                    width=W,
-                    height=H,
-                    name=os.path.basename(img_path),
-                )
-            )
+            views.append(_make_view(img, alpha, viewmat, K, _stem(img_path)))
         if not views:
             raise ValueError(f"load_blender: {fn!r} has no frames")
         splits[split] = views

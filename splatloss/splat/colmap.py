@@ -1,15 +1,55 @@
-"""COLMAP models: ``sparse/0/{cameras,images,points3D}.txt`` plus images."""
+"""COLMAP models, text (``*.txt``) or binary (``*.bin``, as Mip-NeRF 360 ships them), plus images.
+
+The binary layout (little-endian, as COLMAP's ``model/reconstruction_io`` writes it):
+
+- ``cameras.bin``: ``uint64`` count; per camera ``int32`` id, ``int32`` model id, ``uint64`` width,
+  ``uint64`` height, then the model's parameters as ``float64``.
+- ``images.bin``: ``uint64`` count; per image ``int32`` id, ``float64`` qw qx qy qz tx ty tz,
+  ``int32`` camera id, the name as a NUL-terminated string, ``uint64`` number of 2D points, then
+  per point ``float64`` x y and ``int64`` point id.
+- ``points3D.bin``: ``uint64`` count; per point ``uint64`` id, ``float64`` x y z, ``uint8`` r g b,
+  ``float64`` error, ``uint64`` track length, then per track element ``int32`` image id and
+  ``int32`` point2D index.
+"""
 
 from __future__ import annotations
 
 import os
+import struct
 
 import numpy as np
 import torch
 
-from splatloss.splat.views import SceneData, View, _check_sizes, _downscale, _read_image
+from splatloss.splat.views import SceneData, _check_sizes, _downscale, _make_view, _read_image, _stem
 
 __all__ = ["load_colmap"]
+
+# COLMAP camera model id -> (name, number of parameters).
+_MODEL_IDS = {
+    0: ("SIMPLE_PINHOLE", 3),
+    1: ("PINHOLE", 4),
+    2: ("SIMPLE_RADIAL", 4),
+    3: ("RADIAL", 5),
+    4: ("OPENCV", 8),
+    5: ("OPENCV_FISHEYE", 8),
+    6: ("FULL_OPENCV", 12),
+    7: ("FOV", 5),
+    8: ("SIMPLE_RADIAL_FISHEYE", 4),
+    9: ("RADIAL_FISHEYE", 5),
+    10: ("THIN_PRISM_FISHEYE", 12),
+}
+# Supported models -> (number of params, index of fx, fy, cx, cy, first distortion parameter).
+_LAYOUTS = {
+    "SIMPLE_PINHOLE": (3, 0, 0, 1, 2, 3),
+    "PINHOLE": (4, 0, 1, 2, 3, 4),
+    "SIMPLE_RADIAL": (4, 0, 0, 1, 2, 3),
+    "RADIAL": (5, 0, 0, 1, 2, 3),
+    "OPENCV": (8, 0, 1, 2, 3, 4),
+}
+_UNDISTORT = (
+    "undistort the images first (e.g. `colmap image_undistorter --image_path images --input_path sparse/0 "
+    "--output_path undistorted`, which writes PINHOLE cameras) and point data.path at the result"
+)
 
 
 def _qvec_to_rotmat(q) -> np.ndarray:
@@ -23,9 +63,28 @@ def _qvec_to_rotmat(q) -> np.ndarray:
     )
 
 
-def _colmap_lines(fn: str):
-    if not os.path.isfile(fn):
-        raise ValueError(f"load_colmap: expected the COLMAP text model file {fn!r}, it does not exist")
+def _camera(where: str, cid: int, mdl: str, w: int, h: int, params: list) -> tuple:
+    if mdl not in _LAYOUTS or len(params) != _LAYOUTS[mdl][0]:
+        raise ValueError(
+            f"load_colmap: {where}: expected camera model PINHOLE (4 params), SIMPLE_PINHOLE (3), "
+            f"SIMPLE_RADIAL (4), RADIAL (5) or OPENCV (8), got {mdl} with {len(params)} params; "
+            f"{_UNDISTORT}"
+        )
+    _, ifx, ify, icx, icy, idist = _LAYOUTS[mdl]
+    if any(p != 0.0 for p in params[idist:]):
+        raise ValueError(
+            f"load_colmap: {where}: camera {cid} ({mdl}) has non-zero distortion {params[idist:]}; this "
+            f"pipeline renders pinhole cameras only, so {_UNDISTORT}"
+        )
+    return (w, h, params[ifx], params[ify], params[icx], params[icy])
+
+
+# ------------------------------------------------------------------------------------------------
+# Text model
+# ------------------------------------------------------------------------------------------------
+
+
+def _text_lines(fn: str):
     with open(fn) as fh:
         for n, line in enumerate(fh, 1):
             s = line.strip()
@@ -33,34 +92,10 @@ def _colmap_lines(fn: str):
                 yield n, s
 
 
-def load_colmap(path: str, downscale: int = 1, test_every: int = 8, images_dir: str = "images") -> SceneData:
-    """Load a COLMAP text model: ``sparse/0/{cameras,images,points3D}.txt`` (or the files directly
-    in ``path/sparse`` or ``path``) and ``path/images_dir/<name>``.
-
-    Camera models PINHOLE and SIMPLE_PINHOLE are supported, and SIMPLE_RADIAL / RADIAL / OPENCV
-    when their distortion coefficients are all zero (undistorted images). Every
-    ``test_every``-th image (sorted by name) is held out, the convention of the 3DGS papers.
-    """
-    if not os.path.isdir(path):
-        raise ValueError(f"load_colmap: dataset directory {path!r} does not exist")
-    if not isinstance(downscale, int) or downscale < 1:
-        raise ValueError(f"load_colmap: downscale must be an integer >= 1, got {downscale!r}")
-    if not isinstance(test_every, int) or test_every < 2:
-        raise ValueError(f"load_colmap: test_every must be an integer >= 2, got {test_every!r}")
-    model = None
-    for cand in (os.path.join(path, "sparse", "0"), os.path.join(path, "sparse"), path):
-        if os.path.isfile(os.path.join(cand, "cameras.txt")):
-            model = cand
-            break
-    if model is None:
-        raise ValueError(
-            f"load_colmap: expected cameras.txt, images.txt and points3D.txt in {path!r}/sparse/0, "
-            f"{path!r}/sparse or {path!r}; found no cameras.txt"
-        )
-
+def _read_text(model: str):
     cameras = {}
     fn = os.path.join(model, "cameras.txt")
-    for n, s in _colmap_lines(fn):
+    for n, s in _text_lines(fn):
         tok = s.split()
         try:
             cid, mdl, w, h = int(tok[0]), tok[1], int(tok[2]), int(tok[3])
@@ -69,33 +104,10 @@ def load_colmap(path: str, downscale: int = 1, test_every: int = 8, images_dir: 
             raise ValueError(
                 f"load_colmap: {fn}:{n}: expected 'CAMERA_ID MODEL WIDTH HEIGHT PARAMS...', got {s!r}"
             ) from None
-        # model -> (number of params, index of fx, fy, cx, cy, first distortion parameter)
-        layouts = {
-            "SIMPLE_PINHOLE": (3, 0, 0, 1, 2, 3),
-            "PINHOLE": (4, 0, 1, 2, 3, 4),
-            "SIMPLE_RADIAL": (4, 0, 0, 1, 2, 3),
-            "RADIAL": (5, 0, 0, 1, 2, 3),
-            "OPENCV": (8, 0, 1, 2, 3, 4),
-        }
-        if mdl not in layouts or len(params) != layouts[mdl][0]:
-            raise ValueError(
-                f"load_colmap: {fn}:{n}: expected camera model PINHOLE (4 params) or SIMPLE_PINHOLE "
-                f"(3 params) (or SIMPLE_RADIAL / RADIAL / OPENCV with zero distortion), got {mdl} with "
-                f"{len(params)} params"
-            )
-        _, ifx, ify, icx, icy, idist = layouts[mdl]
-        if any(p != 0.0 for p in params[idist:]):
-            raise ValueError(
-                f"load_colmap: {fn}:{n}: camera {cid} ({mdl}) has distortion {params[idist:]}; expected "
-                f"undistorted images (run COLMAP's image_undistorter, which writes PINHOLE cameras)"
-            )
-        fx, fy, cx, cy = params[ifx], params[ify], params[icx], params[icy]
-        cameras[cid] = (w, h, fx, fy, cx, cy)
+        cameras[cid] = _camera(f"{fn}:{n}", cid, mdl, w, h, params)
 
     fn = os.path.join(model, "images.txt")
     entries = []
-    if not os.path.isfile(fn):
-        raise ValueError(f"load_colmap: expected the COLMAP text model file {fn!r}, it does not exist")
     with open(fn) as fh:
         raw = [(n, line.strip()) for n, line in enumerate(fh, 1) if not line.startswith("#")]
     while raw and not raw[-1][1]:
@@ -113,56 +125,190 @@ def load_colmap(path: str, downscale: int = 1, test_every: int = 8, images_dir: 
             raise ValueError(
                 f"load_colmap: {fn}:{n}: expected 'IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME', got {s!r}"
             ) from None
-        if cid not in cameras:
-            raise ValueError(f"load_colmap: {fn}:{n}: camera id {cid} is not in cameras.txt (has {sorted(cameras)})")
-        entries.append((" ".join(tok[9:]), q, t, cid))
-    if not entries:
-        raise ValueError(
-            f"load_colmap: {fn!r} lists no images (expected lines 'IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME')"
-        )
-    entries.sort(key=lambda e: e[0])
-
-    views = []
-    for name, q, t, cid in entries:
-        w, h, fx, fy, cx, cy = cameras[cid]
-        img = _read_image(os.path.join(path, images_dir, name), (0.0, 0.0, 0.0))
-        if img.shape[:2] != (h, w):
-            raise ValueError(
-                f"load_colmap: image {name!r} is {img.shape[0]}x{img.shape[1]} but cameras.txt says {h}x{w}"
-            )
-        img = _downscale(img, downscale)
-        s = img.shape[1] / w
-        M = np.eye(4)
-        M[:3, :3] = _qvec_to_rotmat(q)
-        M[:3, 3] = t
-        K = np.array([[fx * s, 0, cx * s], [0, fy * s, cy * s], [0, 0, 1]])
-        views.append(
-            View(
-                image=torch.from_numpy(img.astype(np.float32)),
-                viewmat=torch.from_numpy(M.astype(np.float32)),
-                K=torch.from_numpy(K.astype(np.float32)),
-                width=img.shape[1],
-                height=img.shape[0],
-                name=name,
-            )
-        )
-    _check_sizes(views, "load_colmap")
+        entries.append((f"{fn}:{n}", " ".join(tok[9:]), q, t, cid))
 
     fn = os.path.join(model, "points3D.txt")
     pts, cols = [], []
-    for n, s in _colmap_lines(fn):
+    for n, s in _text_lines(fn):
         tok = s.split()
         try:
-            pts.append([float(v) for v in tok[1:4]])
-            cols.append([int(v) / 255.0 for v in tok[4:7]])
+            p = [float(v) for v in tok[1:4]]
+            c = [int(v) / 255.0 for v in tok[4:7]]
+            if len(p) != 3 or len(c) != 3:
+                raise ValueError
         except ValueError:
             raise ValueError(
                 f"load_colmap: {fn}:{n}: expected 'POINT3D_ID X Y Z R G B ERROR TRACK...', got {s!r}"
             ) from None
-        if len(pts[-1]) != 3 or len(cols[-1]) != 3:
-            raise ValueError(f"load_colmap: {fn}:{n}: expected 'POINT3D_ID X Y Z R G B ERROR TRACK...', got {s!r}")
+        pts.append(p)
+        cols.append(c)
+    return cameras, entries, pts, cols
+
+
+# ------------------------------------------------------------------------------------------------
+# Binary model
+# ------------------------------------------------------------------------------------------------
+
+
+class _Reader:
+    def __init__(self, fn: str):
+        self.fn = fn
+        with open(fn, "rb") as fh:
+            self.buf = fh.read()
+        self.pos = 0
+
+    def read(self, fmt: str):
+        size = struct.calcsize("<" + fmt)
+        if self.pos + size > len(self.buf):
+            raise ValueError(
+                f"load_colmap: {self.fn!r} ends after {len(self.buf)} bytes in the middle of a record; expected "
+                f"a complete COLMAP binary model (re-export it with `colmap model_converter --output_type BIN`)"
+            )
+        out = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        self.pos += size
+        return out
+
+    def string(self) -> str:
+        end = self.buf.find(b"\0", self.pos)
+        if end < 0:
+            raise ValueError(f"load_colmap: {self.fn!r}: an image name has no terminating NUL byte (truncated file)")
+        s = self.buf[self.pos : end].decode("utf-8")
+        self.pos = end + 1
+        return s
+
+
+def _read_binary(model: str):
+    cameras = {}
+    r = _Reader(os.path.join(model, "cameras.bin"))
+    (count,) = r.read("Q")
+    for _ in range(count):
+        cid, mid, w, h = r.read("iiQQ")
+        if mid not in _MODEL_IDS:
+            raise ValueError(
+                f"load_colmap: {r.fn}: camera {cid} has unknown model id {mid}; expected one of "
+                f"{sorted(_MODEL_IDS)} (is this a COLMAP cameras.bin?)"
+            )
+        mdl, n_params = _MODEL_IDS[mid]
+        params = list(r.read(f"{n_params}d"))
+        cameras[cid] = _camera(f"{r.fn} camera {cid}", cid, mdl, int(w), int(h), params)
+
+    entries = []
+    r = _Reader(os.path.join(model, "images.bin"))
+    (count,) = r.read("Q")
+    for _ in range(count):
+        iid, qw, qx, qy, qz, tx, ty, tz, cid = r.read("i7di")
+        name = r.string()
+        (n2d,) = r.read("Q")
+        r.read(f"{n2d * 24}x")  # skip x, y (float64) and point id (int64)
+        entries.append((f"{r.fn} image {iid}", name, [qw, qx, qy, qz], [tx, ty, tz], cid))
+
+    pts, cols = [], []
+    r = _Reader(os.path.join(model, "points3D.bin"))
+    (count,) = r.read("Q")
+    for _ in range(count):
+        _, x, y, z, cr, cg, cb, _err, track = r.read("Q3d3BdQ")
+        r.read(f"{track * 8}x")  # image id and point2D index, int32 each
+        pts.append([x, y, z])
+        cols.append([cr / 255.0, cg / 255.0, cb / 255.0])
+    return cameras, entries, pts, cols
+
+
+# ------------------------------------------------------------------------------------------------
+# Loader
+# ------------------------------------------------------------------------------------------------
+
+
+def _find_model(path: str):
+    """(folder, "bin" | "txt") of the model: ``sparse/0``, ``sparse`` or ``path`` itself."""
+    for cand in (os.path.join(path, "sparse", "0"), os.path.join(path, "sparse"), path):
+        for ext in ("bin", "txt"):
+            if os.path.isfile(os.path.join(cand, f"cameras.{ext}")):
+                missing = [
+                    f for f in (f"images.{ext}", f"points3D.{ext}") if not os.path.isfile(os.path.join(cand, f))
+                ]
+                if missing:
+                    raise ValueError(
+                        f"load_colmap: {cand!r} has cameras.{ext} but not {' and '.join(missing)}; expected the "
+                        f"three files cameras, images and points3D of one COLMAP model (all .{ext})"
+                    )
+                return cand, ext
+    raise ValueError(
+        f"load_colmap: expected cameras, images and points3D (.bin or .txt) in {path!r}/sparse/0, "
+        f"{path!r}/sparse or {path!r}; found no cameras.bin or cameras.txt"
+    )
+
+
+def load_colmap(
+    path: str,
+    downscale: int = 1,
+    test_every: int = 8,
+    images_dir: str = "images",
+) -> SceneData:
+    """Load a COLMAP model: ``sparse/0/{cameras,images,points3D}.{bin,txt}`` (or the files directly
+    in ``path/sparse`` or ``path``; binary preferred when both exist) and ``path/images_dir/<name>``.
+
+    Camera models PINHOLE and SIMPLE_PINHOLE are supported, and SIMPLE_RADIAL / RADIAL / OPENCV
+    when their distortion coefficients are all zero (undistorted images); distorted cameras are
+    refused (undistort them with ``colmap image_undistorter``). Every ``test_every``-th image
+    (sorted by name) is held out, the convention of the 3DGS papers.
+
+    ``downscale=N`` reads ``path/<images_dir>_N/<name>`` when that folder exists (the pre-downscaled
+    copies Mip-NeRF 360 ships) and box-filters the full images by N otherwise; the intrinsics are
+    scaled to the size of the image actually read. View names are the image files' stems.
+    """
+    if not os.path.isdir(path):
+        raise ValueError(f"load_colmap: dataset directory {path!r} does not exist")
+    if not isinstance(downscale, int) or isinstance(downscale, bool) or downscale < 1:
+        raise ValueError(f"load_colmap: downscale must be an integer >= 1, got {downscale!r}")
+    if not isinstance(test_every, int) or isinstance(test_every, bool) or test_every < 2:
+        raise ValueError(f"load_colmap: test_every must be an integer >= 2, got {test_every!r}")
+    model, ext = _find_model(path)
+    cameras, entries, pts, cols = (_read_binary if ext == "bin" else _read_text)(model)
+    if not entries:
+        raise ValueError(f"load_colmap: {os.path.join(model, 'images.' + ext)!r} lists no images")
+    for where, _, _, _, cid in entries:
+        if cid not in cameras:
+            raise ValueError(f"load_colmap: {where}: camera id {cid} is not in cameras.{ext} (has {sorted(cameras)})")
     if not pts:
-        raise ValueError(f"load_colmap: {fn!r} has no points; Gaussians are initialised from them")
+        raise ValueError(
+            f"load_colmap: {os.path.join(model, 'points3D.' + ext)!r} has no points; Gaussians are initialised "
+            f"from them"
+        )
+    entries.sort(key=lambda e: e[1])
+
+    small_dir = os.path.join(path, f"{images_dir}_{downscale}")
+    pre_downscaled = downscale > 1 and os.path.isdir(small_dir)
+    views = []
+    for _, name, q, t, cid in entries:
+        w, h, fx, fy, cx, cy = cameras[cid]
+        if pre_downscaled:
+            img = _read_image(os.path.join(small_dir, name), (0.0, 0.0, 0.0))
+            # Tools round w / N either way (Mip-NeRF 360 and nerfstudio's downscaler differ).
+            if abs(img.shape[1] - w / downscale) > 1 or abs(img.shape[0] - h / downscale) > 1:
+                raise ValueError(
+                    f"load_colmap: {os.path.join(small_dir, name)!r} is {img.shape[0]}x{img.shape[1]}, expected "
+                    f"about {h / downscale:.0f}x{w / downscale:.0f} (the camera's {h}x{w} / {downscale}); "
+                    f"regenerate {small_dir!r} or remove it to resize the full images instead"
+                )
+        else:
+            img = _read_image(os.path.join(path, images_dir, name), (0.0, 0.0, 0.0))
+            if img.shape[:2] != (h, w):
+                raise ValueError(
+                    f"load_colmap: image {name!r} is {img.shape[0]}x{img.shape[1]} but its camera says {h}x{w}"
+                )
+            # Box filter over N x N blocks (the ragged right / bottom edge cropped): x maps to x / N.
+            img = _downscale(img, downscale)
+        if pre_downscaled:
+            sx, sy = img.shape[1] / w, img.shape[0] / h
+        else:
+            sx = sy = 1.0 / downscale
+        M = np.eye(4)
+        M[:3, :3] = _qvec_to_rotmat(q)
+        M[:3, 3] = t
+        K = np.array([[fx * sx, 0, cx * sx], [0, fy * sy, cy * sy], [0, 0, 1]])
+        views.append(_make_view(img, None, M, K, _stem(name)))
+    _check_sizes(views, "load_colmap")
+
     points = torch.tensor(pts, dtype=torch.float32)
     colors = torch.tensor(cols, dtype=torch.float32)
     centers = torch.stack([torch.linalg.inv(v.viewmat)[:3, 3] for v in views])

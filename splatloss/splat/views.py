@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import torch
@@ -25,7 +26,10 @@ class View:
         viewmat: ``[4, 4]`` world->camera (OpenCV frame: x right, y down, z forward).
         K: ``[3, 3]`` pinhole intrinsics in pixels.
         width, height: image size in pixels.
-        name: an identifier (file name or ``train_007``).
+        name: an identifier without a file extension (the image's stem, or ``train_007``); renders
+            are written as ``<name>.png``.
+        mask: optional ``[H, W]`` float32 weights in ``[0, 1]`` (the alpha of an RGBA image with
+            ``alpha_as_mask=True``): pixels of weight 0 do not count in the loss.
     """
 
     image: torch.Tensor
@@ -34,6 +38,7 @@ class View:
     width: int
     height: int
     name: str = ""
+    mask: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -72,7 +77,11 @@ def look_at(eye, target=(0.0, 0.0, 0.0), up=(0.0, 0.0, 1.0)) -> np.ndarray:
 
 
 
-def _read_image(path: str, background) -> np.ndarray:
+def _read_image(path: str, background, keep_alpha: bool = False):
+    """Read an image as float32 ``[H, W, 3]`` in [0, 1], RGBA composited onto ``background``.
+
+    With ``keep_alpha`` returns ``(rgb, alpha [H, W])`` (alpha all ones for an RGB image).
+    """
     if not os.path.isfile(path):
         raise ValueError(f"image file {path!r} does not exist")
     import skimage.io
@@ -88,10 +97,13 @@ def _read_image(path: str, background) -> np.ndarray:
         img = np.repeat(img[..., None], 3, axis=-1)
     if img.ndim != 3 or img.shape[-1] not in (3, 4):
         raise ValueError(f"image {path!r}: expected an RGB or RGBA image, got shape {img.shape}")
+    alpha = np.ones(img.shape[:2], dtype=np.float32)
     if img.shape[-1] == 4:  # composite onto the background, as NeRF-synthetic training does
+        alpha = np.ascontiguousarray(img[..., 3])
         a = img[..., 3:4]
         img = img[..., :3] * a + np.asarray(background, dtype=np.float32) * (1 - a)
-    return np.ascontiguousarray(img)
+    img = np.ascontiguousarray(img)
+    return (img, alpha) if keep_alpha else img
 
 
 def _check_sizes(views: list, where: str) -> None:
@@ -102,6 +114,16 @@ def _check_sizes(views: list, where: str) -> None:
                 f"{where}: view {v.name!r} declares {v.height}x{v.width} and expects an image of shape "
                 f"({v.height}, {v.width}, 3), got {shape}"
             )
+        if v.mask is not None and tuple(v.mask.shape) != (v.height, v.width):
+            raise ValueError(
+                f"{where}: view {v.name!r} expects a mask of shape ({v.height}, {v.width}), "
+                f"got {tuple(v.mask.shape)}"
+            )
+    with_mask = [v.mask is not None for v in views]
+    if any(with_mask) and not all(with_mask):
+        a = views[with_mask.index(True)].name
+        b = views[with_mask.index(False)].name
+        raise ValueError(f"{where}: either every view has a mask or none does, got one on {a!r} and none on {b!r}")
     sizes = {(v.height, v.width) for v in views}
     if len(sizes) > 1:
         first = views[0]
@@ -116,7 +138,26 @@ def _downscale(img: np.ndarray, factor: int) -> np.ndarray:
     if factor == 1:
         return img
     h, w = img.shape[0] // factor * factor, img.shape[1] // factor * factor
-    return img[:h, :w].reshape(h // factor, factor, w // factor, factor, 3).mean(axis=(1, 3))
+    rest = img.shape[2:]
+    return img[:h, :w].reshape(h // factor, factor, w // factor, factor, *rest).mean(axis=(1, 3))
+
+
+def _make_view(img: np.ndarray, alpha, viewmat: np.ndarray, K: np.ndarray, name: str) -> View:
+    """A :class:`View` from numpy arrays (``alpha [H, W]`` or None: no mask)."""
+    return View(
+        image=torch.from_numpy(np.ascontiguousarray(img, dtype=np.float32)),
+        viewmat=torch.from_numpy(np.asarray(viewmat, dtype=np.float32)),
+        K=torch.from_numpy(np.asarray(K, dtype=np.float32)),
+        width=int(img.shape[1]),
+        height=int(img.shape[0]),
+        name=name,
+        mask=None if alpha is None else torch.from_numpy(np.ascontiguousarray(alpha, dtype=np.float32)),
+    )
+
+
+def _stem(file_name: str) -> str:
+    """A view name: the file's path without its extension (``images/r_0.png`` -> ``r_0``)."""
+    return os.path.splitext(os.path.basename(file_name))[0]
 
 
 def _random_points(n: int, extent: float, seed: int):
@@ -130,7 +171,8 @@ def _random_points(n: int, extent: float, seed: int):
 class ViewDataset(torch.utils.data.Dataset):
     """A list of :class:`View` as a map-style dataset; items are dicts of tensors.
 
-    Items: ``image [H, W, 3]``, ``viewmat [4, 4]``, ``K [3, 3]``, ``index`` (int64 scalar).
+    Items: ``image [H, W, 3]``, ``viewmat [4, 4]``, ``K [3, 3]``, ``index`` (int64 scalar), and
+    ``mask [H, W]`` when the views carry one.
     Use ``batch_size=None`` or a collate that keeps one view per step (the renderer draws one
     camera at a time); ``ViewDataset.views[i]`` gives the :class:`View` itself.
     """
@@ -146,4 +188,7 @@ class ViewDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         v = self.views[i]
-        return {"image": v.image, "viewmat": v.viewmat, "K": v.K, "index": torch.tensor(i)}
+        item = {"image": v.image, "viewmat": v.viewmat, "K": v.K, "index": torch.tensor(i)}
+        if v.mask is not None:
+            item["mask"] = v.mask
+        return item
