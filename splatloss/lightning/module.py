@@ -170,7 +170,11 @@ class SplatModule(L.LightningModule):
         t1 = self._now()
         # The loss forward+backward on its own, so its cost is measured apart from the renderer's.
         pred_leaf = pred.detach().requires_grad_(True)
-        loss = self.loss(pred_leaf, target)
+        mask = batch.get("mask")  # [H, W] alpha of RGBA views with data.alpha_as_mask=true
+        if mask is None:
+            loss = self.loss(pred_leaf, target)
+        else:
+            loss = self.loss(pred_leaf, target, mask=mask.reshape(1, 1, *mask.shape[-2:]).to(pred_leaf.dtype))
         (grad,) = torch.autograd.grad(loss, pred_leaf)
         t2 = self._now()
         self.manual_backward(pred, grad)
