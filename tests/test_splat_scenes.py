@@ -259,7 +259,7 @@ def test_load_colmap_mismatched_sizes(tmp_path):
 def test_load_scene_and_dataset(tmp_path, small_scene):
     with pytest.raises(ValueError, match="kind='blender' needs a dataset path, got None"):
         load_scene("blender")
-    with pytest.raises(ValueError, match="kind must be 'default', 'blender' or 'colmap', got 'nerf'"):
+    with pytest.raises(ValueError, match="kind must be 'default', 'blender', 'colmap' or 'nerfstudio', got 'nerf'"):
         load_scene("nerf")
     ds = ViewDataset(small_scene.train)
     assert len(ds) == 16

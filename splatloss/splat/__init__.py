@@ -34,6 +34,7 @@ from splatloss.splat.scenes import (  # noqa: E402
     default_scene,
     load_blender,
     load_colmap,
+    load_nerfstudio,
     load_scene,
 )
 
@@ -46,5 +47,6 @@ __all__ = [
     "default_scene",
     "load_blender",
     "load_colmap",
+    "load_nerfstudio",
     "load_scene",
 ]

@@ -63,9 +63,7 @@ def load_blender(
                 )
             c2w = np.asarray(fr["transform_matrix"], dtype=np.float64)
             if c2w.shape != (4, 4):
-                raise ValueError(
-                    f"load_blender: {fn!r} frame {k}: transform_matrix must be 4x4, got shape {c2w.shape}"
-                )
+                raise ValueError(f"load_blender: {fn!r} frame {k}: transform_matrix must be 4x4, got shape {c2w.shape}")
             img_path = os.path.join(path, fr["file_path"])
             if not os.path.splitext(img_path)[1]:
                 img_path += ".png"

@@ -223,9 +223,7 @@ def _find_model(path: str):
     for cand in (os.path.join(path, "sparse", "0"), os.path.join(path, "sparse"), path):
         for ext in ("bin", "txt"):
             if os.path.isfile(os.path.join(cand, f"cameras.{ext}")):
-                missing = [
-                    f for f in (f"images.{ext}", f"points3D.{ext}") if not os.path.isfile(os.path.join(cand, f))
-                ]
+                missing = [f for f in (f"images.{ext}", f"points3D.{ext}") if not os.path.isfile(os.path.join(cand, f))]
                 if missing:
                     raise ValueError(
                         f"load_colmap: {cand!r} has cameras.{ext} but not {' and '.join(missing)}; expected the "

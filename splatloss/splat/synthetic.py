@@ -66,8 +66,7 @@ class _TexturedBox:
         self.half = half
         # Prefilter: anti-aliased resize to about the footprint a face has in the supersampled image.
         self.textures = [
-            resize(_photo(f[4]), (texture_size, texture_size), anti_aliasing=True).astype(np.float32)
-            for f in _FACES
+            resize(_photo(f[4]), (texture_size, texture_size), anti_aliasing=True).astype(np.float32) for f in _FACES
         ]
 
     def face_uv(self, face: int, p: np.ndarray):
@@ -112,9 +111,7 @@ def _ring_cameras(n: int, radius: float, elevations, phase: float) -> list:
     for k in range(n):
         az = phase + 2 * math.pi * k / n
         el = elevations[k % len(elevations)]
-        eyes.append(
-            (radius * math.cos(el) * math.cos(az), radius * math.cos(el) * math.sin(az), radius * math.sin(el))
-        )
+        eyes.append((radius * math.cos(el) * math.cos(az), radius * math.cos(el) * math.sin(az), radius * math.sin(el)))
     return eyes
 
 
@@ -154,8 +151,13 @@ def default_scene(
         >>> len(scene.train), len(scene.test), tuple(scene.train[0].image.shape)
         (2, 1, (16, 16, 3))
     """
-    for name, val, lo in (("image_size", image_size, 4), ("n_train", n_train, 1), ("n_test", n_test, 1),
-                          ("n_points", n_points, 1), ("supersample", supersample, 1)):
+    for name, val, lo in (
+        ("image_size", image_size, 4),
+        ("n_train", n_train, 1),
+        ("n_test", n_test, 1),
+        ("n_points", n_points, 1),
+        ("supersample", supersample, 1),
+    ):
         if not isinstance(val, int) or val < lo:
             raise ValueError(f"default_scene: {name} must be an integer >= {lo}, got {val!r}")
     if not 0 < fov_deg < 180:

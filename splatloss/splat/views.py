@@ -76,7 +76,6 @@ def look_at(eye, target=(0.0, 0.0, 0.0), up=(0.0, 0.0, 1.0)) -> np.ndarray:
     return M
 
 
-
 def _read_image(path: str, background, keep_alpha: bool = False):
     """Read an image as float32 ``[H, W, 3]`` in [0, 1], RGBA composited onto ``background``.
 
@@ -116,8 +115,7 @@ def _check_sizes(views: list, where: str) -> None:
             )
         if v.mask is not None and tuple(v.mask.shape) != (v.height, v.width):
             raise ValueError(
-                f"{where}: view {v.name!r} expects a mask of shape ({v.height}, {v.width}), "
-                f"got {tuple(v.mask.shape)}"
+                f"{where}: view {v.name!r} expects a mask of shape ({v.height}, {v.width}), got {tuple(v.mask.shape)}"
             )
     with_mask = [v.mask is not None for v in views]
     if any(with_mask) and not all(with_mask):
@@ -165,7 +163,6 @@ def _random_points(n: int, extent: float, seed: int):
     pts = (torch.rand(n, 3, generator=g) * 2 - 1) * extent
     cols = torch.rand(n, 3, generator=g)
     return pts, cols
-
 
 
 class ViewDataset(torch.utils.data.Dataset):
