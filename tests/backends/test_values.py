@@ -46,7 +46,7 @@ def test_ssim_map_and_cs_map_values_and_both_gradients(backend, dtype, channels,
     if dtype not in DTYPES[backend]:
         pytest.skip(f"{backend} refuses {dtype} (tested in test_errors.py)")
     dev = device_for(backend)
-    h, w = side(backend, 37, 19), side(backend, 53, 23)
+    h, w = side(backend, 37, 16), side(backend, 53, 17)
     cfg = dict(padding=padding)
     x, y = make_pair((2, channels, h, w), dtype, seed=channels, device=dev)
     x.requires_grad_(True), y.requires_grad_(True)
@@ -86,7 +86,7 @@ def test_ssim_stats_values_and_both_gradients(backend, padding):
     """Backend object: SSIM and cs means per (B, C) under random per-(B, C) upstreams on both."""
     dev = device_for(backend)
     cfg = SSIMConfig(padding=padding)
-    x, y = make_pair((3, 2, side(backend, 37, 19), side(backend, 53, 23)), seed=5, device=dev)
+    x, y = make_pair((3, 2, side(backend, 37, 16), side(backend, 53, 17)), seed=5, device=dev)
     x.requires_grad_(True), y.requires_grad_(True)
     up = [torch.randn(3, 2, generator=torch.Generator().manual_seed(i), dtype=torch.float64) for i in range(2)]
     got = _get(backend).ssim_stats(x, y, cfg)
@@ -117,7 +117,7 @@ WINDOW_OPTIONS = [
 def test_window_and_constant_options(backend, kw):
     """Public API, reduction="none", per-image weights on the upstream; float64 reference truth."""
     dev = device_for(backend)
-    h, w = side(backend, 37, 20), side(backend, 53, 23)
+    h, w = side(backend, 37, 16), side(backend, 53, 17)
     if MAX_WINDOW[backend] is not None and kw.get("window_size", 11) > MAX_WINDOW[backend]:
         pytest.skip("beyond this backend's window (tested in test_errors.py)")
     x, y = make_pair((2, 3, h, w), seed=13, device=dev)
@@ -181,7 +181,7 @@ def test_every_pixel_gets_a_finite_gradient_at_odd_sizes(backend, what):
     dev = device_for(backend)
     if what.startswith("ms_ssim") and backend == "triton" and dev.type == "cpu":
         pytest.skip("MS-SSIM at 165x167 in the Triton interpreter: tests/backends/test_ms_ssim.py (slow)")
-    hw = (165, 167) if what.startswith("ms") else (side(backend, 165, 21), side(backend, 167, 23))
+    hw = (165, 167) if what.startswith("ms") else (side(backend, 165, 17), side(backend, 167, 17))
     x, y = make_pair((1, 2, *hw), seed=21, device=dev)
     x.requires_grad_(True), y.requires_grad_(True)
     fn = {
@@ -201,7 +201,7 @@ def test_photograph_matches_scikit_image(backend):
 
     from conftest import photo_pair
 
-    h, w = side(backend, 64, 24), side(backend, 80, 24)
+    h, w = side(backend, 64, 16), side(backend, 80, 16)
     x, y, a, b = photo_pair(h, w, seed=3)
     got = splatloss.ssim(x.float().to(device_for(backend)), y.float().to(device_for(backend)), backend=backend)
     # fp32 against scikit-image's float64: the backends' value tolerance of an O(1) number
