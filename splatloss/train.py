@@ -37,7 +37,21 @@ __all__ = ["train", "main", "write_json_atomic", "check_config"]
 # Loss config keys that are weights (PhotometricLoss terms and its presets' mixing factors).
 _WEIGHT_KEYS = ("l1", "l2", "dssim", "msssim", "l1_gaussian", "alpha", "lambda_dssim")
 
-CONFIG_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, "configs"))
+
+def _config_dir() -> str:
+    """The Hydra configs: ``splatloss/configs`` in an installed wheel (the repository's ``configs/``
+    mapped into the package), else ``configs/`` beside the package in a source checkout."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, "configs"), os.path.join(here, os.pardir, "configs")):
+        if os.path.isfile(os.path.join(candidate, "train.yaml")):
+            return os.path.abspath(candidate)
+    raise FileNotFoundError(
+        f"the training configs (train.yaml) are neither in {os.path.join(here, 'configs')} (installed wheel) nor in "
+        f"{os.path.abspath(os.path.join(here, os.pardir, 'configs'))} (source checkout); reinstall splatloss[train]"
+    )
+
+
+CONFIG_DIR = _config_dir()
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
@@ -174,8 +188,9 @@ def train(cfg) -> Dict[str, Any]:
     if evaluator is not None and evaluator.dirpath is None:
         evaluator.dirpath = os.path.join(out_dir, "renders")
     logger = instantiate(cfg.logger) if cfg.get("logger") else False
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, default_root_dir=out_dir,
-                          plugins=[AtomicCheckpointIO()])
+    trainer = instantiate(
+        cfg.trainer, callbacks=callbacks, logger=logger, default_root_dir=out_dir, plugins=[AtomicCheckpointIO()]
+    )
 
     if trainer.world_size > 1 and strategy is not None:
         raise ValueError(
@@ -228,9 +243,15 @@ def train(cfg) -> Dict[str, Any]:
         log.info(
             "held-out PSNR %.2f dB (untrained %.2f dB), SSIM %.4f, MS-SSIM %.4f; %d steps in %.1f s, "
             "%.1f ms/step, loss %.1f%% of the step; wrote %s",
-            metrics.get("psnr", float("nan")), metrics.get("psnr_init", float("nan")), metrics.get("ssim", float("nan")),
-            metrics.get("ms_ssim", float("nan")), metrics["steps"], train_seconds, 1000 * metrics["step_seconds"],
-            100 * metrics["loss_share"], os.path.join(out_dir, "metrics.json"),
+            metrics.get("psnr", float("nan")),
+            metrics.get("psnr_init", float("nan")),
+            metrics.get("ssim", float("nan")),
+            metrics.get("ms_ssim", float("nan")),
+            metrics["steps"],
+            train_seconds,
+            1000 * metrics["step_seconds"],
+            100 * metrics["loss_share"],
+            os.path.join(out_dir, "metrics.json"),
         )
     return metrics
 
@@ -264,16 +285,22 @@ def _one_log_stream() -> None:
 
 
 def main() -> Optional[float]:
-    """Hydra entry: ``python scripts/train.py [overrides]``; returns ``cfg.optimized_metric``'s
+    """Hydra entry: ``splatloss-train [overrides]`` (or ``python -m splatloss.train``, ``python
+    scripts/train.py``); returns ``cfg.optimized_metric``'s
     value (for the Optuna sweeper) when set."""
     import hydra
 
     @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
     def _main(cfg) -> Optional[float]:
         _one_log_stream()
-        torch.set_num_threads(int(cfg.get("num_threads") or torch.get_num_threads()))
+        if cfg.get("num_threads"):
+            torch.set_num_threads(int(cfg.num_threads))
         metrics = train(cfg)
         key = cfg.get("optimized_metric")
         return None if not key else float(metrics[key])
 
     return _main()
+
+
+if __name__ == "__main__":
+    main()
