@@ -74,7 +74,7 @@ def test_loss_terms_schedules_and_logs_on_a_foreign_module(tmp_path):
     module = FitImage(_photo())
     schedule = {"dssim": [[0, 0.0], [10, 0.5]]}
     probe = WeightProbe()
-    trainer = _trainer(tmp_path, [LossTerms(schedules=schedule, log_every_n_steps=1, loss_attr="criterion"), probe])
+    trainer = _trainer(tmp_path, [LossTerms(schedules=schedule, loss_attr="criterion"), probe])
     trainer.fit(module)
     assert [s for s, _ in probe.seen] == list(range(12))
     for step, weights in probe.seen:

@@ -89,21 +89,19 @@ def _check_schedules(schedules: Mapping[str, Any]) -> Dict[str, List[tuple]]:
 class LossTerms(L.Callback):
     """Log each loss term (``loss/<term>``) and weight (``weight/<term>``); schedule weights.
 
+    The terms and weights are logged at every step from ``on_train_batch_end``, so the logger's row
+    for a step holds that step's terms beside that step's ``train/loss`` (the Trainer's
+    ``log_every_n_steps`` decides which steps reach the logger).
+
     Args:
         schedules: ``{term: [[step, weight], ...]}``, piecewise linear in the global step; the
             weight is set through ``loss.set_weight`` before every training batch. Terms not listed
             keep their configured weight.
-        log_every_n_steps: log the terms every this many steps (the values are detached tensors,
-            so logging adds no extra device sync beyond Lightning's own).
         loss_attr: name of the loss attribute on the LightningModule.
     """
 
-    def __init__(self, schedules: Optional[Mapping[str, Any]] = None, log_every_n_steps: int = 10,
-                 loss_attr: str = "loss"):
+    def __init__(self, schedules: Optional[Mapping[str, Any]] = None, loss_attr: str = "loss"):
         self.schedules = _check_schedules(schedules or {})
-        if not isinstance(log_every_n_steps, int) or log_every_n_steps < 1:
-            raise ValueError(f"log_every_n_steps must be an integer >= 1, got {log_every_n_steps!r}")
-        self.log_every_n_steps = log_every_n_steps
         self.loss_attr = loss_attr
 
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -124,9 +122,6 @@ class LossTerms(L.Callback):
         self._apply(find_loss(pl_module, self.loss_attr), trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step - 1  # the step that just ran
-        if step % self.log_every_n_steps:
-            return
         loss = find_loss(pl_module, self.loss_attr)
         for name, value in (loss.terms or {}).items():
             pl_module.log(f"loss/{name}", value, batch_size=1)
