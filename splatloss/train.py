@@ -121,7 +121,11 @@ def _resolve_ckpt(cfg) -> Optional[str]:
 def _validate(trainer, module, dm, evaluator, tag: str) -> Dict[str, float]:
     if evaluator is not None:
         evaluator.tag = tag
-    res = trainer.validate(module, datamodule=dm, verbose=False)
+    try:
+        res = trainer.validate(module, datamodule=dm, verbose=False)
+    finally:
+        if evaluator is not None:  # evaluations during training render to step_<n>/
+            evaluator.tag = None
     row = res[0] if res else {}
     return {k.split("/", 1)[1]: float(v) for k, v in row.items() if k.startswith("val/")}
 

@@ -163,6 +163,17 @@ def _write_png_atomic(path: str, rgb: np.ndarray) -> None:
         mpimg.imsave(tmp, np.clip(rgb, 0, 1), format="png")
 
 
+_IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".exr", ".tif", ".tiff", ".webp", ".bmp")
+
+
+def render_file_name(name: str) -> str:
+    """``<stem>.png`` for a view name: no folder part, and an image extension dropped
+    (``"./test/r_0.png"`` -> ``"r_0.png"``, never ``r_0.png.png``)."""
+    base = os.path.basename(str(name).replace("\\", "/"))
+    stem, ext = os.path.splitext(base)
+    return f"{stem if ext.lower() in _IMAGE_EXTENSIONS else base}.png"
+
+
 class HeldOutMetrics(L.Callback):
     """PSNR, SSIM and MS-SSIM on the validation views, plus side-by-side renders.
 
@@ -218,7 +229,7 @@ class HeldOutMetrics(L.Callback):
             tag = self.tag or f"step_{trainer.global_step:06d}"
             name = str(outputs.get("name") or f"view_{batch_idx:03d}")
             side = torch.cat([pred[0], target[0]], dim=-1).permute(1, 2, 0).cpu().numpy()  # [H, 2W, 3]
-            _write_png_atomic(os.path.join(root, tag, f"{name}.png"), side)
+            _write_png_atomic(os.path.join(root, tag, render_file_name(name)), side)
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if not self._rows:
