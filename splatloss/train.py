@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import os
-import time
 import warnings
 from typing import Any, Dict, List, Optional
 
@@ -58,7 +57,18 @@ def write_json_atomic(path: str, obj: Any) -> None:
     """Write ``obj`` as JSON to ``path`` through a temporary file and ``os.replace``: a reader
     sees the old file or the whole new one, never a partial write."""
     with atomic_output(path) as tmp, open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, allow_nan=True)
+        json.dump(_finite(obj), f, indent=2, sort_keys=True, allow_nan=False)
+
+
+def _finite(node):
+    """Strict JSON: a non-finite float (no timed step, an undefined ratio) becomes null."""
+    if isinstance(node, dict):
+        return {k: _finite(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_finite(v) for v in node]
+    if isinstance(node, float) and not math.isfinite(node):
+        return None
+    return node
 
 
 def _numbers(node, prefix: str) -> List[tuple]:
@@ -203,9 +213,9 @@ def train(cfg) -> Dict[str, Any]:
             "(trainer=ddp does) or train on one device"
         )
     init = _validate(trainer, module, dm, evaluator, "init")
-    t0 = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
-    train_seconds = time.perf_counter() - t0
+    seconds = module.train_seconds()  # whole run (resumes included) and this process's fit
+    train_seconds = seconds["total"]
     ckpt_cb = next((c for c in callbacks if isinstance(c, L.pytorch.callbacks.ModelCheckpoint)), None)
     if ckpt_cb is not None and ckpt_cb.dirpath:
         # The end of the run, whatever every_n_train_steps is: a later run can extend it.
@@ -218,8 +228,10 @@ def train(cfg) -> Dict[str, Any]:
     metrics.update(
         {
             "steps": int(trainer.global_step),
+            "steps_this_run": int(trainer.global_step) - int(module.start_step),
             "resumed_from": ckpt_path,
             "train_seconds": train_seconds,
+            "train_seconds_this_run": seconds["this_run"],
             "step_seconds": timing["step_seconds"],
             "loss_seconds": timing["loss_seconds"],
             "loss_share": timing["loss_share"],

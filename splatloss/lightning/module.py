@@ -118,6 +118,12 @@ class SplatModule(L.LightningModule):
         # Wall-clock sums per part of the step (seconds), skipping the first `_warmup` steps.
         self._warmup = 3
         self._timing = {"render": 0.0, "loss": 0.0, "backward": 0.0, "optim": 0.0, "step": 0.0, "n": 0}
+        # Whole-run totals across resumes: training seconds of the runs before this one (from the
+        # checkpoint), this fit's start time and the step it started from.
+        self._seconds_before = 0.0
+        self._fit_t0: Optional[float] = None
+        self._fit_seconds = 0.0
+        self.start_step = 0
 
     # -- rendering ---------------------------------------------------------------------------------
     def _background(self, device) -> Optional[torch.Tensor]:
@@ -227,7 +233,20 @@ class SplatModule(L.LightningModule):
             name = dm.scene.test[int(batch["index"])].name or name
         return {"pred": self._to_bchw(out["image"]).clamp(0, 1), "target": self._to_bchw(view.image), "name": name}
 
+    def train_seconds(self) -> Dict[str, float]:
+        """Training wall-clock seconds: ``total`` over the whole run (every resume included) and
+        ``this_run`` for this process's fit."""
+        now = self._fit_seconds + (0.0 if self._fit_t0 is None else time.perf_counter() - self._fit_t0)
+        return {"total": self._seconds_before + now, "this_run": now}
+
+    def on_train_end(self) -> None:
+        if self._fit_t0 is not None:
+            self._fit_seconds += time.perf_counter() - self._fit_t0
+            self._fit_t0 = None
+
     def on_train_start(self) -> None:
+        self._fit_t0 = time.perf_counter()
+        self.start_step = int(self.global_step)
         rng = getattr(self, "_pending_rng", None)
         if rng is not None:
             torch.set_rng_state(rng)
@@ -241,6 +260,8 @@ class SplatModule(L.LightningModule):
             # Densification draws random numbers: the resumed run must draw the same ones.
             "torch_rng": torch.get_rng_state(),
             "loss_weights": dict(getattr(self.loss, "weights", {}) or {}),
+            "train_seconds": self.train_seconds()["total"],
+            "timing": dict(self._timing),
         }
 
     def on_load_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
@@ -258,6 +279,11 @@ class SplatModule(L.LightningModule):
         # Restored in on_train_start, after Lightning has built the data iterators (anything that
         # draws from the global generator in between would shift the stream).
         self._pending_rng = extra.get("torch_rng")
+        self._seconds_before = float(extra.get("train_seconds", 0.0))
+        self._fit_seconds = 0.0
+        self.start_step = int(checkpoint.get("global_step", 0))
+        if extra.get("timing"):
+            self._timing = dict(extra["timing"])
         weights = extra.get("loss_weights") or {}
         if weights and hasattr(self.loss, "set_weight"):
             for name, w in weights.items():

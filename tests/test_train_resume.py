@@ -1,0 +1,41 @@
+"""Whole-run totals across resumes, and a strict-JSON metrics.json that a resume never degrades."""
+
+import json
+
+from test_train import StopAt, make_cfg  # noqa: F401  (StopAt is instantiated by Hydra from here)
+
+from splatloss.train import train
+
+
+def _strict(path):
+    def refuse(token):
+        raise ValueError(f"non-standard JSON constant {token} in {path}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_resumed_run_reports_whole_run_steps_and_seconds(tmp_path):
+    common = ["loss=l1", "trainer.max_steps=12", "export_ply=false", "callbacks.checkpoint.every_n_train_steps=4"]
+    cut = make_cfg(tmp_path, common + ["+callbacks.stop._target_=test_train.StopAt", "+callbacks.stop.step=10"])
+    try:
+        train(cut)
+    except RuntimeError as e:
+        assert "simulated crash at step 10" in str(e)
+    metrics = train(make_cfg(tmp_path, common + ["resume=true"]))
+    on_disk = _strict(tmp_path / "metrics.json")
+    assert on_disk["steps"] == 12 and on_disk["steps_this_run"] == 4
+    # The 8 steps before the checkpoint count: the whole run took longer than its last part.
+    assert on_disk["train_seconds"] > on_disk["train_seconds_this_run"] > 0
+    assert metrics["train_seconds"] == on_disk["train_seconds"]
+
+
+def test_resuming_a_finished_run_keeps_its_metrics(tmp_path):
+    common = ["loss=l1", "trainer.max_steps=10", "export_ply=false"]
+    train(make_cfg(tmp_path, common))
+    first = _strict(tmp_path / "metrics.json")
+    train(make_cfg(tmp_path, common + ["resume=true"]))
+    again = _strict(tmp_path / "metrics.json")
+    assert again["steps"] == first["steps"] == 10 and again["steps_this_run"] == 0
+    assert again["train_seconds"] >= first["train_seconds"] > 0
+    for key in ("psnr", "ssim", "step_seconds", "loss_share", "num_gaussians"):
+        assert again[key] == first[key], key
