@@ -145,3 +145,33 @@ def test_step_progress_bar_labels_training_not_epoch_minus_two():
     label = bar._get_train_description(current_epoch=0)
     assert label.strip() == "Training"
     assert "-2" not in label
+
+
+def test_lambda_dssim_schedule_moves_both_terms_and_a_term_schedule_only_its_own(tmp_path):
+    module = FitImage(_photo())
+    schedule = {"lambda_dssim": [[0, 0.0], [10, 0.6]]}
+    probe = WeightProbe()
+    _trainer(tmp_path, [LossTerms(schedules=schedule, loss_attr="criterion"), probe]).fit(module)
+    for step, weights in probe.seen:
+        lam = interpolate_schedule(schedule["lambda_dssim"], step)
+        assert weights["dssim"] == pytest.approx(lam, abs=1e-12)
+        assert weights["l1"] == pytest.approx(1.0 - lam, abs=1e-12)
+    # A schedule on one named term still moves only that term.
+    module, probe = FitImage(_photo()), WeightProbe()
+    _trainer(tmp_path, [LossTerms(schedules={"dssim": [[0, 0.0], [10, 0.6]]}, loss_attr="criterion"), probe]).fit(
+        module
+    )
+    assert {w["l1"] for _, w in probe.seen} == {0.8}
+
+
+@pytest.mark.parametrize(
+    "schedules, message",
+    [
+        ({"lambda_dssim": [[0, 0.2]], "dssim": [[0, 0.1]]}, r"a lambda_dssim schedule sets the l1 and dssim weights"),
+        ({"lambda_dssim": [[0, 0.2], [5, 1.5]]}, r"lambda_dssim must stay in \[0, 1\]"),
+    ],
+)
+def test_lambda_dssim_schedule_errors(tmp_path, schedules, message):
+    trainer = _trainer(tmp_path, [LossTerms(schedules=schedules, loss_attr="criterion")], steps=1)
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(FitImage(_photo()))

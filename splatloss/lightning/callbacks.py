@@ -96,7 +96,9 @@ class LossTerms(L.Callback):
     Args:
         schedules: ``{term: [[step, weight], ...]}``, piecewise linear in the global step; the
             weight is set through ``loss.set_weight`` before every training batch. Terms not listed
-            keep their configured weight.
+            keep their configured weight. ``lambda_dssim`` schedules the 3DGS mix
+            ``(1 - lambda) L1 + lambda D-SSIM``: it sets both the ``l1`` and the ``dssim`` weight,
+            where a schedule on ``dssim`` alone moves only that term.
         loss_attr: name of the loss attribute on the LightningModule.
     """
 
@@ -106,7 +108,21 @@ class LossTerms(L.Callback):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         loss = find_loss(pl_module, self.loss_attr)
-        unknown = sorted(set(self.schedules) - set(loss.weights))
+        if "lambda_dssim" in self.schedules:
+            if "l1" in self.schedules or "dssim" in self.schedules:
+                raise ValueError(
+                    "LossTerms: a lambda_dssim schedule sets the l1 and dssim weights itself; remove the "
+                    f"schedules of {sorted({'l1', 'dssim'} & set(self.schedules))} or the one of lambda_dssim"
+                )
+            if not {"l1", "dssim"} <= set(loss.weights):
+                raise ValueError(
+                    f"LossTerms: a lambda_dssim schedule needs a loss with l1 and dssim terms, got {sorted(loss.weights)}"
+                )
+            if any(w > 1 for _, w in self.schedules["lambda_dssim"]):
+                raise ValueError(
+                    f"LossTerms: lambda_dssim must stay in [0, 1], got the schedule {self.schedules['lambda_dssim']}"
+                )
+        unknown = sorted(set(self.schedules) - set(loss.weights) - {"lambda_dssim"})
         if unknown:
             raise ValueError(
                 f"LossTerms: schedules name terms the loss does not have: {unknown}; "
@@ -116,7 +132,12 @@ class LossTerms(L.Callback):
 
     def _apply(self, loss, step: int) -> None:
         for name, pts in self.schedules.items():
-            loss.set_weight(name, interpolate_schedule(pts, step))
+            value = interpolate_schedule(pts, step)
+            if name == "lambda_dssim":
+                loss.set_weight("l1", 1.0 - value)
+                loss.set_weight("dssim", value)
+            else:
+                loss.set_weight(name, value)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._apply(find_loss(pl_module, self.loss_attr), trainer.global_step)
