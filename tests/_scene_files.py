@@ -22,9 +22,23 @@ def write_png(path, arr):
 
 
 def rotmat_to_qvec(R):
+    """Unit quaternion (w, x, y, z) of a rotation matrix, from its largest component (Shepperd's method)."""
     R = np.asarray(R, dtype=np.float64)
-    w = math.sqrt(max(0.0, 1 + R[0, 0] + R[1, 1] + R[2, 2])) / 2
-    return [w, (R[2, 1] - R[1, 2]) / (4 * w), (R[0, 2] - R[2, 0]) / (4 * w), (R[1, 0] - R[0, 1]) / (4 * w)]
+    tr = R[0, 0] + R[1, 1] + R[2, 2]
+    k = int(np.argmax([tr, R[0, 0], R[1, 1], R[2, 2]]))
+    if k == 0:
+        w = math.sqrt(1 + tr) / 2
+        q = [w, (R[2, 1] - R[1, 2]) / (4 * w), (R[0, 2] - R[2, 0]) / (4 * w), (R[1, 0] - R[0, 1]) / (4 * w)]
+    elif k == 1:
+        x = math.sqrt(1 + R[0, 0] - R[1, 1] - R[2, 2]) / 2
+        q = [(R[2, 1] - R[1, 2]) / (4 * x), x, (R[0, 1] + R[1, 0]) / (4 * x), (R[0, 2] + R[2, 0]) / (4 * x)]
+    elif k == 2:
+        y = math.sqrt(1 - R[0, 0] + R[1, 1] - R[2, 2]) / 2
+        q = [(R[0, 2] - R[2, 0]) / (4 * y), (R[0, 1] + R[1, 0]) / (4 * y), y, (R[1, 2] + R[2, 1]) / (4 * y)]
+    else:
+        z = math.sqrt(1 - R[0, 0] - R[1, 1] + R[2, 2]) / 2
+        q = [(R[1, 0] - R[0, 1]) / (4 * z), (R[0, 2] + R[2, 0]) / (4 * z), (R[1, 2] + R[2, 1]) / (4 * z), z]
+    return q
 
 
 def box_downscale(img, n):

@@ -98,7 +98,8 @@ def load_nerfstudio(
 
     Frames are sorted by ``file_path`` and split with nerfstudio's rule
     (:func:`train_eval_split_fraction`). Initial points come from ``ply_file_path`` when given,
-    otherwise ``n_points`` uniform ones in the cube the cameras span. ``downscale=N`` reads the
+    otherwise ``n_points`` uniform ones in a cube around the cameras' centroid (half-width half
+    their median distance from it). ``downscale=N`` reads the
     ``images_N/`` copies (nerfstudio's layout: ``images/x.png`` -> ``images_N/x.png``) when they
     exist and box-filters the full images otherwise; intrinsics follow the size read. RGBA images
     are composited on the background; with ``alpha_as_mask`` the alpha is also kept as
@@ -209,6 +210,10 @@ def load_nerfstudio(
             )
         points, colors = _read_ply_points(ply_fn)
     else:
-        # Random points in the cube the cameras span (nerfstudio's splatfacto does the same without a ply).
-        points, colors = _random_points(n_points, float(centers.abs().max()), seed)
+        # Random points in a cube around the point the cameras surround: centred on their centroid, of
+        # half-width half their median distance from it (the scene lies inside the camera ring).
+        c0 = centers.mean(0)
+        half = 0.5 * float((centers - c0).norm(dim=-1).median())
+        points, colors = _random_points(n_points, max(half, 1e-3), seed)
+        points = points + c0
     return SceneData([views[i] for i in i_train], [views[i] for i in i_eval], points, colors, extent, background)
