@@ -18,6 +18,7 @@ of different sizes, a missing checkpoint) stops with a ``ValueError`` before tra
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import math
@@ -112,9 +113,33 @@ def check_config(cfg) -> None:
         raise ValueError(f"trainer.max_steps must be an integer >= 1, got {steps!r}")
 
 
+def latest_checkpoint(output_dir: str) -> str:
+    """``checkpoints/last.ckpt`` of the newest run folder (by the checkpoint's time) among the
+    Hydra run folders beside ``output_dir`` (``outputs/<date>/<time>``), this one included."""
+    run = os.path.abspath(output_dir)
+    roots = {os.path.dirname(run), os.path.dirname(os.path.dirname(run))}
+    found = set()
+    for root in roots:
+        for pattern in ("*/checkpoints/last.ckpt", "*/*/checkpoints/last.ckpt"):
+            found.update(glob.glob(os.path.join(glob.escape(root), pattern)))
+    if not found:
+        raise ValueError(
+            f"resume=latest found no run folder with checkpoints/last.ckpt under {sorted(roots)}; "
+            "pass ckpt_path=<file.ckpt>, or run without resume"
+        )
+    return max(found, key=os.path.getmtime)
+
+
 def _resolve_ckpt(cfg) -> Optional[str]:
     ckpt = cfg.get("ckpt_path")
-    if cfg.get("resume", False):
+    resume = cfg.get("resume", False)
+    if isinstance(resume, str) and resume != "latest":
+        raise ValueError(f"resume must be true, false or latest, got {resume!r}")
+    if resume == "latest":
+        if ckpt is not None:
+            raise ValueError(f"resume=latest and ckpt_path={ckpt!r} both name a checkpoint; keep one of them")
+        return latest_checkpoint(str(cfg.output_dir))
+    if resume:
         last = os.path.join(cfg.output_dir, "checkpoints", "last.ckpt")
         if ckpt is None:
             if not os.path.isfile(last):

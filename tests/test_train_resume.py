@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from test_train import StopAt, make_cfg  # noqa: F401  (StopAt is instantiated by Hydra from here)
 
 from splatloss.train import train
@@ -39,3 +41,30 @@ def test_resuming_a_finished_run_keeps_its_metrics(tmp_path):
     assert again["train_seconds"] >= first["train_seconds"] > 0
     for key in ("psnr", "ssim", "step_seconds", "loss_share", "num_gaussians"):
         assert again[key] == first[key], key
+
+
+def test_one_checkpoint_file_per_save(tmp_path):
+    train(
+        make_cfg(
+            tmp_path,
+            ["loss=l1", "trainer.max_steps=8", "export_ply=false", "callbacks.checkpoint.every_n_train_steps=4"],
+        )
+    )
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.ckpt"]
+
+
+def test_resume_latest_continues_the_newest_run_folder(tmp_path):
+    common = ["loss=l1", "export_ply=false"]
+    older, newer = tmp_path / "outputs" / "2026-01-01" / "10-00-00", tmp_path / "outputs" / "2026-01-02" / "09-00-00"
+    train(make_cfg(older, common + ["trainer.max_steps=4"]))
+    train(make_cfg(newer, common + ["trainer.max_steps=8"]))
+    run = tmp_path / "outputs" / "2026-01-02" / "11-00-00"
+    metrics = train(make_cfg(run, common + ["trainer.max_steps=12", "resume=latest"]))
+    assert metrics["resumed_from"] == str(newer / "checkpoints" / "last.ckpt")
+    assert metrics["steps"] == 12 and metrics["steps_this_run"] == 4
+
+
+def test_resume_latest_without_any_checkpoint_says_so(tmp_path):
+    cfg = make_cfg(tmp_path / "outputs" / "d" / "t", ["resume=latest"])
+    with pytest.raises(ValueError, match="resume=latest found no run folder with checkpoints/last.ckpt"):
+        train(cfg)
