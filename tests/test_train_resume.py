@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from test_train import StopAt, make_cfg  # noqa: F401  (StopAt is instantiated by Hydra from here)
 
 from splatloss.train import train
