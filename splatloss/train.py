@@ -175,7 +175,7 @@ def train(cfg) -> Dict[str, Any]:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from .lightning import HeldOutMetrics, SceneDataModule, SplatModule, check_scene
+    from .lightning import HeldOutMetrics, SceneDataModule, SplatModule, StopOnSignal, check_scene
     from .lightning.checkpoint_io import AtomicCheckpointIO
 
     check_config(cfg)
@@ -226,6 +226,8 @@ def train(cfg) -> Dict[str, Any]:
     evaluator = next((c for c in callbacks if isinstance(c, HeldOutMetrics)), None)
     if evaluator is not None and evaluator.dirpath is None:
         evaluator.dirpath = os.path.join(out_dir, "renders")
+    stopper = StopOnSignal()
+    callbacks.append(stopper)
     logger = instantiate(cfg.logger) if cfg.get("logger") else False
     trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=logger, default_root_dir=out_dir, plugins=[AtomicCheckpointIO()]
@@ -242,9 +244,12 @@ def train(cfg) -> Dict[str, Any]:
     seconds = module.train_seconds()  # whole run (resumes included) and this process's fit
     train_seconds = seconds["total"]
     ckpt_cb = next((c for c in callbacks if isinstance(c, L.pytorch.callbacks.ModelCheckpoint)), None)
-    if ckpt_cb is not None and ckpt_cb.dirpath:
+    ckpt_dir = ckpt_cb.dirpath if ckpt_cb is not None and ckpt_cb.dirpath else None
+    if stopper.signal_name is not None and ckpt_dir is None:
+        ckpt_dir = os.path.join(out_dir, "checkpoints")  # an interrupted run always leaves one to resume
+    if ckpt_dir is not None:
         # The end of the run, whatever every_n_train_steps is: a later run can extend it.
-        trainer.save_checkpoint(os.path.join(ckpt_cb.dirpath, "last.ckpt"))
+        trainer.save_checkpoint(os.path.join(ckpt_dir, "last.ckpt"))
     final = _validate(trainer, module, dm, evaluator, "final")
 
     timing = module.timing()
@@ -254,6 +259,7 @@ def train(cfg) -> Dict[str, Any]:
         {
             "steps": int(trainer.global_step),
             "steps_this_run": int(trainer.global_step) - int(module.start_step),
+            "interrupted": stopper.signal_name,
             "resumed_from": ckpt_path,
             "train_seconds": train_seconds,
             "train_seconds_this_run": seconds["this_run"],
@@ -279,6 +285,12 @@ def train(cfg) -> Dict[str, Any]:
     )
     if trainer.is_global_zero:
         write_json_atomic(os.path.join(out_dir, "metrics.json"), metrics)
+        if stopper.signal_name is not None:
+            print(
+                f"Stopped by {stopper.signal_name} at step {metrics['steps']}; checkpoint "
+                f"{os.path.join(ckpt_dir, 'last.ckpt')}. Resume with:\n  {resume_command(out_dir)}",
+                flush=True,
+            )
         if cfg.get("export_ply", True):
             module.gaussians.export_ply(os.path.join(out_dir, "point_cloud.ply"))
         log.info(
@@ -295,6 +307,30 @@ def train(cfg) -> Dict[str, Any]:
             os.path.join(out_dir, "metrics.json"),
         )
     return metrics
+
+
+def resume_command(out_dir: str) -> str:
+    """The command line that continues the run in ``out_dir``: this process's program and Hydra
+    overrides, with ``hydra.run.dir=<out_dir> resume=true``."""
+    import shlex
+    import sys
+
+    overrides: List[str] = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task)
+    except ValueError:  # not under @hydra.main (train(cfg) called directly)
+        pass
+    keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("resume", "ckpt_path", "hydra.run.dir")]
+    argv0 = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if argv0 == os.path.abspath(__file__):
+        prog = ["python", "-m", "splatloss.train"]
+    elif argv0.endswith(".py"):
+        prog = ["python", sys.argv[0]]
+    else:
+        prog = [os.path.basename(argv0) or "splatloss-train"]
+    return shlex.join(prog + keep + [f"hydra.run.dir={out_dir}", "resume=true"])
 
 
 def _plain(node) -> dict:

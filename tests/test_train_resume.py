@@ -1,8 +1,13 @@
 """Whole-run totals across resumes, and a strict-JSON metrics.json that a resume never degrades."""
 
 import json
+import os
+import signal
 
+import lightning as L
 import pytest
+import torch
+from omegaconf import open_dict
 from test_train import StopAt, make_cfg  # noqa: F401  (StopAt is instantiated by Hydra from here)
 
 from splatloss.train import train
@@ -67,3 +72,35 @@ def test_resume_latest_without_any_checkpoint_says_so(tmp_path):
     cfg = make_cfg(tmp_path / "outputs" / "d" / "t", ["resume=latest"])
     with pytest.raises(ValueError, match="resume=latest found no run folder with checkpoints/last.ckpt"):
         train(cfg)
+
+
+class SendSignal(L.Callback):
+    """Sends a real signal to this process once ``step`` steps are done."""
+
+    def __init__(self, step: int, signum: int):
+        self.step, self.signum = step, signum
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_saves_a_checkpoint_marks_the_run_and_prints_the_resume_command(tmp_path, capsys, signum):
+    common = ["loss=l1", "trainer.max_steps=12", "export_ply=false"]
+    cfg = make_cfg(tmp_path, common)
+    with open_dict(cfg):
+        cfg.callbacks.send = {"_target_": "test_train_resume.SendSignal", "step": 5, "signum": int(signum)}
+    previous = signal.getsignal(signum)
+    metrics = train(cfg)
+    assert signal.getsignal(signum) is previous  # handlers restored after fit
+    on_disk = _strict(tmp_path / "metrics.json")
+    assert on_disk["interrupted"] == signal.Signals(signum).name and on_disk["steps"] == metrics["steps"] == 5
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 5
+    out = capsys.readouterr().out
+    assert f"Stopped by {signal.Signals(signum).name} at step 5" in out
+    assert f"hydra.run.dir={tmp_path} resume=true" in out
+    # The printed resume continues the run to its end.
+    done = train(make_cfg(tmp_path, common + ["resume=true"]))
+    assert done["steps"] == 12 and done["interrupted"] is None

@@ -25,7 +25,7 @@ if _missing_train_extra():
         "could not be imported. Install them with: pip install 'splatloss[train]'"
     )
 
-from .callbacks import HeldOutMetrics, LossTerms, StepProgressBar  # noqa: E402
+from .callbacks import HeldOutMetrics, LossTerms, StepProgressBar, StopOnSignal  # noqa: E402
 from .data import ResumableLoader, SceneDataModule, StepViewSampler, check_scene  # noqa: E402
 from .module import SplatModule  # noqa: E402
 
@@ -38,4 +38,5 @@ __all__ = [
     "LossTerms",
     "HeldOutMetrics",
     "StepProgressBar",
+    "StopOnSignal",
 ]

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import threading
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import lightning as L
@@ -272,3 +274,44 @@ class StepProgressBar(L.pytorch.callbacks.RichProgressBar):
 
     def _get_train_description(self, current_epoch: int) -> str:
         return f"{'Training':{len(self.validation_description)}}"
+
+
+class StopOnSignal(L.Callback):
+    """SIGINT (Ctrl+C) and SIGTERM (a scheduler's stop) end training cleanly after the current step.
+
+    The handlers are installed for the duration of ``fit`` (on the main thread) and replace
+    Lightning's; :attr:`signal_name` says which signal came (``None``: none). The caller then saves
+    a checkpoint and writes its metrics. A second signal stops at once (``KeyboardInterrupt``).
+    """
+
+    def __init__(self):
+        self.signal_name: Optional[str] = None
+        self._previous: Dict[int, Any] = {}
+
+    def _handler(self, signum, frame) -> None:
+        if self.signal_name is not None:
+            self._restore()
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.signal_name = None
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.getsignal(signum)
+                signal.signal(signum, self._handler)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.signal_name is not None:
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._restore()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._restore()
