@@ -28,8 +28,9 @@ sample is a copy of an input pixel, so ``q`` also gathers through its mirror ima
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Dict, NamedTuple
+from typing import Dict, NamedTuple, Optional
 
 import torch
 import triton
@@ -66,6 +67,24 @@ FORCE_CUDA_GEOMETRY = False
 #: chose 128 registers plus a 4-byte spill for several backward variants at sm_80; with it they
 #: take 150-255 registers and spill nothing (one 256-thread CTA per SM for the ring kernels).
 MAXNREG = 255
+
+
+def launch_options(num_warps: int, hip: Optional[bool] = None) -> dict:
+    """Keyword options of a kernel launch: ``num_warps``, and the register ceiling only on NVIDIA
+    (Triton's HIP backend rejects ``maxnreg``). ``hip`` defaults to whether torch was built for
+    ROCm."""
+    if hip is None:
+        hip = torch.version.hip is not None
+    return {"num_warps": num_warps} if hip else {"num_warps": num_warps, "maxnreg": MAXNREG}
+
+
+def device_guard(t: torch.Tensor):
+    """Context in which to launch on ``t``'s device: Triton launches on the current CUDA device and
+    stream, not the tensor's, so a tensor on ``cuda:1`` needs ``torch.cuda.device(1)`` around the
+    launch. A no-op for CPU tensors (the interpreter)."""
+    if t.device.type == "cuda":
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
 
 
 def cuda_lanes(kp: int) -> int:
@@ -122,6 +141,11 @@ def check_inputs(img1: torch.Tensor, img2: torch.Tensor, cfg) -> None:
         raise ValueError(
             f"the triton backend supports window_size <= {MAX_WINDOW} (wider programs than its halo), "
             f"got {cfg.window_size}; use backend='torch' for larger windows"
+        )
+    if img1.shape[0] == 0 or img1.shape[1] == 0:
+        raise ValueError(
+            f"the triton backend needs at least one image and one channel, got shape {tuple(img1.shape)}; "
+            "drop empty batches before the loss, or use backend='torch' (empty / NaN results)"
         )
     h, w = img1.shape[-2:]
     need = cfg.min_size()

@@ -14,7 +14,7 @@ from typing import Tuple
 import torch
 
 from ._common import check_inputs, functorch_guard, out_size, window_taps
-from .ssim import launch_bwd, launch_fwd
+from .ssim import _fake_grads, launch_bwd, launch_fwd
 
 __all__ = ["dssim_l1"]
 
@@ -53,7 +53,7 @@ def _dssim_l1_bwd_op(g: Tensor, img1: Tensor, img2: Tensor, window: Tensor, padd
 
 @_dssim_l1_bwd_op.register_fake
 def _(g, img1, img2, window, padding, c1, c2, shift, lam, need1, need2):
-    return (torch.empty_like(img1) if need1 else img1.new_empty(0)), (torch.empty_like(img2) if need2 else img2.new_empty(0))
+    return _fake_grads(img1, img2, need1, need2)
 
 
 def _save(ctx, inputs, output):

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAXNREG, check_inputs, functorch_guard
+from ._common import check_inputs, device_guard, functorch_guard, launch_options
 from .ssim import ssim_stats
 
 __all__ = ["downsample2x", "ms_ssim"]
@@ -74,7 +74,9 @@ def _down_op(x: Tensor) -> Tensor:
     Ho, Wo = (H + 1) // 2, (W + 1) // 2
     out = torch.empty((B, C, Ho, Wo), dtype=torch.float32, device=x.device)
     n = out.numel()
-    _down_fwd_kernel[(triton.cdiv(n, BLOCK),)](x, out, C, H, W, Ho, Wo, n, *x.stride(), BLOCK=BLOCK, num_warps=WARPS, maxnreg=MAXNREG)
+    with device_guard(x):
+        _down_fwd_kernel[(triton.cdiv(n, BLOCK),)](x, out, C, H, W, Ho, Wo, n, *x.stride(), BLOCK=BLOCK,
+                                                   **launch_options(WARPS))
     return out
 
 
@@ -89,8 +91,9 @@ def _down_bwd_op(g: Tensor, x: Tensor) -> Tensor:
     B, C, H, W = x.shape
     out = torch.empty((B, C, H, W), dtype=x.dtype, device=x.device)  # contiguous
     n = out.numel()
-    _down_bwd_kernel[(triton.cdiv(n, BLOCK),)](g, out, C, H, W, g.shape[2], g.shape[3], n, *g.stride(),
-                                               BLOCK=BLOCK, num_warps=WARPS, maxnreg=MAXNREG)
+    with device_guard(g):
+        _down_bwd_kernel[(triton.cdiv(n, BLOCK),)](g, out, C, H, W, g.shape[2], g.shape[3], n, *g.stride(),
+                                                   BLOCK=BLOCK, **launch_options(WARPS))
     return out
 
 

@@ -46,14 +46,15 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    MAXNREG,
     _hadjoint,
     _partials,
     _row_moments,
     _ssim_cs,
     check_inputs,
+    device_guard,
     functorch_guard,
     geometry,
+    launch_options,
     out_size,
     padding_code,
     window_taps,
@@ -348,15 +349,16 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, shift: fl
         s = torch.empty((B, C, Ho, Wo), dtype=torch.float32, device=dev)
         cs = torch.empty((B, C, Ho, Wo) if mode == "map_cs" else (0,), dtype=torch.float32, device=dev)
     scratch = torch.empty((n_prog, 5 * geo.kp * geo.bw), dtype=torch.float32, device=dev)
-    _ssim_fwd_kernel[(n_prog,)](
-        img1, img2, window, s, cs if mode != "map" else s, l1 if l1 is not None else s, scratch,
-        BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
-        *img1.stride(), *img2.stride(),
-        float(c1), float(c2), float(shift),
-        K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
-        WRITE_MAP=not stats, WRITE_CS=mode == "map_cs", HAS_L1=l1 is not None,
-        num_warps=geo.warps, maxnreg=MAXNREG,
-    )
+    with device_guard(img1):
+        _ssim_fwd_kernel[(n_prog,)](
+            img1, img2, window, s, cs if mode != "map" else s, l1 if l1 is not None else s, scratch,
+            BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
+            *img1.stride(), *img2.stride(),
+            float(c1), float(c2), float(shift),
+            K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
+            WRITE_MAP=not stats, WRITE_CS=mode == "map_cs", HAS_L1=l1 is not None,
+            **launch_options(geo.warps),
+        )
     if stats:
         # fixed-order reduction of the per-program partial sums: deterministic, no atomics
         out = (s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C))
@@ -404,17 +406,18 @@ def launch_bwd(img1, img2, window, padding: str, c1: float, c2: float, shift: fl
         l1 = l1.to(torch.float32).contiguous()
     scratch = torch.empty((n_prog, (8 + 9 * geo.kp) * geo.bw), dtype=torch.float32, device=dev)
     sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
-    _ssim_bwd_kernel[(n_prog,)](
-        img1, img2, window, g_s, g_cs if g_cs is not None else g_s, l1 if l1 is not None else g_s,
-        gx if gx is not None else scratch, gy if gy is not None else scratch, scratch, sum_buf,
-        BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
-        *img1.stride(), *img2.stride(), *g_strides, *out_strides,
-        float(c1), float(c2), float(shift),
-        K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
-        UPSTREAM_MAP=upstream_map, HAS_CS=g_cs is not None, HAS_L1=l1 is not None,
-        NEED1=need1, NEED2=need2, WRITE_SUMS=sums,
-        num_warps=geo.warps, maxnreg=MAXNREG,
-    )
+    with device_guard(img1):
+        _ssim_bwd_kernel[(n_prog,)](
+            img1, img2, window, g_s, g_cs if g_cs is not None else g_s, l1 if l1 is not None else g_s,
+            gx if gx is not None else scratch, gy if gy is not None else scratch, scratch, sum_buf,
+            BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
+            *img1.stride(), *img2.stride(), *g_strides, *out_strides,
+            float(c1), float(c2), float(shift),
+            K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
+            UPSTREAM_MAP=upstream_map, HAS_CS=g_cs is not None, HAS_L1=l1 is not None,
+            NEED1=need1, NEED2=need2, WRITE_SUMS=sums,
+            **launch_options(geo.warps),
+        )
     if sums:
         per_bc = sum_buf.sum(dim=1)  # fixed order: deterministic
         return gx, gy, per_bc[:, 0].view(B, C), per_bc[:, 1].view(B, C)
@@ -428,13 +431,18 @@ def launch_bwd(img1, img2, window, padding: str, c1: float, c2: float, shift: fl
 Tensor = torch.Tensor
 
 
+def _fake_grads(img1: Tensor, img2: Tensor, need1: bool, need2: bool) -> Tuple[Tensor, Tensor]:
+    """Gradients as :func:`launch_bwd` allocates them: img1's layout, and img2's gradient in img1's
+    layout too when both are computed (img2's own layout only when it is the sole gradient)."""
+    gx = torch.empty_like(img1) if need1 else img1.new_empty(0)
+    if not need2:
+        return gx, img2.new_empty(0)
+    return gx, (torch.empty_like(img1, dtype=img2.dtype) if need1 else torch.empty_like(img2))
+
+
 def _map_numel(img: Tensor, window: Tensor, padding: str) -> int:
     K = window.shape[0]
     return out_size(img.shape[-2], K, padding) * out_size(img.shape[-1], K, padding)
-
-
-def _empty() -> Tensor:
-    return torch.empty(0)
 
 
 @torch.library.custom_op("splatloss::triton_ssim_stats", mutates_args=())
@@ -460,7 +468,7 @@ def _stats_bwd_op(g_s: Tensor, g_cs: Tensor, img1: Tensor, img2: Tensor, window:
 
 @_stats_bwd_op.register_fake
 def _(g_s, g_cs, img1, img2, window, padding, c1, c2, shift, need1, need2):
-    return (torch.empty_like(img1) if need1 else img1.new_empty(0)), (torch.empty_like(img2) if need2 else img2.new_empty(0))
+    return _fake_grads(img1, img2, need1, need2)
 
 
 def _save(ctx, inputs, output):
@@ -515,7 +523,7 @@ def _map_bwd_op(g_s: Tensor, g_cs: Tensor, img1: Tensor, img2: Tensor, window: T
 
 @_map_bwd_op.register_fake
 def _(g_s, g_cs, img1, img2, window, padding, c1, c2, shift, has_cs, need1, need2):
-    return (torch.empty_like(img1) if need1 else img1.new_empty(0)), (torch.empty_like(img2) if need2 else img2.new_empty(0))
+    return _fake_grads(img1, img2, need1, need2)
 
 
 def _map_backward(ctx, g_s, g_cs):
