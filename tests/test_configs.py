@@ -18,7 +18,9 @@ SSIM_KEYS = {"window_size", "sigma", "window", "k1", "k2", "c1", "c2", "data_ran
 
 
 def _choices(group):
-    return sorted(os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(CONFIG_DIR, group, "*.yaml")))
+    # Files named _*.yaml are blocks other configs include through their defaults list, not choices.
+    names = (os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(CONFIG_DIR, group, "*.yaml")))
+    return sorted(n for n in names if not n.startswith("_"))
 
 
 def _compose(overrides, hydra=False):
@@ -29,7 +31,7 @@ def _compose(overrides, hydra=False):
 def test_every_config_file_is_covered():
     on_disk = sorted(os.path.relpath(p, CONFIG_DIR) for p in glob.glob(os.path.join(CONFIG_DIR, "**", "*.yaml"), recursive=True))
     covered = ["train.yaml"] + [f"{g}/{c}.yaml" for g in GROUPS for c in _choices(g)]
-    covered += [f"hydra/launcher/{c}.yaml" for c in _choices("hydra/launcher")]
+    covered += [f"hydra/launcher/{c}.yaml" for c in _choices("hydra/launcher")] + ["loss/_ssim.yaml"]
     assert sorted(covered) == on_disk
     assert _choices("loss") == ["dssim_l1", "l1", "l2", "msssim", "msssim_l1", "ssim", "zhao_mix"]
     assert _choices("trainer") == ["cpu", "ddp", "default", "gpu"]
@@ -138,3 +140,14 @@ def test_optuna_search_targets_an_existing_key():
 def test_launcher_configs(choice, target):
     cfg = _compose([f"hydra/launcher={choice}"], hydra=True)
     assert get_class(cfg.hydra.launcher._target_).__name__ == target
+
+
+def test_loss_configs_share_one_ssim_block():
+    shared = OmegaConf.load(os.path.join(CONFIG_DIR, "loss", "_ssim.yaml"))
+    assert set(shared.keys()) == SSIM_KEYS - {"padding"}
+    for name in _choices("loss"):
+        own = OmegaConf.load(os.path.join(CONFIG_DIR, "loss", f"{name}.yaml"))
+        assert list(own.defaults) == ["_ssim", "_self_"], name
+        assert not set(own.keys()) & set(shared.keys()), name  # written once, in _ssim.yaml
+        composed = _compose([f"loss={name}", "loss.window_size=7"]).loss
+        assert composed.window_size == 7 and composed.sigma == shared.sigma, name
