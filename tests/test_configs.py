@@ -29,7 +29,9 @@ def _compose(overrides, hydra=False):
 
 
 def test_every_config_file_is_covered():
-    on_disk = sorted(os.path.relpath(p, CONFIG_DIR) for p in glob.glob(os.path.join(CONFIG_DIR, "**", "*.yaml"), recursive=True))
+    on_disk = sorted(
+        os.path.relpath(p, CONFIG_DIR) for p in glob.glob(os.path.join(CONFIG_DIR, "**", "*.yaml"), recursive=True)
+    )
     covered = ["train.yaml"] + [f"{g}/{c}.yaml" for g in GROUPS for c in _choices(g)]
     covered += [f"hydra/launcher/{c}.yaml" for c in _choices("hydra/launcher")] + ["loss/_ssim.yaml"]
     assert sorted(covered) == on_disk
@@ -75,14 +77,43 @@ def test_loss_configs_build_the_loss_they_name(name):
 
 
 def test_loss_options_reach_the_loss():
-    cfg = _compose(["loss=ssim", "loss.window_size=7", "loss.sigma=1.0", "loss.window=uniform", "loss.k1=0.02",
-                    "loss.c2=0.001", "loss.data_range=2.0", "loss.padding=reflect", "loss.backend=reference"])
+    cfg = _compose(
+        [
+            "loss=ssim",
+            "loss.window_size=7",
+            "loss.sigma=1.0",
+            "loss.window=uniform",
+            "loss.k1=0.02",
+            "loss.c2=0.001",
+            "loss.data_range=2.0",
+            "loss.padding=reflect",
+            "loss.backend=reference",
+        ]
+    )
     loss = instantiate(cfg.loss)
     c = loss.cfg
-    assert (c.window_size, c.sigma, c.window, c.k1, c.c2, c.data_range, c.padding) == (7, 1.0, "uniform", 0.02, 0.001, 2.0, "reflect")
+    assert (c.window_size, c.sigma, c.window, c.k1, c.c2, c.data_range, c.padding) == (
+        7,
+        1.0,
+        "uniform",
+        0.02,
+        0.001,
+        2.0,
+        "reflect",
+    )
     x, y = torch.rand(1, 3, 20, 20) * 2, torch.rand(1, 3, 20, 20) * 2
-    expect = 1 - splatloss.ssim(x, y, window_size=7, sigma=1.0, window="uniform", k1=0.02, c2=0.001, data_range=2.0,
-                                padding="reflect", backend="reference")
+    expect = 1 - splatloss.ssim(
+        x,
+        y,
+        window_size=7,
+        sigma=1.0,
+        window="uniform",
+        k1=0.02,
+        c2=0.001,
+        data_range=2.0,
+        padding="reflect",
+        backend="reference",
+    )
     assert float(loss(x, y)) == pytest.approx(float(expect), rel=1e-6, abs=0)
 
 

@@ -64,10 +64,19 @@ class WeightProbe(L.Callback):
 
 
 def _trainer(tmp_path, callbacks, steps=12):
-    return L.Trainer(accelerator="cpu", max_steps=steps, callbacks=callbacks, default_root_dir=str(tmp_path),
-                     logger=L.pytorch.loggers.CSVLogger(str(tmp_path), name="csv"), log_every_n_steps=1,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                     num_sanity_val_steps=0, check_val_every_n_epoch=1000)
+    return L.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        callbacks=callbacks,
+        default_root_dir=str(tmp_path),
+        logger=L.pytorch.loggers.CSVLogger(str(tmp_path), name="csv"),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        check_val_every_n_epoch=1000,
+    )
 
 
 def test_loss_terms_schedules_and_logs_on_a_foreign_module(tmp_path):
@@ -112,7 +121,9 @@ def test_held_out_metrics_match_the_definitions_and_save_renders(tmp_path):
     target = _photo()
     module = FitImage(target)
     with torch.no_grad():
-        module.canvas.copy_((target + 0.1 * torch.randn(target.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1))
+        module.canvas.copy_(
+            (target + 0.1 * torch.randn(target.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+        )
     metrics = HeldOutMetrics(dirpath=str(tmp_path / "renders"))
     metrics.tag = "check"
     res = _trainer(tmp_path, [metrics]).validate(module, verbose=False)[0]
@@ -135,7 +146,9 @@ def test_held_out_metrics_match_the_definitions_and_save_renders(tmp_path):
 
 def test_held_out_metrics_need_pred_and_target(tmp_path):
     with pytest.raises(ValueError, match="validation_step must return a dict with 'pred' and 'target'"):
-        _trainer(tmp_path, [HeldOutMetrics(save_renders=False)]).validate(FitImage(_photo(), return_dict=False), verbose=False)
+        _trainer(tmp_path, [HeldOutMetrics(save_renders=False)]).validate(
+            FitImage(_photo(), return_dict=False), verbose=False
+        )
 
 
 def test_step_progress_bar_labels_training_not_epoch_minus_two():

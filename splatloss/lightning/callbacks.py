@@ -118,7 +118,8 @@ class LossTerms(L.Callback):
                 )
             if not {"l1", "dssim"} <= set(loss.weights):
                 raise ValueError(
-                    f"LossTerms: a lambda_dssim schedule needs a loss with l1 and dssim terms, got {sorted(loss.weights)}"
+                    "LossTerms: a lambda_dssim schedule needs a loss with l1 and dssim terms, "
+                    f"got {sorted(loss.weights)}"
                 )
             if any(w > 1 for _, w in self.schedules["lambda_dssim"]):
                 raise ValueError(
