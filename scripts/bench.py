@@ -90,15 +90,7 @@ def _splat(backend: str, op: str, device: str, plain_torch: bool = False):
         fn = lambda x, y: 1 - SF.ms_ssim(x, y, backend=backend)  # noqa: E731
     else:  # 3DGS's loss: zero ("same") padding
         fn = lambda x, y: SF.dssim_l1(x, y, LAM, padding="same", backend=backend)  # noqa: E731
-    if not plain_torch:
-        return fn
-    from splatloss.backends import cpu as _cpu_kernel
-
-    def plain(x, y):
-        with _cpu_kernel.cpu_kernel(False):
-            return fn(x, y)
-
-    return plain
+    return fn
 
 
 def _pytorch_msssim(op: str, device: str):
@@ -185,8 +177,8 @@ def _compiled_reference(op: str, device: str):
 
 def make_loss(lib: str, op: str, device: str):
     """``loss(x, y)`` for ``lib`` and ``op``; raises :class:`Unavailable` with the reason."""
-    if lib == "splatloss-torch":
-        return _splat("torch", op, device)
+    if lib == "splatloss-torch":  # what "auto" runs: the C kernel on the CPU, torch ops elsewhere
+        return _splat("cpu" if device == "cpu" else "torch", op, device)
     if lib == "splatloss-torch-ops":
         return _splat("torch", op, device, plain_torch=True)
     if lib == "splatloss-reference":

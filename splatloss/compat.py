@@ -25,9 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import backends, functional
+from . import backends, functional, multiscale
 from .config import MS_SSIM_WEIGHTS, SSIMConfig
-from .reference import accumulation_dtype
 
 __all__ = ["fused_ssim", "ssim", "ms_ssim", "SSIM", "MS_SSIM"]
 
@@ -78,7 +77,9 @@ def _config(data_range, win_size, win_sigma, win, K) -> SSIMConfig:
 def _check_4d(X, Y):
     for name, t in (("X", X), ("Y", Y)):
         if isinstance(t, torch.Tensor) and t.dim() == 5:
-            raise ValueError(f"{name} is 5-D {tuple(t.shape)}: 3-D (volumetric) SSIM is not supported by splatloss.compat; expected (N, C, H, W)")
+            raise ValueError(
+                f"{name} is 5-D {tuple(t.shape)}: 3-D (volumetric) SSIM is not supported by splatloss.compat; expected (N, C, H, W)"
+            )
         if isinstance(t, torch.Tensor) and t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D (N, C, H, W) tensor, got shape {tuple(t.shape)}")
 
@@ -157,36 +158,33 @@ def ms_ssim(
             f"Image size should be larger than {need} due to the 4 downsamplings in ms-ssim (as pytorch_msssim), "
             f"got {tuple(x.shape[-2:])}; use splatloss.ms_ssim with fewer scales or padding='same' for small images"
         )
-    mod = backends.resolve(backend, x)
-    mcs = []
-    s = None
-    for i in range(len(w)):
-        s, cs = mod.ssim_stats(x, y, cfg)  # [B, C]
-        if i < len(w) - 1:
-            mcs.append(torch.relu(cs))
-            pad = (x.shape[-2] % 2, x.shape[-1] % 2)
-            if i == 0:
-                acc = accumulation_dtype(x.dtype)
-                x, y = x.to(acc), y.to(acc)
-            # pytorch_msssim's pyramid: zero padding on both sides of an odd side, counted in the mean
-            x = F.avg_pool2d(x, kernel_size=2, padding=pad)
-            y = F.avg_pool2d(y, kernel_size=2, padding=pad)
-    stacked = torch.stack(mcs + [torch.relu(s)], dim=0)  # [M, B, C]
-    wt = torch.tensor(w, dtype=stacked.dtype, device=stacked.device).view(-1, 1, 1)
-    val = torch.prod(stacked**wt, dim=0)  # [B, C]
-    return val.mean() if size_average else val.mean(dim=1)
+    impl = backends.resolve(backend, x)
+    # pytorch_msssim's own pyramid step (zeros on both sides of an odd side, counted in the mean);
+    # the loop over scales, the relu clamp and the product are splatloss.multiscale's.
+    terms = multiscale.ms_terms(lambda a, b: impl.ssim_stats(a, b, cfg), (x, y), len(w), down=_pytorch_msssim_down)
+    val = multiscale.combine(terms, w)  # [B]
+    return val.mean() if size_average else val
+
+
+def _pytorch_msssim_down(x: torch.Tensor) -> torch.Tensor:
+    """pytorch_msssim's pyramid step: 2x2 means, an odd side zero-padded by one on both sides."""
+    return F.avg_pool2d(x, kernel_size=2, padding=(x.shape[-2] % 2, x.shape[-1] % 2))
 
 
 def _check_channel(channel, spatial_dims):
     if not isinstance(channel, numbers.Integral) or isinstance(channel, bool) or channel < 1:
         raise ValueError(f"channel must be an integer >= 1, got {channel!r}")
     if spatial_dims != 2:
-        raise ValueError(f"spatial_dims must be 2 (3-D SSIM is not supported by splatloss.compat), got {spatial_dims!r}")
+        raise ValueError(
+            f"spatial_dims must be 2 (3-D SSIM is not supported by splatloss.compat), got {spatial_dims!r}"
+        )
 
 
 def _check_input_channels(X, channel):
     if isinstance(X, torch.Tensor) and X.dim() == 4 and X.shape[1] != channel:
-        raise ValueError(f"this module was built for channel={channel}, got an input with {X.shape[1]} channels {tuple(X.shape)}")
+        raise ValueError(
+            f"this module was built for channel={channel}, got an input with {X.shape[1]} channels {tuple(X.shape)}"
+        )
 
 
 class SSIM(nn.Module):
@@ -215,14 +213,26 @@ class SSIM(nn.Module):
         super().__init__()
         _check_channel(channel, spatial_dims)
         _config(data_range, win_size, win_sigma, None, K)  # validate now
-        self.data_range, self.size_average, self.win_size, self.win_sigma = data_range, size_average, win_size, win_sigma
+        self.data_range, self.size_average, self.win_size, self.win_sigma = (
+            data_range,
+            size_average,
+            win_size,
+            win_sigma,
+        )
         self.channel, self.K, self.nonnegative_ssim, self.backend = channel, tuple(K), nonnegative_ssim, backend
 
     def forward(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         _check_input_channels(X, self.channel)
         return ssim(
-            X, Y, data_range=self.data_range, size_average=self.size_average, win_size=self.win_size,
-            win_sigma=self.win_sigma, K=self.K, nonnegative_ssim=self.nonnegative_ssim, backend=self.backend,
+            X,
+            Y,
+            data_range=self.data_range,
+            size_average=self.size_average,
+            win_size=self.win_size,
+            win_sigma=self.win_sigma,
+            K=self.K,
+            nonnegative_ssim=self.nonnegative_ssim,
+            backend=self.backend,
         )
 
 
@@ -253,12 +263,24 @@ class MS_SSIM(nn.Module):
         _check_channel(channel, spatial_dims)
         _config(data_range, win_size, win_sigma, None, K)
         self.weights = None if weights is None else functional._check_weights(weights)
-        self.data_range, self.size_average, self.win_size, self.win_sigma = data_range, size_average, win_size, win_sigma
+        self.data_range, self.size_average, self.win_size, self.win_sigma = (
+            data_range,
+            size_average,
+            win_size,
+            win_sigma,
+        )
         self.channel, self.K, self.backend = channel, tuple(K), backend
 
     def forward(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         _check_input_channels(X, self.channel)
         return ms_ssim(
-            X, Y, data_range=self.data_range, size_average=self.size_average, win_size=self.win_size,
-            win_sigma=self.win_sigma, weights=self.weights, K=self.K, backend=self.backend,
+            X,
+            Y,
+            data_range=self.data_range,
+            size_average=self.size_average,
+            win_size=self.win_size,
+            win_sigma=self.win_sigma,
+            weights=self.weights,
+            K=self.K,
+            backend=self.backend,
         )

@@ -1,4 +1,4 @@
-"""Validated SSIM configuration: window, constants and padding, checked once.
+"""Validated SSIM configuration: window, constants and padding, checked once; the accumulation dtype.
 
 Every backend receives an :class:`SSIMConfig` that has already passed validation, so kernels never
 re-check user input. Hydra can build it through ``_target_: splatloss.config.SSIMConfig``.
@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["SSIMConfig", "MS_SSIM_WEIGHTS", "PADDINGS", "WINDOWS", "min_size"]
+__all__ = ["SSIMConfig", "MS_SSIM_WEIGHTS", "PADDINGS", "WINDOWS", "min_size", "accumulation_dtype"]
 
 #: Wang, Simoncelli & Bovik 2003 (and TF ``ssim_multiscale``) power factors, finest scale first.
 MS_SSIM_WEIGHTS = (0.0448, 0.2856, 0.3001, 0.2363, 0.1333)
@@ -23,6 +23,18 @@ MS_SSIM_WEIGHTS = (0.0448, 0.2856, 0.3001, 0.2363, 0.1333)
 #: the edge sample (``torch.nn.functional.pad(mode="reflect")``, numpy "reflect", scipy "mirror").
 PADDINGS = ("valid", "same", "reflect")
 WINDOWS = ("gaussian", "uniform")
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 input, float32 for everything else (fp16, bf16, fp32).
+
+    Every backend computes in this dtype and returns its values in it.
+
+    Examples:
+        >>> accumulation_dtype(torch.float16), accumulation_dtype(torch.float64)
+        (torch.float32, torch.float64)
+    """
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _is_real(x) -> bool:

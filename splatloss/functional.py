@@ -7,7 +7,8 @@ dtype (float32, or float64 for float64 input), gradients in each input's dtype.
 
 Every function takes the window and constant keywords of :class:`splatloss.config.SSIMConfig`
 (``data_range``, ``window_size``, ``sigma``, ``window``, ``k1``, ``k2``, ``c1``, ``c2``,
-``padding``) and ``backend="auto" | "torch" | "reference" | "triton"``.
+``padding``) and ``backend="auto" | "reference" | "torch" | "cpu" | "triton"`` (see
+:mod:`splatloss.backends`; :func:`splatloss.backends.explain` says what ``"auto"`` picks).
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ import numbers
 from typing import Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from . import backends
-from .config import MS_SSIM_WEIGHTS, SSIMConfig
-from .reference import accumulation_dtype
+from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype
+from .multiscale import smooth_positive
 
-__all__ = ["ssim", "ssim_map", "ms_ssim", "dssim", "dssim_l1", "dssim_with_gradient", "REDUCTIONS"]
+__all__ = ["ssim", "ssim_map", "ms_ssim", "dssim", "dssim_l1", "dssim_with_gradient", "REDUCTIONS", "smooth_positive"]
 
 REDUCTIONS = ("mean", "sum", "none")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -91,7 +91,9 @@ def _check_reduction(reduction) -> None:
 def _check_weights(weights) -> Tuple[float, ...]:
     if isinstance(weights, torch.Tensor):
         if weights.dim() != 1:
-            raise ValueError(f"weights must be a 1-D sequence of scale weights, got a tensor of shape {_shape(weights)}")
+            raise ValueError(
+                f"weights must be a 1-D sequence of scale weights, got a tensor of shape {_shape(weights)}"
+            )
         weights = weights.tolist()
     if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
         raise TypeError(f"weights must be a sequence of numbers (one per scale), got {type(weights).__name__}")
@@ -134,8 +136,15 @@ def _check_ms_size(img: torch.Tensor, cfg: SSIMConfig, scales: int) -> None:
 
 def _make_cfg(data_range, window_size, sigma, window, k1, k2, c1, c2, padding) -> SSIMConfig:
     return SSIMConfig(
-        window_size=window_size, sigma=sigma, window=window, k1=k1, k2=k2, c1=c1, c2=c2,
-        data_range=data_range, padding=padding,
+        window_size=window_size,
+        sigma=sigma,
+        window=window,
+        k1=k1,
+        k2=k2,
+        c1=c1,
+        c2=c2,
+        data_range=data_range,
+        padding=padding,
     )
 
 
@@ -145,67 +154,6 @@ def _reduce(per_image: torch.Tensor, reduction: str, unbatched: bool) -> torch.T
     if reduction == "sum":
         return per_image.sum()
     return per_image[0] if unbatched else per_image
-
-
-# ----------------------------------------------------------------------------------------------
-# Shared pyramid and MS-SSIM composition
-# ----------------------------------------------------------------------------------------------
-
-
-def _downsample2x(x: torch.Tensor) -> torch.Tensor:
-    """TF ``ssim_multiscale`` pyramid step: repeat the last row / column of an odd side, 2x2 mean.
-
-    ``(H, W) -> (ceil(H/2), ceil(W/2))``; every input pixel feeds the output (and gets gradient).
-    """
-    h, w = x.shape[-2:]
-    if h % 2 or w % 2:
-        x = F.pad(x, (0, w % 2, 0, h % 2), mode="replicate")
-    return F.avg_pool2d(x, kernel_size=2, stride=2)
-
-
-def smooth_positive(x: torch.Tensor, tau: float) -> torch.Tensor:
-    """``x`` for ``x >= tau``, ``tau^2 / (2 tau - x)`` below: positive, C1, slope never zero.
-
-    Value and slope match at ``tau`` (both ``tau`` and 1); as ``x -> -inf`` it decays like
-    ``tau^2 / |x|``, so ``f(x)^w`` has a finite, non-zero derivative everywhere.
-
-    Examples:
-        >>> smooth_positive(torch.tensor([-1.0, 0.0, 0.01, 0.5]), 0.01)
-        tensor([9.8039e-05, 5.0000e-03, 1.0000e-02, 5.0000e-01])
-    """
-    # The denominator uses min(x, tau) so the unused branch never divides by zero (a NaN there
-    # would leak into the gradient through torch.where's backward).
-    below = (tau * tau) / (2 * tau - torch.clamp(x, max=tau))
-    return torch.where(x >= tau, x, below)
-
-
-def _ms_terms(x, y, cfg: SSIMConfig, scales: int, mod) -> torch.Tensor:
-    """Per-scale MS-SSIM terms ``[B, C, M]``: cs means at scales 1..M-1, the SSIM mean at scale M."""
-    terms = []
-    for j in range(scales):
-        if j == 1:
-            # The pyramid runs in the accumulation dtype (fp16 2x2 means would round).
-            acc = accumulation_dtype(x.dtype)
-            x, y = x.to(acc), y.to(acc)
-        if j > 0:
-            x, y = _downsample2x(x), _downsample2x(y)
-        s, c = mod.ssim_stats(x, y, cfg)  # [B, C] each
-        terms.append(c if j < scales - 1 else s)
-    return torch.stack(terms, dim=-1)  # [B, C, M]
-
-
-def _combine_ms(terms: torch.Tensor, weights: Sequence[float], tau: Optional[float]) -> torch.Tensor:
-    """Product over scales of clamped terms to their weights, then the mean over channels: ``[B]``."""
-    t = torch.relu(terms) if tau is None else smooth_positive(terms, tau)
-    w = torch.tensor(weights, dtype=terms.dtype, device=terms.device)
-    return torch.prod(t ** w, dim=-1).mean(dim=-1)
-
-
-def _ms_ssim_per_image(x, y, cfg, weights, tau, mod) -> torch.Tensor:
-    fused = getattr(mod, "ms_ssim", None)
-    if fused is not None:  # a backend's own MS-SSIM (same conventions, docs/CONTRACT.md)
-        return fused(x, y, cfg, weights, tau=tau)
-    return _combine_ms(_ms_terms(x, y, cfg, len(weights), mod), weights, tau)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -245,8 +193,7 @@ def ssim_map(
     cfg = _make_cfg(data_range, window_size, sigma, window, k1, k2, c1, c2, padding)
     x, y, unbatched = _check_pair(img1, img2)
     _check_size(x, cfg)
-    mod = backends.resolve(backend, x)
-    out = mod.ssim_map(x, y, cfg, return_cs=return_cs)
+    out = backends.resolve(backend, x).ssim_map(x, y, cfg, return_cs=return_cs)
     if unbatched:
         out = tuple(o[0] for o in out) if return_cs else out[0]
     return out
@@ -292,8 +239,7 @@ def ssim(
     cfg = _make_cfg(data_range, window_size, sigma, window, k1, k2, c1, c2, padding)
     x, y, unbatched = _check_pair(img1, img2)
     _check_size(x, cfg)
-    mod = backends.resolve(backend, x)
-    s, _ = mod.ssim_stats(x, y, cfg)  # [B, C]
+    s, _ = backends.resolve(backend, x).ssim_stats(x, y, cfg)  # [B, C]
     return _reduce(s.mean(dim=1), reduction, unbatched)
 
 
@@ -369,8 +315,8 @@ def ms_ssim(
     cfg = _make_cfg(data_range, window_size, sigma, window, k1, k2, c1, c2, padding)
     x, y, unbatched = _check_pair(img1, img2)
     _check_ms_size(x, cfg, len(weights))
-    mod = backends.resolve(backend, x)
-    return _reduce(_ms_ssim_per_image(x, y, cfg, weights, tau, mod), reduction, unbatched)
+    per_image = backends.resolve(backend, x).ms_ssim(x, y, cfg, weights, tau=tau)
+    return _reduce(per_image, reduction, unbatched)
 
 
 def dssim_l1(
@@ -393,7 +339,8 @@ def dssim_l1(
     """The 3DGS photometric loss ``(1 - lam) * L1 + lam * (1 - SSIM)`` per image, then reduced.
 
     ``L1`` is the mean absolute difference over channels and pixels. 3DGS (Kerbl et al. 2023) uses
-    ``lam=0.2`` and ``padding="same"``. Uses the backend's fused kernel when it has one.
+    ``lam=0.2`` and ``padding="same"``. Runs the backend's fused kernel where it has one ("cpu",
+    "triton").
 
     Examples:
         >>> x, y = torch.rand(1, 3, 24, 24), torch.rand(1, 3, 24, 24)
@@ -409,15 +356,7 @@ def dssim_l1(
     cfg = _make_cfg(data_range, window_size, sigma, window, k1, k2, c1, c2, padding)
     x, y, unbatched = _check_pair(img1, img2)
     _check_size(x, cfg)
-    mod = backends.resolve(backend, x)
-    fused = getattr(mod, "dssim_l1", None)
-    if fused is not None:
-        per_image = fused(x, y, cfg, lam)  # [B]
-    else:
-        acc = accumulation_dtype(x.dtype)
-        l1 = (x.to(acc) - y.to(acc)).abs().mean(dim=(1, 2, 3))  # [B]
-        s, _ = mod.ssim_stats(x, y, cfg)
-        per_image = (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
+    per_image = backends.resolve(backend, x).dssim_l1(x, y, cfg, lam)  # [B]
     return _reduce(per_image, reduction, unbatched)
 
 
@@ -437,8 +376,8 @@ def dssim_with_gradient(
     returned. Takes the keywords of :func:`ssim`; ``reduction`` is ``"mean"`` or ``"sum"`` (a
     scalar loss). ``img2`` gets no gradient.
 
-    Backends with a direct ``ssim_mean_and_grad`` (``"torch"``, so ``"auto"`` on the CPU) build no
-    graph at all; others run one small local autograd pass on detached copies. Either way the
+    Runs the backend's ``ssim_mean_and_grad`` (a direct pass without autograd on "torch", "cpu" and
+    "triton"; one small local autograd pass on detached copies on "reference"). Either way the
     inputs' ``.grad`` is untouched and the results carry no graph.
 
     Returns:
@@ -456,9 +395,15 @@ def dssim_with_gradient(
     if "padding" not in kwargs:
         kwargs["padding"] = "valid"
     cfg = _make_cfg(
-        kwargs.pop("data_range", 1.0), kwargs.pop("window_size", 11), kwargs.pop("sigma", 1.5),
-        kwargs.pop("window", "gaussian"), kwargs.pop("k1", 0.01), kwargs.pop("k2", 0.03),
-        kwargs.pop("c1", None), kwargs.pop("c2", None), kwargs.pop("padding"),
+        kwargs.pop("data_range", 1.0),
+        kwargs.pop("window_size", 11),
+        kwargs.pop("sigma", 1.5),
+        kwargs.pop("window", "gaussian"),
+        kwargs.pop("k1", 0.01),
+        kwargs.pop("k2", 0.03),
+        kwargs.pop("c1", None),
+        kwargs.pop("c2", None),
+        kwargs.pop("padding"),
     )
     if kwargs:
         raise TypeError(f"dssim_with_gradient got unexpected keyword arguments {sorted(kwargs)}")
@@ -472,21 +417,13 @@ def dssim_with_gradient(
                 f"grad must be a floating tensor shaped like img1 {_shape(img1)} on {img1.device}, "
                 f"got shape {_shape(grad)}, dtype {grad.dtype} on {grad.device}"
             )
-    mod = backends.resolve(backend, x)
+    impl = backends.resolve(backend, x)
     b, c = x.shape[:2]
     # d(1 - mean_c ssim_bc) = -1/C per (B, C); "mean" over the batch divides by B as well.
     scale = -1.0 / (c * (b if reduction == "mean" else 1))
-    x_d, y_d = x.detach(), y.detach()
-    direct = getattr(mod, "ssim_mean_and_grad", None)
+    upstream = torch.full((b, c), scale, dtype=accumulation_dtype(x.dtype), device=x.device)
     with torch.no_grad():
-        if direct is not None:
-            s, g = direct(x_d, y_d, cfg, torch.full((b, c), scale, dtype=accumulation_dtype(x.dtype), device=x.device))
-        else:
-            with torch.enable_grad():
-                xl = x_d.requires_grad_(True)
-                s, _ = mod.ssim_stats(xl, y_d, cfg)
-                (g,) = torch.autograd.grad(s.sum(dim=0) @ torch.full((c,), scale, dtype=s.dtype, device=s.device), xl)
-            s = s.detach()
+        s, g = impl.ssim_mean_and_grad(x.detach(), y.detach(), cfg, upstream)
         value = 1 - s.mean(dim=1)
         value = value.mean() if reduction == "mean" else value.sum()
         if unbatched:

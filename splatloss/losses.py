@@ -15,10 +15,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import backends, functional
-from .config import MS_SSIM_WEIGHTS, SSIMConfig
+from . import backends, functional, multiscale
+from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype
 from .functional import DEFAULT_TAU, _check_reduction, _check_weights, _reduce
-from .reference import accumulation_dtype
 
 __all__ = ["SSIMLoss", "MSSSIMLoss", "PhotometricLoss", "TERMS"]
 
@@ -31,8 +30,15 @@ TERMS = ("l1", "l2", "dssim", "msssim", "l1_gaussian")
 
 def _cfg_kwargs(cfg: SSIMConfig) -> dict:
     return dict(
-        data_range=cfg.data_range, window_size=cfg.window_size, sigma=cfg.sigma, window=cfg.window,
-        k1=cfg.k1, k2=cfg.k2, c1=cfg.c1, c2=cfg.c2, padding=cfg.padding,
+        data_range=cfg.data_range,
+        window_size=cfg.window_size,
+        sigma=cfg.sigma,
+        window=cfg.window,
+        k1=cfg.k1,
+        k2=cfg.k2,
+        c1=cfg.c1,
+        c2=cfg.c2,
+        padding=cfg.padding,
     )
 
 
@@ -137,7 +143,12 @@ class MSSSIMLoss(nn.Module):
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         per_image = functional.ms_ssim(
-            pred, target, weights=self.weights, tau=self.tau, reduction="none", backend=self.backend,
+            pred,
+            target,
+            weights=self.weights,
+            tau=self.tau,
+            reduction="none",
+            backend=self.backend,
             **_cfg_kwargs(self.cfg),
         )
         unbatched = per_image.dim() == 0
@@ -369,7 +380,9 @@ class PhotometricLoss(nn.Module):
         try:
             torch.broadcast_shapes(mask.shape, pred.shape)
         except RuntimeError:
-            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to the images' shape {tuple(pred.shape)}") from None
+            raise ValueError(
+                f"mask of shape {tuple(mask.shape)} does not broadcast to the images' shape {tuple(pred.shape)}"
+            ) from None
         if mask.device != pred.device:
             raise ValueError(f"mask must be on the images' device {pred.device}, got {mask.device}")
         return mask.to(accumulation_dtype(pred.dtype))
@@ -431,26 +444,28 @@ class PhotometricLoss(nn.Module):
     def _msssim(self, x, y, mask) -> torch.Tensor:
         if mask is None:
             ms = functional.ms_ssim(
-                x, y, weights=self.ms_weights, tau=self.tau, reduction="none", backend=self.backend,
+                x,
+                y,
+                weights=self.ms_weights,
+                tau=self.tau,
+                reduction="none",
+                backend=self.backend,
                 **_cfg_kwargs(self.cfg),
             )
             return 1 - ms
         cfg, scales = self.cfg, len(self.ms_weights)
         functional._check_ms_size(x, cfg, scales)
-        mod = backends.resolve(self.backend, x)
+        impl = backends.resolve(self.backend, x)
         r = cfg.pad if cfg.padding == "valid" else 0
-        terms = []
-        for j in range(scales):
-            if j == 1:
-                acc = accumulation_dtype(x.dtype)
-                x, y = x.to(acc), y.to(acc)
-            if j > 0:
-                # the mask follows the same pyramid as the images (its 2x2 means weight the coarse pixels)
-                x, y, mask = functional._downsample2x(x), functional._downsample2x(y), functional._downsample2x(mask)
-            smap, cmap = mod.ssim_map(x, y, cfg, return_cs=True)
-            m = _crop(mask, r)
-            terms.append(_weighted_mean(cmap if j < scales - 1 else smap, m, (2, 3)))  # [B, C]
-        ms = functional._combine_ms(torch.stack(terms, dim=-1), self.ms_weights, self.tau)
+
+        def masked_stats(xj, yj, mj):
+            # the mask follows the same pyramid as the images (its 2x2 means weight the coarse pixels)
+            smap, cmap = impl.ssim_map(xj, yj, cfg, return_cs=True)
+            m = _crop(mj, r)
+            return _weighted_mean(smap, m, (2, 3)), _weighted_mean(cmap, m, (2, 3))  # [B, C] each
+
+        terms = multiscale.ms_terms(masked_stats, (x, y, mask), scales)
+        ms = multiscale.combine(terms, self.ms_weights, self.tau)
         return 1 - ms
 
     def _l1_gaussian(self, diff, mask) -> torch.Tensor:

@@ -25,14 +25,11 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from .config import MS_SSIM_WEIGHTS, SSIMConfig
+from . import multiscale
+from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype
+from .multiscale import downsample2x
 
 __all__ = ["ssim_map", "ssim_stats", "ms_ssim", "downsample2x", "accumulation_dtype"]
-
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 for float64 input, float32 for everything else (fp16, bf16, fp32)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _filter(x: torch.Tensor, window_2d: torch.Tensor, padding: str) -> torch.Tensor:
@@ -86,19 +83,6 @@ def ssim_stats(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig) -> Tuple
     return ssim.mean(dim=(-2, -1)), cs.mean(dim=(-2, -1))
 
 
-def downsample2x(x: torch.Tensor) -> torch.Tensor:
-    """Halve each side: repeat the last row / column of an odd side, then average 2x2 blocks.
-
-    This is TF ``ssim_multiscale``'s pyramid step (SYMMETRIC pad of the remainder at the
-    bottom / right, then 2x2 VALID average pooling), so every input pixel feeds the next scale
-    and keeps a gradient. ``(H, W) -> (ceil(H / 2), ceil(W / 2))``.
-    """
-    h, w = x.shape[-2:]
-    if h % 2 or w % 2:
-        x = F.pad(x, (0, w % 2, 0, h % 2), mode="replicate")
-    return F.avg_pool2d(x, kernel_size=2, stride=2)
-
-
 def ms_ssim(
     img1: torch.Tensor,
     img2: torch.Tensor,
@@ -111,7 +95,8 @@ def ms_ssim(
     ``prod_{j<M} relu(cs_j)^{w_j} * relu(ssim_M)^{w_M}`` per channel, then the mean over channels;
     ``cs_j`` / ``ssim_M`` are the means of the maps at scale ``j`` (with ``cfg.padding``).
     With ``tau`` (the training loss), relu is replaced by the smooth positive extension
-    ``x if x >= tau else tau^2 / (2 tau - x)`` (written out here independently of functional).
+    ``x if x >= tau else tau^2 / (2 tau - x)``. The composition (pyramid, terms, product) is
+    :mod:`splatloss.multiscale`'s, with this module's :func:`ssim_stats` per scale.
 
     Examples:
         >>> x = torch.rand(2, 3, 161, 161)
@@ -120,18 +105,4 @@ def ms_ssim(
     """
     acc = accumulation_dtype(img1.dtype)
     x, y = img1.to(acc), img2.to(acc)  # the pyramid averages in the accumulation dtype too
-    terms = []
-    for j in range(len(weights)):
-        if j > 0:
-            x, y = downsample2x(x), downsample2x(y)
-        ssim_mean, cs_mean = ssim_stats(x, y, cfg)  # [B, C] each
-        terms.append(cs_mean if j < len(weights) - 1 else ssim_mean)
-    stacked = torch.stack(terms, dim=-1)  # [B, C, M]
-    w = torch.tensor(list(weights), dtype=stacked.dtype, device=stacked.device)
-    if tau is None:
-        clamped = torch.relu(stacked)
-    else:
-        below = tau * tau / (2 * tau - torch.minimum(stacked, torch.full_like(stacked, tau)))
-        clamped = torch.where(stacked >= tau, stacked, below)
-    per_channel = torch.prod(clamped ** w, dim=-1)  # [B, C]
-    return per_channel.mean(dim=-1)
+    return multiscale.ms_ssim(lambda a, b: ssim_stats(a, b, cfg), x, y, weights, tau)

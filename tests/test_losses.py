@@ -289,7 +289,7 @@ X = torch.rand(1, 3, 40, 40)
         (lambda: PhotometricLoss.l1().set_weight("l1", float("inf")), ValueError, "weight of term 'l1' must be a finite number >= 0, got inf"),
         (lambda: PhotometricLoss.dssim_l1(lambda_dssim=1.2), ValueError, r"lambda_dssim must be a number in \[0, 1\], got 1.2"),
         (lambda: PhotometricLoss.zhao_mix(alpha=-0.1), ValueError, r"alpha must be a number in \[0, 1\], got -0.1"),
-        (lambda: PhotometricLoss.l1(backend="gpu"), ValueError, r"backend must be one of \('auto', 'torch', 'reference', 'triton'\), got 'gpu'"),
+        (lambda: PhotometricLoss.l1(backend="gpu"), ValueError, r"backend must be one of \('auto', 'reference', 'torch', 'cpu', 'triton'\), got 'gpu'"),
         (lambda: PhotometricLoss.l1(reduction="mean_all"), ValueError, r"reduction must be one of \('mean', 'sum', 'none'\), got 'mean_all'"),
         (lambda: PhotometricLoss.l1(window_size=4), ValueError, "window_size must be an odd integer >= 3, got 4"),
         (lambda: PhotometricLoss.l1(l1_sigma=0), ValueError, "l1_sigma must be a finite number > 0, got 0"),

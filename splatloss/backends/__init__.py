@@ -1,80 +1,126 @@
 """Backend choice, in one place.
 
-A backend is a module exposing, for already-validated ``(B, C, H, W)`` inputs of one float dtype
-on one device (see docs/CONTRACT.md):
+Every backend implements the contract of :class:`splatloss.backends.base.Backend` (``ssim_map``,
+``ssim_stats``, ``ms_ssim``, ``dssim_l1``, ``ssim_mean_and_grad``) for already-validated
+``(B, C, H, W)`` inputs. By name:
 
-* ``ssim_map(img1, img2, cfg, return_cs=False)`` -> ``[B, C, H', W']`` (and the cs map);
-* ``ssim_stats(img1, img2, cfg)`` -> ``(ssim_mean, cs_mean)``, each ``[B, C]``;
-* optionally ``ms_ssim(img1, img2, cfg, weights)`` and a fused ``dssim_l1(img1, img2, cfg, lam)``.
+* ``"reference"``: :mod:`splatloss.reference`, plain torch ops and autograd, the oracle;
+* ``"torch"``: :mod:`splatloss.backends.torch_fused`, an analytic forward and backward in torch ops,
+  on any device; never the C kernel;
+* ``"cpu"``: :mod:`splatloss.backends.cpu`, a C kernel compiled at first use (CPU tensors);
+* ``"triton"``: :mod:`splatloss.backends.triton`, CUDA, or the CPU interpreter when
+  ``TRITON_INTERPRET=1`` was set before Triton was imported;
+* ``"auto"``: Triton for CUDA tensors (not float64), ``"cpu"`` for CPU tensors when the kernel
+  compiled (else ``"torch"``, with one warning), ``"torch"`` elsewhere (MPS, XPU).
+  :func:`explain` says which one and why.
 
-Backends: ``"reference"`` (:mod:`splatloss.reference`, autograd through plain torch ops),
-``"torch"`` (:mod:`splatloss.backends.torch_fused`, analytic forward and backward in torch ops, any
-device), ``"triton"`` (:mod:`splatloss.backends.triton`, CUDA, or the CPU interpreter when
-``TRITON_INTERPRET=1``) and ``"auto"`` (Triton on CUDA when importable, else ``"torch"``; never
-Triton on CPU). Nothing here imports Triton until a Triton backend is asked for or probed.
+Nothing here imports Triton until a Triton backend is asked for or probed.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-from types import ModuleType
+import warnings
 from typing import Dict, Optional
 
 import torch
 
-__all__ = ["BACKENDS", "available", "resolve"]
+from . import cpu as _cpu
+from . import reference as _reference
+from . import torch_fused as _torch
+from .base import Backend, _compile_time_constant
 
-BACKENDS = ("auto", "torch", "reference", "triton")
+__all__ = ["NAMES", "BACKENDS", "Backend", "get", "resolve", "explain", "available"]
 
-# Outcome of the one attempt to import the Triton backend: the module, or the reason it failed.
-_triton_module: Optional[ModuleType] = None
+NAMES = ("reference", "torch", "cpu", "triton")
+BACKENDS = ("auto",) + NAMES
+
+# Outcome of the one attempt to import the Triton backend: the backend object, or why it failed.
+_triton_backend: Optional[Backend] = None
 _triton_error: Optional[str] = None
 _triton_tried = False
+_warned_no_cpu_kernel = False
 
 
-def _load_triton() -> Optional[ModuleType]:
-    """Import ``splatloss.backends.triton`` once; remember the module or why it failed."""
-    global _triton_module, _triton_error, _triton_tried
+def _load_triton() -> bool:
+    """Import ``splatloss.backends.triton`` once; remember its backend object or why it failed."""
+    global _triton_backend, _triton_error, _triton_tried
     if not _triton_tried:
         _triton_tried = True
         try:
-            mod = importlib.import_module("splatloss.backends.triton")
+            mod = importlib.import_module("splatloss.backends.triton")  # optional: imported on first use only
         except Exception as exc:  # ImportError, or triton failing to initialise
             _triton_error = f"importing splatloss.backends.triton failed ({type(exc).__name__}: {exc})"
         else:
-            missing = [name for name in ("ssim_map", "ssim_stats") if not hasattr(mod, name)]
-            if missing:
-                _triton_error = f"splatloss.backends.triton does not provide {', '.join(missing)}"
-            else:
-                _triton_module = mod
-    return _triton_module
+            _triton_backend = mod.BACKEND
+    return _triton_backend is not None
 
 
-def _load_torch() -> ModuleType:
-    return importlib.import_module("splatloss.backends.torch_fused")
+# Under torch.compile the import happens once at trace time and its outcome is a constant.
+_load_triton_constant = _compile_time_constant(_load_triton)
 
 
-def _load_reference() -> ModuleType:
-    return importlib.import_module("splatloss.reference")
+def _triton_loaded() -> bool:
+    return _load_triton_constant() if torch.compiler.is_compiling() else _load_triton()
 
 
-def available() -> Dict[str, bool]:
-    """Which backends can be imported here (Triton is probed, i.e. imported, on first call).
+def _cpu_for_auto() -> bool:
+    """Whether "auto" runs the C kernel on CPU tensors; warns once when it cannot."""
+    global _warned_no_cpu_kernel
+    ok = _cpu.available()
+    if not ok and not _warned_no_cpu_kernel:
+        _warned_no_cpu_kernel = True
+        warnings.warn(
+            f"splatloss: the C kernel of backend='cpu' is unavailable ({_cpu.why_unavailable()}); "
+            "backend='auto' runs backend='torch' on CPU tensors, the same values but several times slower",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return ok
 
-    ``"triton": True`` means the kernels import; on a CPU tensor they still only run when
-    ``TRITON_INTERPRET=1``.
 
-    Examples:
-        >>> flags = available()
-        >>> flags["torch"], flags["reference"]
-        (True, True)
-    """
-    return {"reference": True, "torch": True, "triton": _load_triton() is not None}
+_cpu_for_auto_constant = _compile_time_constant(_cpu_for_auto)
+
+
+def _auto_cpu() -> bool:
+    return _cpu_for_auto_constant() if torch.compiler.is_compiling() else _cpu_for_auto()
 
 
 def _triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _check_name(name) -> None:
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+
+
+def get(name: str) -> Backend:
+    """The backend object called ``name`` (one of :data:`NAMES`), or a ValueError saying why it
+    cannot load here and what to do instead.
+
+    Examples:
+        >>> get("torch").name
+        'torch'
+    """
+    if name == "auto":
+        raise ValueError(
+            f"get() takes a backend name from {NAMES}, got 'auto'; use resolve('auto', img) to let splatloss "
+            "choose for a tensor"
+        )
+    _check_name(name)
+    if name == "reference":
+        return _reference.BACKEND
+    if name == "torch":
+        return _torch.BACKEND
+    if name == "cpu":
+        if not _cpu.available():
+            raise ValueError(f"backend='cpu' is not available: {_cpu.why_unavailable()}")
+        return _cpu.BACKEND
+    if not _triton_loaded():
+        raise ValueError(f"backend='triton' is not available: {_triton_error}; use backend='torch' or 'auto'")
+    return _triton_backend
 
 
 def _auto_wants_triton(img) -> bool:
@@ -88,41 +134,79 @@ def _auto_wants_triton(img) -> bool:
     return img.device.type == "cuda" and img.dtype != torch.float64
 
 
-def resolve(name: str, img: torch.Tensor) -> ModuleType:
-    """The backend module for ``name`` able to run on ``img``'s device, or a ValueError saying why.
+def _auto(img: torch.Tensor) -> str:
+    if _auto_wants_triton(img) and _triton_loaded():
+        return "triton"
+    if img.device.type == "cpu" and _auto_cpu():
+        return "cpu"
+    return "torch"
 
-    Never falls back silently to a different backend: ``"triton"`` that cannot run is an error;
-    only ``"auto"`` chooses, and it chooses Triton only for CUDA tensors that are not float64.
+
+def resolve(name: str, img: torch.Tensor) -> Backend:
+    """The backend object for ``name`` able to run on ``img``'s device, or a ValueError saying why.
+
+    Never falls back silently to a different backend: ``"cpu"`` or ``"triton"`` that cannot run is
+    an error; only ``"auto"`` chooses (see :func:`explain`).
 
     Examples:
-        >>> resolve("auto", torch.zeros(1)).__name__
-        'splatloss.backends.torch_fused'
+        >>> resolve("torch", torch.zeros(1)).name
+        'torch'
         >>> resolve("numba", torch.zeros(1))
         Traceback (most recent call last):
         ...
-        ValueError: backend must be one of ('auto', 'torch', 'reference', 'triton'), got 'numba'
+        ValueError: backend must be one of ('auto', 'reference', 'torch', 'cpu', 'triton'), got 'numba'
     """
-    if not isinstance(name, str) or name not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
-    if name == "reference":
-        return _load_reference()
-    if name == "torch":
-        return _load_torch()
-    on_cuda = img.device.type == "cuda"
+    _check_name(name)
     if name == "auto":
-        if _auto_wants_triton(img):
-            mod = _load_triton()
-            if mod is not None:
-                return mod
-        return _load_torch()
-    # name == "triton"
-    if not on_cuda and not _triton_interpreted():
+        return get(_auto(img))
+    if name == "cpu" and img.device.type != "cpu":
+        raise ValueError(
+            f"backend='cpu' runs the C kernel on CPU tensors, got a tensor on {img.device.type}; "
+            "use backend='auto' or 'torch' (or move the tensors to the CPU)"
+        )
+    if name == "triton" and img.device.type != "cuda" and not _triton_interpreted():
         raise ValueError(
             f"backend='triton' needs CUDA tensors, got a tensor on {img.device.type}; "
             "use backend='torch' (or 'auto'), or set TRITON_INTERPRET=1 before importing triton "
             "to run the kernels in the Triton interpreter on the CPU"
         )
-    mod = _load_triton()
-    if mod is None:
-        raise ValueError(f"backend='triton' is not available: {_triton_error}; use backend='torch' or 'auto'")
-    return mod
+    return get(name)
+
+
+def explain(img: torch.Tensor) -> str:
+    """Which backend ``"auto"`` picks for ``img``, and why.
+
+    Examples:
+        >>> explain(torch.zeros(1, 1, 8, 8, dtype=torch.float64)).split(":")[0]
+        "auto -> 'cpu' for a float64 tensor on cpu"
+    """
+    name = _auto(img)
+    head = f"auto -> {name!r} for a {str(img.dtype).replace('torch.', '')} tensor on {img.device.type}"
+    dev = img.device.type
+    if name == "triton":
+        why = "CUDA tensors run the fused Triton kernels"
+    elif name == "cpu":
+        why = "CPU tensors run the compiled C kernel"
+    elif dev == "cuda" and img.dtype == torch.float64:
+        why = "the Triton kernels compute in float32, so float64 stays on the torch ops (computed in float64)"
+    elif dev == "cuda":
+        why = f"Triton is unavailable ({_triton_error}), so the torch ops run"
+    elif dev == "cpu":
+        why = f"the C kernel is unavailable ({_cpu.why_unavailable()}), so the torch ops run"
+    else:
+        why = f"{dev} tensors run the torch ops (the C kernel is CPU-only, Triton CUDA-only)"
+    return f"{head}: {why}"
+
+
+def available() -> Dict[str, bool]:
+    """Which backends can run here (the C kernel is built and Triton imported on the first call).
+
+    ``"triton": True`` means the kernels import; on a CPU tensor they still only run when
+    ``TRITON_INTERPRET=1``.
+
+    Examples:
+        >>> flags = available()
+        >>> flags["torch"], flags["reference"]
+        (True, True)
+    """
+    return {"reference": True, "torch": True, "cpu": _cpu.available(), "triton": _load_triton()}

@@ -1,4 +1,4 @@
-"""SSIM with an analytic forward and backward in torch ops: runs on any device (the CPU fast path).
+"""The "torch" backend: SSIM with an analytic forward and backward in torch ops, on any device.
 
 The forward filters the five moment images ``x, y, x^2, y^2, x*y`` with the separable window in
 one pass (a horizontal then a vertical depthwise convolution). The backward is the adjoint of that
@@ -36,17 +36,15 @@ gradients in each input's dtype.
 
 from __future__ import annotations
 
-import sys
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from ..config import SSIMConfig
-from ..reference import accumulation_dtype
-from . import cpu as _cpu_kernel  # the compiled CPU fast path for ssim_stats (scripts/bench.py)
+from ..config import SSIMConfig, accumulation_dtype
+from .base import Backend
 
-__all__ = ["ssim_map", "ssim_stats", "ssim_mean_and_grad", "ms_ssim", "dssim_l1"]
+__all__ = ["TorchBackend", "BACKEND", "ssim_map", "ssim_stats", "ssim_mean_and_grad"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -275,7 +273,7 @@ class _SSIMStatsFn(torch.autograd.Function):
 
 
 # ----------------------------------------------------------------------------------------------
-# Backend interface (docs/CONTRACT.md)
+# Entry points and the backend object
 # ----------------------------------------------------------------------------------------------
 
 
@@ -298,37 +296,8 @@ def ssim_map(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, return_cs:
 
 
 def ssim_stats(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig):
-    """``(ssim_mean, cs_mean)``, each ``[B, C]``: means of the SSIM and cs maps per image and channel.
-
-    On CPU tensors this runs the compiled streaming kernel of :mod:`._cpu_kernel` when it can (same
-    algebra, values and gradients equal to fp32 round-off; see its docstring for what stays on the
-    torch-ops path).
-    """
-    if _cpu_kernel.fast_path_ok(img1, img2, cfg):
-        return _cpu_kernel.ssim_stats(img1, img2, cfg)
+    """``(ssim_mean, cs_mean)``, each ``[B, C]``: means of the SSIM and cs maps per image and channel."""
     return _SSIMStatsFn.apply(img1, img2, _window(img1, cfg), cfg.padding, cfg.C1, cfg.C2)
-
-
-def ms_ssim(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, weights, tau=None) -> torch.Tensor:
-    """MS-SSIM per image ``[B]``: on the CPU through the compiled kernel (pyramid included), else
-    exactly the composition ``functional`` uses (``ssim_stats`` per scale, the shared pyramid)."""
-    if _cpu_kernel.fast_path_ok(img1, img2, cfg):
-        return _cpu_kernel.ms_ssim(img1, img2, cfg, weights, tau)
-    from .. import functional  # imported here: functional imports the backends
-
-    terms = functional._ms_terms(img1, img2, cfg, len(weights), sys.modules[__name__])
-    return functional._combine_ms(terms, weights, tau)
-
-
-def dssim_l1(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, lam: float) -> torch.Tensor:
-    """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)`` ``[B]``: on the CPU one fused
-    kernel pass (L1 gradient added where the SSIM gradient is written), else torch ops."""
-    if _cpu_kernel.fast_path_ok(img1, img2, cfg):
-        return _cpu_kernel.dssim_l1(img1, img2, cfg, lam)
-    acc = accumulation_dtype(img1.dtype)
-    l1 = (img1.to(acc) - img2.to(acc)).abs().mean(dim=(1, 2, 3))  # [B]
-    s, _ = ssim_stats(img1, img2, cfg)
-    return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
 
 
 def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, upstream: torch.Tensor):
@@ -337,12 +306,30 @@ def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, 
     Used by :func:`splatloss.dssim_with_gradient` (no graph is built). ``upstream`` is ``[B, C]``
     in the accumulation dtype; the gradient comes back in ``img1``'s dtype.
     """
-    if _cpu_kernel.fast_path_ok(img1, img2, cfg):
-        ssim, gx = _cpu_kernel.ssim_mean_and_grad(img1, img2, cfg, upstream)
-        return ssim, gx.to(img1.dtype)
     x, y = _to_acc(img1), _to_acc(img2)
     w = _window(img1, cfg)
     ssim, _, _ = _forward(x, y, w, cfg.padding, cfg.C1, cfg.C2)
     n = ssim.shape[-2] * ssim.shape[-1]
     gx, _ = _backward(x, y, w, cfg.padding, cfg.C1, cfg.C2, (upstream / n)[..., None, None], None, True, False)
     return ssim.mean(dim=(-2, -1)), gx.to(img1.dtype)
+
+
+class TorchBackend(Backend):
+    """Torch ops with the analytic backward above, on any device (CPU, CUDA, MPS, XPU); never the
+    compiled C kernel. MS-SSIM and L1 + D-SSIM are the shared compositions of :class:`Backend`."""
+
+    name = "torch"
+
+    def ssim_map(self, img1, img2, cfg, return_cs=False):
+        return ssim_map(img1, img2, cfg, return_cs=return_cs)
+
+    def ssim_stats(self, img1, img2, cfg):
+        return ssim_stats(img1, img2, cfg)
+
+    def ssim_mean_and_grad(self, img1, img2, cfg, upstream):
+        with torch.no_grad():
+            return ssim_mean_and_grad(img1, img2, cfg, upstream)
+
+
+#: The backend object ``splatloss.backends.get("torch")`` returns.
+BACKEND = TorchBackend()

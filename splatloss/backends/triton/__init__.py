@@ -1,15 +1,43 @@
 """Triton backend: fused SSIM kernels with an analytic adjoint backward (``backend="triton"``).
 
-Imported lazily by :func:`splatloss.backends.resolve`; runs on CUDA tensors, or on CPU tensors in
-the Triton interpreter when ``TRITON_INTERPRET=1`` was set before Triton was imported (that is how
-the test suite proves the kernels). Entry points follow docs/CONTRACT.md; one file per op
-(``ssim.py``, ``dssim_l1.py``, ``ms_ssim.py``), shared device code in ``_common.py``. The
-bytes-per-pixel model and the save-vs-recompute choice are in ``ssim.py`` and in the README's
-"Triton kernels" section; ``scripts/check_kernels.py`` compiles every kernel for sm_80 / sm_90.
+Imported lazily by :mod:`splatloss.backends` (importing splatloss never imports Triton); runs on CUDA
+tensors, or on CPU tensors in the Triton interpreter when ``TRITON_INTERPRET=1`` was set before
+Triton was imported (that is how the test suite proves the kernels). :data:`BACKEND` implements
+:class:`splatloss.backends.base.Backend`; one module per op (``ssim``, ``dssim_l1``, ``ms_ssim``),
+shared device code in ``_common``. ``scripts/check_kernels.py`` compiles every kernel for
+sm_80 / sm_90.
 """
 
-from .dssim_l1 import dssim_l1
-from .ms_ssim import ms_ssim
-from .ssim import ssim_map, ssim_mean_and_grad, ssim_stats
+from __future__ import annotations
 
-__all__ = ["ssim_map", "ssim_stats", "ms_ssim", "dssim_l1", "ssim_mean_and_grad"]
+from ..base import Backend
+from . import dssim_l1 as _dssim_l1
+from . import ms_ssim as _ms_ssim
+from . import ssim as _ssim
+
+__all__ = ["TritonBackend", "BACKEND"]
+
+
+class TritonBackend(Backend):
+    """The Triton kernels behind the backend contract (float32 / float16 / bfloat16 inputs)."""
+
+    name = "triton"
+
+    def ssim_map(self, img1, img2, cfg, return_cs=False):
+        return _ssim.ssim_map(img1, img2, cfg, return_cs=return_cs)
+
+    def ssim_stats(self, img1, img2, cfg):
+        return _ssim.ssim_stats(img1, img2, cfg)
+
+    def ms_ssim(self, img1, img2, cfg, weights, tau=None):
+        return _ms_ssim.ms_ssim(img1, img2, cfg, weights, tau=tau)
+
+    def dssim_l1(self, img1, img2, cfg, lam):
+        return _dssim_l1.dssim_l1(img1, img2, cfg, lam)
+
+    def ssim_mean_and_grad(self, img1, img2, cfg, upstream):
+        return _ssim.ssim_mean_and_grad(img1, img2, cfg, upstream)
+
+
+#: The backend object ``splatloss.backends.get("triton")`` returns.
+BACKEND = TritonBackend()

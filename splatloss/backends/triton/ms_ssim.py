@@ -10,9 +10,9 @@ quarter of its block's upstream gradient, twice that for the repeated last row /
 side (it stands in both rows / columns of the block). 4 B read + 1 B-equivalent written per
 input pixel-channel forward; 1 B read + 4 B written backward.
 
-The scales' SSIM / cs means come from ``ssim.ssim_stats`` (autograd through both), and the terms
-are combined by ``splatloss.functional._combine_ms`` itself, so the metric's relu clamp and the
-loss's smooth positive extension (``tau``) are exactly the core's.
+The loop over scales, the terms and their product are :mod:`splatloss.multiscale`'s, with
+``ssim.ssim_stats`` per scale (autograd through both) and this fused step as the pyramid, so the
+metric's relu clamp and the loss's smooth positive extension (``tau``) are every backend's.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import multiscale
 from ._common import check_inputs, device_guard, functorch_guard, launch_options
 from .ssim import ssim_stats
 
@@ -125,14 +126,7 @@ def ms_ssim(img1: Tensor, img2: Tensor, cfg, weights: Sequence[float], tau: Opti
     """MS-SSIM per image ``[B]`` (TF ``ssim_multiscale`` conventions; ``tau`` as in
     ``splatloss.functional.ms_ssim``: None = relu-clamped metric, a float = the loss's smooth
     positive extension)."""
-    from splatloss.functional import _combine_ms  # the core's own composition: same conventions
-
     check_inputs(img1, img2, cfg)
-    x, y = img1, img2
-    terms = []
-    for j in range(len(weights)):
-        if j > 0:
-            x, y = downsample2x(x), downsample2x(y)
-        s, cs = ssim_stats(x, y, cfg)  # [B, C] each
-        terms.append(cs if j < len(weights) - 1 else s)
-    return _combine_ms(torch.stack(terms, dim=-1), weights, tau)
+    # the fused step reads any float dtype and writes float32 itself: no cast of the full-size images
+    stats = lambda x, y: ssim_stats(x, y, cfg)  # noqa: E731
+    return multiscale.ms_ssim(stats, img1, img2, weights, tau, down=downsample2x, cast=False)

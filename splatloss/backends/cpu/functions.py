@@ -1,0 +1,489 @@
+"""The C kernel as differentiable torch custom ops (``torch.library.custom_op``).
+
+Each op has a fake (meta) implementation and an autograd formula, so ``torch.compile`` traces a
+call as one opaque node instead of breaking the graph at the ctypes call. Eagerly the same forward
+and formulas run as an ``autograd.Function`` (a custom op call goes through torch's dispatcher and
+compile machinery, which imports ``torch._dynamo``; eager code does not need that). The ops see tensors in
+the accumulation dtype; "valid" runs as is, "same" is the kernel's implicit zero border (``pad``),
+"reflect" is an ``F.pad`` copy in front of the op whose adjoint autograd takes care of.
+
+Backward: the kernel's own backward pass (it recomputes the statistics row by row as it writes the
+gradient; only the two inputs are saved). Where a backward must itself be differentiable
+(``create_graph=True``) or runs batched (``autograd.grad(..., is_grads_batched=True)``) it uses the
+torch-ops adjoint of :mod:`splatloss.backends.torch_fused` instead: the same numbers to round-off,
+at torch-ops speed, instead of failing.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ... import multiscale
+from ...config import SSIMConfig, accumulation_dtype
+from .. import torch_fused
+from . import library
+from .library import FIXED_TAPS
+
+__all__ = ["padded", "unpad_grad", "ssim_stats", "dssim_l1", "ms_terms", "down2", "ssim_mean_and_grad"]
+
+Tensor = torch.Tensor
+
+
+def padded(x: Tensor, y: Tensor, cfg: SSIMConfig):
+    """Accumulation dtype and padding: ``(x, y, pad)`` for a kernel that computes a "valid" SSIM
+    of ``x``, ``y`` seen with ``pad`` zero rows / columns around them.
+
+    "same" (zeros) costs no copy: the kernel reads the zeros implicitly. "reflect" is an
+    ``F.pad`` copy whose adjoint (the fold-back of the mirrored border) autograd takes care of."""
+    acc = accumulation_dtype(x.dtype)
+    x, y = x.to(acc), y.to(acc)
+    r = cfg.window_size // 2
+    if cfg.padding == "same":
+        return x, y, r
+    if cfg.padding == "reflect":
+        x, y = F.pad(x, (r, r, r, r), mode="reflect"), F.pad(y, (r, r, r, r), mode="reflect")
+    return x, y, 0
+
+
+def unpad_grad(g: Tensor, cfg: SSIMConfig, size) -> Tensor:
+    """Adjoint of :func:`padded`'s copy ("reflect"), for a gradient w.r.t. the padded image."""
+    if cfg.padding == "reflect":
+        r = cfg.window_size // 2
+        shape = g.shape[:2] + tuple(size)
+        return torch.ops.aten.reflection_pad2d_backward(g, g.new_empty(shape), [r, r, r, r])
+    return g
+
+
+def _batched(t: Optional[Tensor]) -> bool:
+    """Whether ``t`` is a vmap-batched tensor (legacy or functorch): no plain memory to hand to C."""
+    return t is not None and (
+        torch._C._are_functorch_transforms_active() or "Batched" in str(torch._C._dispatch_keys(t))
+    )
+
+
+def _torch_ops(*grads) -> bool:
+    """Whether a backward must run in differentiable torch ops (create_graph, batched upstreams)."""
+    return torch.is_grad_enabled() or any(_batched(g) for g in grads)
+
+
+def _torch_ops_grads(x, y, w, pad, c1, c2, g_s, g_c, need_x, need_y):
+    """The same gradients through the torch-ops adjoint (differentiable, vmappable). ``g_s`` /
+    ``g_c`` are ``[B, C]`` upstreams of the means, or None."""
+    k = w.shape[0]
+    n = (x.shape[-2] + 2 * pad - k + 1) * (x.shape[-1] + 2 * pad - k + 1)
+    g_s = None if g_s is None else (g_s / n)[..., None, None]
+    g_c = None if g_c is None else (g_c / n)[..., None, None]
+    return torch_fused._backward(x, y, w, "same" if pad else "valid", c1, c2, g_s, g_c, need_x, need_y)
+
+
+def _tracing(*tensors: Tensor) -> bool:
+    """Whether this call is being traced (torch.compile, or its fake / functional tensors): then the
+    kernel runs as a custom op, an opaque node in the graph; eagerly it is called directly."""
+    return torch.compiler.is_compiling() or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors)
+
+
+def _function(name: str, forward, setup_context, backward):
+    """The eager twin of a custom op: an autograd.Function with the same forward and formulas
+    (calling a custom op eagerly goes through torch's dispatcher and compile machinery)."""
+    methods = {
+        "forward": staticmethod(forward),
+        "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward),
+    }
+    return type(name, (torch.autograd.Function,), methods)
+
+
+def _none_if_empty(t: Tensor) -> Optional[Tensor]:
+    return None if t.numel() == 0 and t.dim() == 1 else t
+
+
+def _grad_or_empty(g: Optional[Tensor], like: Tensor) -> Tensor:
+    return g if g is not None else like.new_empty(0)
+
+
+def _zeros_bc(g: Optional[Tensor], x: Tensor) -> Tensor:
+    return torch.zeros(x.shape[:2], dtype=x.dtype) if g is None else g.to(x.dtype).contiguous()
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernel's backward: gradient of sum(g_s * mean ssim + g_c * mean cs + g_l1 * mean|x - y|)
+# ----------------------------------------------------------------------------------------------
+
+
+def _backward_impl(g_s, g_c, g_l1, x, y, w, c1, c2, pad, need_x, need_y):
+    lib = library._lib(x.dtype, w.numel())
+    gx, gy = library.backward(lib, x, y, w, c1, c2, g_s, g_c, need_x, need_y, pad, g_l1)
+    return _grad_or_empty(gx, x), _grad_or_empty(gy, y)
+
+
+@torch.library.custom_op("splatloss::cpu_ssim_backward", mutates_args=())
+def _backward_op(
+    g_s: Tensor,
+    g_c: Tensor,
+    g_l1: Tensor,
+    x: Tensor,
+    y: Tensor,
+    w: Tensor,
+    c1: float,
+    c2: float,
+    pad: int,
+    need_x: bool,
+    need_y: bool,
+) -> Tuple[Tensor, Tensor]:
+    return _backward_impl(g_s, g_c, g_l1, x, y, w, c1, c2, pad, need_x, need_y)
+
+
+@_backward_op.register_fake
+def _(g_s, g_c, g_l1, x, y, w, c1, c2, pad, need_x, need_y):
+    return (x.new_empty(x.shape) if need_x else x.new_empty(0)), (y.new_empty(y.shape) if need_y else y.new_empty(0))
+
+
+def _kernel_grads(x, y, w, c1, c2, pad, g_s, g_c, g_l1, need_x, need_y):
+    zeros = torch.zeros(x.shape[:2], dtype=x.dtype)
+    gx, gy = (_backward_op if _tracing(x) else _backward_impl)(
+        _zeros_bc(g_s, x),
+        _zeros_bc(g_c, x),
+        zeros if g_l1 is None else g_l1.to(x.dtype).contiguous(),
+        x,
+        y,
+        w,
+        c1,
+        c2,
+        pad,
+        need_x,
+        need_y,
+    )
+    return _none_if_empty(gx), _none_if_empty(gy)
+
+
+# ----------------------------------------------------------------------------------------------
+# SSIM and cs means
+# ----------------------------------------------------------------------------------------------
+
+
+def _stats_impl(x, y, w, c1, c2, pad):
+    x, y = x.contiguous(), y.contiguous()
+    s, c = library.forward(library._lib(x.dtype, w.numel()), x, y, w, c1, c2, pad)
+    return s.clone(), c.clone()  # [B, C] each; may be views of one buffer, a custom op's outputs must not
+
+
+@torch.library.custom_op("splatloss::cpu_ssim_stats", mutates_args=())
+def _stats_op(x: Tensor, y: Tensor, w: Tensor, c1: float, c2: float, pad: int) -> Tuple[Tensor, Tensor]:
+    return _stats_impl(x, y, w, c1, c2, pad)
+
+
+@_stats_op.register_fake
+def _(x, y, w, c1, c2, pad):
+    return x.new_empty(x.shape[:2]), x.new_empty(x.shape[:2])
+
+
+def _stats_setup(ctx, inputs, output):
+    x, y, w, c1, c2, pad = inputs
+    ctx.c1, ctx.c2, ctx.pad = c1, c2, pad
+    ctx.save_for_backward(x, y, w)
+
+
+def _stats_backward(ctx, g_s, g_c):
+    x, y, w = ctx.saved_tensors
+    need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    none = (None,) * 4
+    if (g_s is None and g_c is None) or not (need_x or need_y):
+        return (None, None) + none
+    if _torch_ops(g_s, g_c):
+        return _torch_ops_grads(x, y, w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y) + none
+    x, y = x.contiguous(), y.contiguous()
+    return _kernel_grads(x, y, w, ctx.c1, ctx.c2, ctx.pad, g_s, g_c, None, need_x, need_y) + none
+
+
+_stats_op.register_autograd(_stats_backward, setup_context=_stats_setup)
+_StatsFn = _function("_StatsFn", _stats_impl, _stats_setup, _stats_backward)
+
+
+def ssim_stats(img1: Tensor, img2: Tensor, cfg: SSIMConfig) -> Tuple[Tensor, Tensor]:
+    """``(ssim_mean, cs_mean)`` [B, C] through the kernel."""
+    x, y, pad = padded(img1, img2, cfg)
+    w = cfg.window_1d(x.dtype, "cpu")
+    args = (x, y, w, cfg.C1, cfg.C2, pad)
+    return _stats_op(*args) if _tracing(x, y) else _StatsFn.apply(*args)
+
+
+# ----------------------------------------------------------------------------------------------
+# L1 + D-SSIM in one pass
+# ----------------------------------------------------------------------------------------------
+
+
+def _dssim_l1_impl(x, y, w, c1, c2, pad, lam):
+    x, y = x.contiguous(), y.contiguous()
+    s, _, l1 = library.forward(library._lib(x.dtype, w.numel()), x, y, w, c1, c2, pad, l1=True)  # [B, C] each
+    return (1 - lam) * l1.mean(dim=1) + lam * (1 - s.mean(dim=1))
+
+
+@torch.library.custom_op("splatloss::cpu_dssim_l1", mutates_args=())
+def _dssim_l1_op(x: Tensor, y: Tensor, w: Tensor, c1: float, c2: float, pad: int, lam: float) -> Tensor:
+    return _dssim_l1_impl(x, y, w, c1, c2, pad, lam)
+
+
+@_dssim_l1_op.register_fake
+def _(x, y, w, c1, c2, pad, lam):
+    return x.new_empty(x.shape[:1])
+
+
+def _dssim_l1_setup(ctx, inputs, output):
+    x, y, w, c1, c2, pad, lam = inputs
+    ctx.c1, ctx.c2, ctx.pad, ctx.lam = c1, c2, pad, lam
+    ctx.save_for_backward(x, y, w)
+
+
+def _dssim_l1_backward(ctx, g):
+    x, y, w = ctx.saved_tensors
+    need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    none = (None,) * 5
+    if g is None or not (need_x or need_y):
+        return (None, None) + none
+    C = x.shape[1]
+    g_s = (-ctx.lam / C) * g[:, None].expand(-1, C)  # d loss / d mean-SSIM of each plane
+    g_l1 = ((1 - ctx.lam) / C) * g[:, None].expand(-1, C)  # d loss / d mean|x - y| of each plane
+    if _torch_ops(g):
+        gx, gy = _torch_ops_grads(x, y, w, ctx.pad, ctx.c1, ctx.c2, g_s, None, need_x, need_y)
+        sg = torch.sign(x - y) * (g_l1 / (x.shape[-2] * x.shape[-1]))[..., None, None]
+        return (None if gx is None else gx + sg, None if gy is None else gy - sg) + none
+    x, y = x.contiguous(), y.contiguous()
+    return _kernel_grads(x, y, w, ctx.c1, ctx.c2, ctx.pad, g_s, None, g_l1, need_x, need_y) + none
+
+
+_dssim_l1_op.register_autograd(_dssim_l1_backward, setup_context=_dssim_l1_setup)
+_DSSIML1Fn = _function("_DSSIML1Fn", _dssim_l1_impl, _dssim_l1_setup, _dssim_l1_backward)
+
+
+def dssim_l1(img1: Tensor, img2: Tensor, cfg: SSIMConfig, lam: float) -> Tensor:
+    """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)`` ``[B]``. "valid" and "same" run
+    fused; "reflect" adds a torch L1 to the kernel's SSIM (its padded copy must not enter the L1)."""
+    if cfg.padding == "reflect":
+        acc = accumulation_dtype(img1.dtype)
+        l1 = (img1.to(acc) - img2.to(acc)).abs().mean(dim=(1, 2, 3))
+        s, _ = ssim_stats(img1, img2, cfg)
+        return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
+    x, y, pad = padded(img1, img2, cfg)
+    w = cfg.window_1d(x.dtype, "cpu")
+    args = (x, y, w, cfg.C1, cfg.C2, pad, float(lam))
+    return _dssim_l1_op(*args) if _tracing(x, y) else _DSSIML1Fn.apply(*args)
+
+
+def ssim_mean_and_grad(img1: Tensor, img2: Tensor, cfg: SSIMConfig, upstream: Tensor):
+    """``(ssim_mean [B, C], d sum(upstream * ssim_mean) / d img1)`` without a graph (accumulation
+    dtype), two kernel passes."""
+    with torch.no_grad():
+        x, y, pad = padded(img1.detach(), img2.detach(), cfg)
+        x, y = x.contiguous(), y.contiguous()
+        lib = library._lib(x.dtype, cfg.window_size)
+        w = cfg.window_1d(x.dtype, "cpu")
+        s, _ = library.forward(lib, x, y, w, cfg.C1, cfg.C2, pad)
+        up = upstream.to(x.dtype)
+        gx, _ = library.backward(lib, x, y, w, cfg.C1, cfg.C2, up, torch.zeros_like(up), True, False, pad)
+    return s, unpad_grad(gx, cfg, img1.shape[-2:])
+
+
+# ----------------------------------------------------------------------------------------------
+# MS-SSIM: the pyramid step in the kernel library too (torch's CPU avg_pool2d forward+backward
+# cost about as much as the SSIM of the finer scale it feeds)
+# ----------------------------------------------------------------------------------------------
+
+
+def _down2_adjoint_torch(g: Tensor, size) -> Tensor:
+    """Adjoint of the pyramid step in torch ops (differentiable in ``g``, vmap-friendly)."""
+    h, w = size
+    up = g.repeat_interleave(2, dim=-2).repeat_interleave(2, dim=-1) * 0.25  # [.., 2*ceil(h/2), 2*ceil(w/2)]
+    if h % 2:
+        up = torch.cat([up[..., : h - 1, :], up[..., h - 1 : h, :] + up[..., h:, :]], dim=-2)
+    if w % 2:
+        up = torch.cat([up[..., : w - 1], up[..., w - 1 : w] + up[..., w:]], dim=-1)
+    return up
+
+
+def _down2_impl(x):
+    return library.down2(library._lib(x.dtype, FIXED_TAPS), x.contiguous())
+
+
+def _down2_bwd_impl(g, x):
+    return library.down2_backward(library._lib(g.dtype, FIXED_TAPS), g, x.shape[-2:])
+
+
+@torch.library.custom_op("splatloss::cpu_downsample2x", mutates_args=())
+def _down2_op(x: Tensor) -> Tensor:
+    return _down2_impl(x)
+
+
+@_down2_op.register_fake
+def _(x):
+    B, C, H, W = x.shape
+    return x.new_empty((B, C, (H + 1) // 2, (W + 1) // 2))
+
+
+@torch.library.custom_op("splatloss::cpu_downsample2x_backward", mutates_args=())
+def _down2_bwd_op(g: Tensor, x: Tensor) -> Tensor:
+    return _down2_bwd_impl(g, x)
+
+
+@_down2_bwd_op.register_fake
+def _(g, x):
+    return g.new_empty(x.shape)
+
+
+def _down2_setup(ctx, inputs, output):
+    (x,) = inputs
+    ctx.size = tuple(x.shape[-2:])
+    ctx.save_for_backward(x)  # its shape only; it is alive anyway (the finer scale's input)
+
+
+def _down2_backward(ctx, g):
+    if _torch_ops(g):
+        return _down2_adjoint_torch(g, ctx.size)
+    (x,) = ctx.saved_tensors
+    return _down2_bwd_op(g, x) if _tracing(g, x) else _down2_bwd_impl(g, x)
+
+
+_down2_op.register_autograd(_down2_backward, setup_context=_down2_setup)
+_Down2Fn = _function("_Down2Fn", _down2_impl, _down2_setup, _down2_backward)
+
+
+def down2(x: Tensor) -> Tensor:
+    """The pyramid step (:func:`splatloss.multiscale.downsample2x`) through the kernel, differentiable."""
+    return _down2_op(x) if _tracing(x) else _Down2Fn.apply(x)
+
+
+def _pyramid(lib, x: Tensor, scales: int):
+    out = [x]
+    for _ in range(scales - 1):
+        out.append(library.down2(lib, out[-1]))
+    return out
+
+
+def _ms_terms_impl(x, y, w, c1, c2, pad, scales):
+    x, y = x.contiguous(), y.contiguous()
+    lib = library._lib(x.dtype, w.numel())
+    return multiscale.ms_terms(
+        lambda a, b: library.forward(lib, a, b, w, c1, c2, pad),
+        (x, y),
+        scales,
+        down=lambda t: library.down2(lib, t),
+        cast=False,
+    )
+
+
+@torch.library.custom_op("splatloss::cpu_ms_terms", mutates_args=())
+def _ms_terms_op(x: Tensor, y: Tensor, w: Tensor, c1: float, c2: float, pad: int, scales: int) -> Tensor:
+    return _ms_terms_impl(x, y, w, c1, c2, pad, scales)
+
+
+@_ms_terms_op.register_fake
+def _(x, y, w, c1, c2, pad, scales):
+    return x.new_empty(tuple(x.shape[:2]) + (scales,))
+
+
+def _ms_terms_bwd_impl(
+    g: Tensor,
+    x: Tensor,
+    y: Tensor,
+    w: Tensor,
+    c1: float,
+    c2: float,
+    pad: int,
+    scales: int,
+    need_x: bool,
+    need_y: bool,
+) -> Tuple[Tensor, Tensor]:
+    """Walks the scales coarse to fine, adding each scale's kernel gradient to the adjoint of the
+    pyramid step from the coarser one in place (the pyramids are recomputed: a third of an image)."""
+    x, y = x.contiguous(), y.contiguous()
+    lib = library._lib(x.dtype, w.numel())
+    xs, ys = _pyramid(lib, x, scales), _pyramid(lib, y, scales)
+    zeros = torch.zeros(x.shape[:2], dtype=x.dtype)
+    g = g.to(x.dtype)
+    gx = gy = None
+    for j in range(scales - 1, -1, -1):
+        g_s = g[..., j].contiguous() if j == scales - 1 else zeros
+        g_c = g[..., j].contiguous() if j < scales - 1 else zeros
+        gxj, gyj = library.backward(lib, xs[j], ys[j], w, c1, c2, g_s, g_c, need_x, need_y, pad)
+        size = xs[j].shape[-2:]
+        if gxj is not None and gx is not None:
+            library.down2_backward(lib, gx, size, acc=gxj)
+        if gyj is not None and gy is not None:
+            library.down2_backward(lib, gy, size, acc=gyj)
+        gx, gy = gxj, gyj
+    return _grad_or_empty(gx, x), _grad_or_empty(gy, y)
+
+
+@torch.library.custom_op("splatloss::cpu_ms_terms_backward", mutates_args=())
+def _ms_terms_bwd_op(
+    g: Tensor,
+    x: Tensor,
+    y: Tensor,
+    w: Tensor,
+    c1: float,
+    c2: float,
+    pad: int,
+    scales: int,
+    need_x: bool,
+    need_y: bool,
+) -> Tuple[Tensor, Tensor]:
+    return _ms_terms_bwd_impl(g, x, y, w, c1, c2, pad, scales, need_x, need_y)
+
+
+@_ms_terms_bwd_op.register_fake
+def _(g, x, y, w, c1, c2, pad, scales, need_x, need_y):
+    return (x.new_empty(x.shape) if need_x else x.new_empty(0)), (y.new_empty(y.shape) if need_y else y.new_empty(0))
+
+
+def _ms_terms_setup(ctx, inputs, output):
+    x, y, w, c1, c2, pad, scales = inputs
+    ctx.c1, ctx.c2, ctx.pad, ctx.scales = c1, c2, pad, scales
+    ctx.save_for_backward(x, y, w)
+
+
+def _ms_terms_backward(ctx, g):
+    x, y, w = ctx.saved_tensors
+    need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    none = (None,) * 5
+    if g is None or not (need_x or need_y):
+        return (None, None) + none
+    M = ctx.scales
+    if not _torch_ops(g):
+        bwd = _ms_terms_bwd_op if _tracing(g, x) else _ms_terms_bwd_impl
+        gx, gy = bwd(g, x, y, w, ctx.c1, ctx.c2, ctx.pad, M, need_x, need_y)
+        return (_none_if_empty(gx), _none_if_empty(gy)) + none
+    # create_graph / batched upstreams: the same walk in differentiable torch ops
+    xs, ys = [x], [y]
+    for _ in range(M - 1):
+        xs.append(multiscale.downsample2x(xs[-1]))
+        ys.append(multiscale.downsample2x(ys[-1]))
+    gx = gy = None
+    for j in range(M - 1, -1, -1):
+        g_s = g[..., j] if j == M - 1 else None
+        g_c = g[..., j] if j < M - 1 else None
+        gxj, gyj = _torch_ops_grads(xs[j], ys[j], w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
+        size = xs[j].shape[-2:]
+        if gx is not None:
+            gxj = gxj + _down2_adjoint_torch(gx, size)
+        if gy is not None:
+            gyj = gyj + _down2_adjoint_torch(gy, size)
+        gx, gy = gxj, gyj
+    return (gx, gy) + none
+
+
+_ms_terms_op.register_autograd(_ms_terms_backward, setup_context=_ms_terms_setup)
+_MSTermsFn = _function("_MSTermsFn", _ms_terms_impl, _ms_terms_setup, _ms_terms_backward)
+
+
+def ms_terms(img1: Tensor, img2: Tensor, cfg: SSIMConfig, scales: int) -> Tensor:
+    """MS-SSIM terms ``[B, C, M]`` (:func:`splatloss.multiscale.ms_terms`) through the kernel, the
+    pyramid included: one op for every scale with "valid" and "same" padding; "reflect" (an
+    ``F.pad`` copy per scale) chains the pyramid-step and statistics ops."""
+    if cfg.padding != "reflect":  # zeros or none: the kernel pads implicitly, one node for all
+        x, y, pad = padded(img1, img2, cfg)
+        w = cfg.window_1d(x.dtype, "cpu")
+        args = (x, y, w, cfg.C1, cfg.C2, pad, scales)
+        return _ms_terms_op(*args) if _tracing(x, y) else _MSTermsFn.apply(*args)
+    return multiscale.ms_terms(lambda a, b: ssim_stats(a, b, cfg), (img1, img2), scales, down=down2)

@@ -1,0 +1,28 @@
+"""The "reference" backend: :mod:`splatloss.reference` (plain torch ops, gradients by autograd) behind
+the backend contract, so the oracle can be asked for by name like any other backend."""
+
+from __future__ import annotations
+
+from .. import reference as oracle
+from .base import Backend
+
+__all__ = ["ReferenceBackend", "BACKEND"]
+
+
+class ReferenceBackend(Backend):
+    """Readable, unoptimised, any device and dtype; every other backend is tested against it."""
+
+    name = "reference"
+
+    def ssim_map(self, img1, img2, cfg, return_cs=False):
+        return oracle.ssim_map(img1, img2, cfg, return_cs=return_cs)
+
+    def ssim_stats(self, img1, img2, cfg):
+        return oracle.ssim_stats(img1, img2, cfg)
+
+    def ms_ssim(self, img1, img2, cfg, weights, tau=None):
+        return oracle.ms_ssim(img1, img2, cfg, weights, tau=tau)
+
+
+#: The backend object ``splatloss.backends.get("reference")`` returns.
+BACKEND = ReferenceBackend()
