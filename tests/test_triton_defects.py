@@ -3,6 +3,7 @@ without a GPU: the device guard, the ROCm launch options, the fake (meta) gradie
 torch.compile, and empty batches."""
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -84,3 +85,20 @@ def test_fake_gradient_strides_match_the_real_ones(op):
         fake = fn(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
     assert [t.stride() for t in fake] == [t.stride() for t in real]
     assert real[1].stride() == x.stride()
+
+
+def test_size_arguments_are_not_specialised():
+    # compiled (not interpreted) kernels: sizes equal to 1 or multiples of 16 must not select new
+    # variants; checked in a fresh interpreter-free process, where triton.jit keeps the flags
+    import subprocess
+    import sys
+
+    code = (
+        "from splatloss.backends.triton import ssim\n"
+        "for k in (ssim._ssim_fwd_kernel, ssim._ssim_bwd_kernel):\n"
+        "    print(','.join(p.name for p in k.params if p.do_not_specialize))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    sizes = "BC,C,H,W,Ho,Wo,n_chunks,n_strips,ROWS"
+    assert out.split() == [sizes, sizes]

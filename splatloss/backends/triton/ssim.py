@@ -79,7 +79,12 @@ def _lanes(pid, BC, C, n_chunks, n_strips, F: tl.constexpr, BW: tl.constexpr):
     return group, chunk, strip, f, bc, lane_ok, b, ch
 
 
-@triton.jit
+#: Size arguments compiled as plain integers: Triton would otherwise specialise each that equals 1 or
+#: is a multiple of 16, compiling a new variant for new image sizes / MS-SSIM scales for no gain.
+_SIZES = ("BC", "C", "H", "W", "Ho", "Wo", "n_chunks", "n_strips", "ROWS")
+
+
+@triton.jit(do_not_specialize=_SIZES)
 def _ssim_fwd_kernel(
     x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, scr_ptr,
     BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
@@ -166,7 +171,7 @@ def _ssim_fwd_kernel(
             tl.store(l1_ptr + offs, tl.sum(tl.reshape(acc_l1, [G, F]), axis=1), mask=gbc < BC)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SIZES)
 def _ssim_bwd_kernel(
     x_ptr, y_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
     BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
