@@ -22,6 +22,10 @@ MS_SSIM_WEIGHTS = (0.0448, 0.2856, 0.3001, 0.2363, 0.1333)
 #: "same": zero padding (3DGS reference, fused-ssim); "reflect": mirror padding without repeating
 #: the edge sample (``torch.nn.functional.pad(mode="reflect")``, numpy "reflect", scipy "mirror").
 PADDINGS = ("valid", "same", "reflect")
+
+#: Smallest Gaussian sigma accepted: ``2 * sigma**2`` must stay a positive float64 (it underflows to
+#: 0 below about 1e-162, making the window 0 / 0). Far below it the window is one tap anyway.
+SIGMA_MIN = 1e-150
 WINDOWS = ("gaussian", "uniform")
 
 
@@ -56,8 +60,8 @@ class SSIMConfig:
 
     Args:
         window_size: side of the square window, odd and >= 3 (default 11).
-        sigma: standard deviation of the Gaussian window in pixels, > 0 (default 1.5). Ignored
-            by the uniform window.
+        sigma: standard deviation of the Gaussian window in pixels, >= 1e-150 (default 1.5).
+            Ignored by the uniform window.
         window: ``"gaussian"`` (normalised to sum 1) or ``"uniform"`` (box of equal taps).
         k1, k2: stability constants, ``C1 = (k1 * data_range) ** 2``, ``C2 = (k2 * data_range) ** 2``.
         c1, c2: give ``C1`` / ``C2`` directly (overrides ``k1`` / ``k2``), > 0.
@@ -95,6 +99,12 @@ class SSIMConfig:
             raise ValueError(f"window_size must be an odd integer >= 3, got {ws}")
         object.__setattr__(self, "window_size", int(ws))
         object.__setattr__(self, "sigma", _positive_float("sigma", self.sigma))
+        if self.sigma < SIGMA_MIN:
+            raise ValueError(
+                f"sigma must be at least {SIGMA_MIN:g} (below about 1e-162, 2 * sigma**2 underflows to 0 in "
+                f"float64 and the Gaussian window is NaN), got {self.sigma!r}; a sigma of 0.1 already gives an "
+                "effectively one-tap window"
+            )
         if not isinstance(self.window, str) or self.window not in WINDOWS:
             raise ValueError(f"window must be one of {WINDOWS}, got {self.window!r}")
         object.__setattr__(self, "k1", _positive_float("k1", self.k1))
