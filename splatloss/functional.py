@@ -57,6 +57,10 @@ def _check_pair(img1, img2) -> Tuple[torch.Tensor, torch.Tensor, bool]:
             )
     if img1.shape != img2.shape:
         raise ValueError(f"img1 and img2 must have the same shape, got {_shape(img1)} and {_shape(img2)}")
+    if img1.shape[-3] == 0:  # checked here so that every backend gives this one error
+        raise ValueError(
+            f"images must have at least one channel, got shape {_shape(img1)}; a (B, C, H, W) image needs C >= 1"
+        )
     if img1.device != img2.device:
         raise ValueError(f"img1 and img2 must be on the same device, got {img1.device} and {img2.device}")
     unbatched = img1.dim() == 3
@@ -74,6 +78,11 @@ def _check_size(img: torch.Tensor, cfg: SSIMConfig, what: str = "images") -> Non
     h, w = img.shape[-2:]
     need = cfg.min_size()
     if h < need or w < need:
+        if cfg.padding == "same":
+            raise ValueError(
+                f"{what} with padding='same' needs at least one row and one column, got {h}x{w}; "
+                "an empty image has no SSIM (drop it from the batch)"
+            )
         if cfg.padding == "valid":
             why = f"the window (window_size={cfg.window_size}) must fit inside them with padding='valid'"
             fix = "use a smaller window_size or padding='same'"
