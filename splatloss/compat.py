@@ -21,6 +21,7 @@ from __future__ import annotations
 import numbers
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -63,14 +64,45 @@ def fused_ssim(img1: torch.Tensor, img2: torch.Tensor, padding: str = "same", tr
 # ------------------------------------------------------------------------------------------------
 
 
+def _number(name: str, value):
+    """A number as pytorch_msssim takes it: Python / numpy scalars, or one-element numpy arrays and
+    tensors (0-d included), as a Python number; anything else is returned for SSIMConfig to judge."""
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        n = value.size if isinstance(value, np.ndarray) else value.numel()
+        if n != 1:
+            raise ValueError(
+                f"{name} must be a number or a one-element array / tensor, got an array of shape {tuple(value.shape)}"
+            )
+        return value.item()
+    return value
+
+
+def _pair(K):
+    """``K`` as pytorch_msssim unpacks it (``K1, K2 = K``): a sequence, numpy array or tensor of two."""
+    if isinstance(K, (np.ndarray, torch.Tensor)):
+        if tuple(K.shape) != (2,):
+            raise ValueError(f"K must be a pair (K1, K2), got an array of shape {tuple(K.shape)}")
+        K = K.tolist()
+    if isinstance(K, (str, bytes)) or not isinstance(K, Sequence) or len(K) != 2:
+        raise ValueError(f"K must be a pair (K1, K2), got {K!r}")
+    return (_number("K[0]", K[0]), _number("K[1]", K[1]))
+
+
+def _weights(weights):
+    """Scale weights as pytorch_msssim takes them (a sequence, numpy array or tensor), checked."""
+    if isinstance(weights, np.ndarray):
+        weights = weights.tolist()
+    return functional._check_weights(weights)
+
+
 def _config(data_range, win_size, win_sigma, win, K) -> SSIMConfig:
     if win is not None:
         raise ValueError(
             "win (a custom window tensor) is not supported by splatloss.compat; pass win_size and win_sigma "
             "for a Gaussian window, or use splatloss.ssim(window='uniform', ...)"
         )
-    if isinstance(K, (str, bytes)) or not isinstance(K, Sequence) or len(K) != 2:
-        raise ValueError(f"K must be a pair (K1, K2), got {K!r}")
+    K = _pair(K)
+    data_range = _number("data_range", data_range)
     return SSIMConfig(window_size=win_size, sigma=win_sigma, k1=K[0], k2=K[1], data_range=data_range, padding="valid")
 
 
@@ -149,7 +181,7 @@ def ms_ssim(
     """
     _check_4d(X, Y)
     cfg = _config(data_range, win_size, win_sigma, win, K)
-    w = functional._check_weights(MS_SSIM_WEIGHTS if weights is None else weights)
+    w = _weights(MS_SSIM_WEIGHTS if weights is None else weights)
     x, y, _ = functional._check_pair(X, Y)
     smaller = min(x.shape[-2:])
     need = (win_size - 1) * 2**4
@@ -213,13 +245,14 @@ class SSIM(nn.Module):
         super().__init__()
         _check_channel(channel, spatial_dims)
         _config(data_range, win_size, win_sigma, None, K)  # validate now
+        data_range = _number("data_range", data_range)
         self.data_range, self.size_average, self.win_size, self.win_sigma = (
             data_range,
             size_average,
             win_size,
             win_sigma,
         )
-        self.channel, self.K, self.nonnegative_ssim, self.backend = channel, tuple(K), nonnegative_ssim, backend
+        self.channel, self.K, self.nonnegative_ssim, self.backend = channel, _pair(K), nonnegative_ssim, backend
 
     def forward(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         _check_input_channels(X, self.channel)
@@ -262,14 +295,15 @@ class MS_SSIM(nn.Module):
         super().__init__()
         _check_channel(channel, spatial_dims)
         _config(data_range, win_size, win_sigma, None, K)
-        self.weights = None if weights is None else functional._check_weights(weights)
+        data_range = _number("data_range", data_range)
+        self.weights = None if weights is None else _weights(weights)
         self.data_range, self.size_average, self.win_size, self.win_sigma = (
             data_range,
             size_average,
             win_size,
             win_sigma,
         )
-        self.channel, self.K, self.backend = channel, tuple(K), backend
+        self.channel, self.K, self.backend = channel, _pair(K), backend
 
     def forward(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         _check_input_channels(X, self.channel)
