@@ -6,7 +6,8 @@ Public names only; importing splatloss imports neither Triton, Lightning, Hydra 
 from .compat import fused_ssim
 from .config import MS_SSIM_WEIGHTS, SSIMConfig
 from .functional import dssim, dssim_l1, dssim_with_gradient, ms_ssim, ssim, ssim_map
-from .losses import MSSSIMLoss, PhotometricLoss, SSIMLoss
+from .losses import MSSSIMLoss, PhotometricLoss, S3IMLoss, SSIMLoss
+from .s3im import s3im
 
 __all__ = [
     "SSIMConfig",
@@ -20,6 +21,8 @@ __all__ = [
     "SSIMLoss",
     "MSSSIMLoss",
     "PhotometricLoss",
+    "s3im",
+    "S3IMLoss",
     "fused_ssim",
 ]
 

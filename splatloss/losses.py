@@ -18,14 +18,16 @@ import torch.nn.functional as F
 from . import backends, functional, multiscale
 from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype
 from .functional import DEFAULT_TAU, _check_reduction, _check_weights, _reduce
+from .s3im import S3IMConfig, s3im_with_config
 
-__all__ = ["SSIMLoss", "MSSSIMLoss", "PhotometricLoss", "TERMS"]
+__all__ = ["SSIMLoss", "MSSSIMLoss", "S3IMLoss", "PhotometricLoss", "TERMS"]
 
 #: Terms PhotometricLoss knows, each an unweighted per-image loss value:
 #: ``l1`` mean |pred - target|; ``l2`` mean (pred - target)^2; ``dssim`` 1 - SSIM;
 #: ``msssim`` 1 - MS-SSIM (with the smooth positive extension, see MSSSIMLoss);
-#: ``l1_gaussian`` the L1 error weighted by the coarsest-scale Gaussian (Zhao et al. 2017).
-TERMS = ("l1", "l2", "dssim", "msssim", "l1_gaussian")
+#: ``l1_gaussian`` the L1 error weighted by the coarsest-scale Gaussian (Zhao et al. 2017);
+#: ``s3im`` 1 - S3IM of the image's pixels taken as a batch of rays (Xie et al. 2023).
+TERMS = ("l1", "l2", "dssim", "msssim", "l1_gaussian", "s3im")
 
 
 def _cfg_kwargs(cfg: SSIMConfig) -> dict:
@@ -163,6 +165,53 @@ class MSSSIMLoss(nn.Module):
 # ------------------------------------------------------------------------------------------------
 
 
+class S3IMLoss(nn.Module):
+    """``1 - s3im(pred, target)`` for ``(N, C)`` batches of ray colours (S3IM, Xie et al. 2023).
+
+    The module twin of :func:`splatloss.s3im`: ``repeats`` copies of the batch (the first in order,
+    the others permuted) laid out as a ``patch_height``-high virtual image, compared by SSIM with a
+    ``kernel_size x kernel_size`` Gaussian window (sigma 1.5) and stride ``stride``. The defaults are
+    the paper's. The options are validated when the module is built.
+
+    Args:
+        kernel_size, stride, repeats, patch_height, data_range, k1, k2: see :func:`splatloss.s3im`.
+        generator: the ``torch.Generator`` the permutations are drawn from (on the rays' device);
+            ``None`` uses torch's global generator.
+
+    Examples:
+        >>> loss = S3IMLoss()
+        >>> pred = torch.rand(4096, 3, requires_grad=True)
+        >>> value = loss(pred, torch.rand(4096, 3))
+        >>> value.backward()
+        >>> float(loss(pred, pred.detach()))
+        0.0
+    """
+
+    def __init__(
+        self,
+        kernel_size: int = 4,
+        stride: int = 4,
+        repeats: int = 10,
+        patch_height: int = 64,
+        *,
+        data_range: float = 1.0,
+        k1: float = 0.01,
+        k2: float = 0.03,
+        generator: Optional[torch.Generator] = None,
+    ):
+        super().__init__()
+        self.cfg = S3IMConfig(kernel_size, stride, repeats, patch_height, data_range, k1, k2)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        self.generator = generator
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return 1 - s3im_with_config(pred, target, self.cfg, generator=self.generator)
+
+    def extra_repr(self) -> str:
+        return str(self.cfg)
+
+
 def _check_weight(name: str, value) -> float:
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise TypeError(f"weight of term {name!r} must be a real number >= 0, got {value!r} ({type(value).__name__})")
@@ -213,7 +262,9 @@ class PhotometricLoss(nn.Module):
     ``dssim`` = 1 - SSIM; ``msssim`` = 1 - MS-SSIM with the smooth positive extension of
     :class:`MSSSIMLoss` (``tau``); ``l1_gaussian`` = the L1 error map filtered with the
     coarsest-scale Gaussian of Zhao et al. 2017 (``l1_sigma``, default ``0.5 * 2^(M-1)`` = 8 for 5
-    scales), then averaged. A term whose weight is 0 is not computed.
+    scales), then averaged; ``s3im`` = 1 - S3IM (Xie et al. 2023) of each image's pixels taken as a
+    batch of ``H * W`` rays (:func:`splatloss.s3im`; ``repeats * H * W`` must be a multiple of
+    ``s3im_patch_height``). A term whose weight is 0 is not computed.
 
     Presets (classmethods, usable as Hydra ``_target_: splatloss.PhotometricLoss.dssim_l1``):
 
@@ -224,13 +275,15 @@ class PhotometricLoss(nn.Module):
     * :meth:`l1`, :meth:`l2`, :meth:`ssim` (D-SSIM only), :meth:`msssim`.
 
     Args:
-        l1, l2, dssim, msssim, l1_gaussian: term weights (>= 0, at least one > 0).
+        l1, l2, dssim, msssim, l1_gaussian, s3im: term weights (>= 0, at least one > 0).
         weights: the same as a mapping ``{"l1": 0.8, "dssim": 0.2}`` (for configs); a term may be
             given one way or the other, not both.
         data_range, window_size, sigma, window, k1, k2, c1, c2, padding: the SSIM configuration
             shared by the ``dssim`` and ``msssim`` terms (see :class:`~splatloss.config.SSIMConfig`).
         ms_weights: MS-SSIM scale weights (Wang 2003 by default); tau: see :class:`MSSSIMLoss`.
         l1_sigma: sigma of the ``l1_gaussian`` weighting.
+        s3im_kernel_size, s3im_stride, s3im_repeats, s3im_patch_height: the ``s3im`` term's options
+            (:func:`splatloss.s3im`; ``data_range``, ``k1``, ``k2`` are shared with SSIM).
         reduction: ``"mean"`` | ``"sum"`` | ``"none"`` over the batch.
         backend: SSIM backend.
 
@@ -264,6 +317,7 @@ class PhotometricLoss(nn.Module):
         dssim: float = 0.0,
         msssim: float = 0.0,
         l1_gaussian: float = 0.0,
+        s3im: float = 0.0,
         *,
         weights: Optional[Mapping[str, float]] = None,
         data_range: float = 1.0,
@@ -278,11 +332,17 @@ class PhotometricLoss(nn.Module):
         ms_weights: Sequence[float] = MS_SSIM_WEIGHTS,
         tau: Optional[float] = DEFAULT_TAU,
         l1_sigma: Optional[float] = None,
+        s3im_kernel_size: int = 4,
+        s3im_stride: int = 4,
+        s3im_repeats: int = 10,
+        s3im_patch_height: int = 64,
         reduction: str = "mean",
         backend: str = "auto",
     ):
         super().__init__()
-        given = {"l1": l1, "l2": l2, "dssim": dssim, "msssim": msssim, "l1_gaussian": l1_gaussian}
+        given = {
+            "l1": l1, "l2": l2, "dssim": dssim, "msssim": msssim, "l1_gaussian": l1_gaussian, "s3im": s3im,
+        }
         w = {name: _check_weight(name, v) for name, v in given.items()}
         if weights is not None:
             if not isinstance(weights, Mapping):
@@ -304,6 +364,10 @@ class PhotometricLoss(nn.Module):
         if not isinstance(l1_sigma, numbers.Real) or isinstance(l1_sigma, bool) or not (0 < float(l1_sigma) < math.inf):
             raise ValueError(f"l1_sigma must be a finite number > 0, got {l1_sigma!r}")
         self.l1_sigma = float(l1_sigma)
+        self.s3im_cfg = S3IMConfig(
+            s3im_kernel_size, s3im_stride, s3im_repeats, s3im_patch_height,
+            data_range=self.cfg.data_range, k1=self.cfg.k1, k2=self.cfg.k2,
+        )
         _check_reduction(reduction)
         if not isinstance(backend, str) or backend not in backends.BACKENDS:
             raise ValueError(f"backend must be one of {backends.BACKENDS}, got {backend!r}")
@@ -425,6 +489,8 @@ class PhotometricLoss(nn.Module):
             per_term["msssim"] = self._msssim(x, y, mask)
         if w["l1_gaussian"] > 0:
             per_term["l1_gaussian"] = self._l1_gaussian(diff, mask)
+        if w["s3im"] > 0:
+            per_term["s3im"] = self._s3im(x, y, mask)
 
         for name, value in per_term.items():
             term = w[name] * value
@@ -467,6 +533,17 @@ class PhotometricLoss(nn.Module):
         terms = multiscale.ms_terms(masked_stats, (x, y, mask), scales)
         ms = multiscale.combine(terms, self.ms_weights, self.tau)
         return 1 - ms
+
+    def _s3im(self, x, y, mask) -> torch.Tensor:
+        """1 - S3IM per image, its ``H * W`` pixels taken as a batch of rays ``(H * W, C)``."""
+        if mask is not None:
+            raise ValueError(
+                "the s3im term takes no mask: it compares rays, not neighbourhoods; pass only the rays (pixels) "
+                "to train on, or set the s3im weight to 0 for masked calls"
+            )
+        rays_x = x.flatten(2).transpose(1, 2)  # [B, H * W, C]
+        rays_y = y.flatten(2).transpose(1, 2)
+        return torch.stack([1 - s3im_with_config(rays_x[b], rays_y[b], self.s3im_cfg) for b in range(x.shape[0])])
 
     def _l1_gaussian(self, diff, mask) -> torch.Tensor:
         g = _gaussian_1d(self.l1_sigma, diff.dtype, diff.device)

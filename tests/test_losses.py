@@ -132,7 +132,9 @@ def test_msssim_loss_recovers_from_inverted_start():
 
 
 def test_presets_and_weights():
-    assert PhotometricLoss.l1().weights == {"l1": 1.0, "l2": 0.0, "dssim": 0.0, "msssim": 0.0, "l1_gaussian": 0.0}
+    assert PhotometricLoss.l1().weights == {
+        "l1": 1.0, "l2": 0.0, "dssim": 0.0, "msssim": 0.0, "l1_gaussian": 0.0, "s3im": 0.0,
+    }
     assert PhotometricLoss.l2().weights["l2"] == 1.0
     assert PhotometricLoss.ssim().weights["dssim"] == 1.0
     assert PhotometricLoss.msssim().weights["msssim"] == 1.0
@@ -282,7 +284,7 @@ X = torch.rand(1, 3, 40, 40)
         (lambda: PhotometricLoss(l1=-0.1), ValueError, "weight of term 'l1' must be a finite number >= 0, got -0.1"),
         (lambda: PhotometricLoss(l1="0.8"), TypeError, r"weight of term 'l1' must be a real number >= 0, got '0.8' \(str\)"),
         (lambda: PhotometricLoss(weights={"ssim": 1.0}), ValueError,
-         r"unknown loss term 'ssim'; terms are \('l1', 'l2', 'dssim', 'msssim', 'l1_gaussian'\)"),
+         r"unknown loss term 'ssim'; terms are \('l1', 'l2', 'dssim', 'msssim', 'l1_gaussian', 's3im'\)"),
         (lambda: PhotometricLoss(l1=1.0, weights={"l1": 0.5}), ValueError, r"term 'l1' is weighted twice: l1=1.0 and weights\['l1'\]=0.5"),
         (lambda: PhotometricLoss(weights=[("l1", 1.0)]), TypeError, "weights must be a mapping of term name to weight, got list"),
         (lambda: PhotometricLoss.l1().set_weight("lpips", 1.0), ValueError, "unknown loss term 'lpips'"),
