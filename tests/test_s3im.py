@@ -156,3 +156,57 @@ def test_s3im_generator_on_another_device_type():
     rays = torch.rand(64, 3, device="meta")  # a device type the CPU generator cannot draw on
     with pytest.raises(ValueError, match="generator must be on the rays' device type"):
         s3im(rays, rays, generator=torch.Generator())
+
+
+# ----------------------------------------------------------------------------------------------
+# The module and the PhotometricLoss term
+# ----------------------------------------------------------------------------------------------
+
+
+def test_s3im_loss_module_equals_one_minus_function():
+    from splatloss import S3IMLoss
+
+    pred, target = _rays(640, seed=6)
+    pred = pred.float().requires_grad_(True)
+    module = S3IMLoss(kernel_size=3, stride=2, repeats=5, patch_height=32, generator=torch.Generator().manual_seed(4))
+    value = module(pred, target.float())
+    truth = 1 - s3im(
+        pred,
+        target.float(),
+        kernel_size=3,
+        stride=2,
+        repeats=5,
+        patch_height=32,
+        generator=torch.Generator().manual_seed(4),
+    )
+    assert float(value.detach()) == float(truth.detach())  # the same computation: bitwise equal
+    value.backward()
+    assert pred.grad is not None and torch.isfinite(pred.grad).all()
+    with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
+        S3IMLoss(generator=0)
+    with pytest.raises(ValueError, match="patch_height must be a positive integer, got 0"):
+        S3IMLoss(patch_height=0)
+
+
+def test_photometric_loss_s3im_term_takes_each_image_as_rays():
+    from splatloss import PhotometricLoss
+
+    g = torch.Generator().manual_seed(0)
+    pred, target = torch.rand(2, 3, 16, 16, generator=g), torch.rand(2, 3, 16, 16, generator=g)
+    loss = PhotometricLoss(l1=0.5, s3im=0.5, s3im_patch_height=32)
+    torch.manual_seed(11)
+    total = loss(pred, target)
+    torch.manual_seed(11)  # the term draws its permutations from the global generator, image by image
+    expected = []
+    for b in range(2):
+        rays_p = pred[b].permute(1, 2, 0).reshape(-1, 3)  # pixel (i, j) is ray i * W + j
+        rays_t = target[b].permute(1, 2, 0).reshape(-1, 3)
+        expected.append(1 - s3im(rays_p, rays_t, patch_height=32))
+    s3im_term = torch.stack(expected)
+    l1 = (pred - target).abs().mean(dim=(1, 2, 3))
+    assert torch.allclose(total, (0.5 * l1 + 0.5 * s3im_term).mean(), rtol=0, atol=1e-7)  # measured 0 (fp32)
+    assert abs(float(loss.terms["s3im"]) - float(s3im_term.mean())) < 1e-7  # measured 0
+    with pytest.raises(ValueError, match="the s3im term takes no mask"):
+        loss(pred, target, mask=torch.ones(2, 1, 16, 16))
+    with pytest.raises(ValueError, match=r"10 \* 256 = 2560 rays must be a multiple of patch_height = 48"):
+        PhotometricLoss(s3im=1.0, s3im_patch_height=48)(pred, target)
