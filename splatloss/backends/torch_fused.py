@@ -231,8 +231,9 @@ def _save_inputs(ctx, inputs) -> None:
     ctx.save_for_forward(img1, img2, w)
 
 
-class _SSIMMapFn(torch.autograd.Function):
-    """(img1, img2) -> (SSIM map, cs map), analytic backward and jvp."""
+class _SSIMMapCore(torch.autograd.Function):
+    """(img1, img2) -> (SSIM map, cs map), analytic backward (what torch.compile traces: dynamo
+    does not trace a custom jvp)."""
 
     generate_vmap_rule = True
 
@@ -254,13 +255,17 @@ class _SSIMMapFn(torch.autograd.Function):
         gy = None if gy is None else gy.to(ctx.dtypes[1])
         return gx, gy, None, None, None, None
 
+
+class _SSIMMapFn(_SSIMMapCore):
+    """:class:`_SSIMMapCore` with forward-mode AD (jvp), run eagerly."""
+
     @staticmethod
     def jvp(ctx, t1, t2, *_):
         img1, img2, w = ctx.saved_tensors
         return _tangent(_to_acc(img1), _to_acc(img2), t1, t2, w, ctx.padding, ctx.c1, ctx.c2)
 
 
-class _SSIMStatsFn(torch.autograd.Function):
+class _SSIMStatsCore(torch.autograd.Function):
     """(img1, img2) -> per-(B, C) means of the SSIM and cs maps; upstream is one scalar per (B, C)."""
 
     generate_vmap_rule = True
@@ -285,7 +290,7 @@ class _SSIMStatsFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_s, g_c):
         img1, img2, w = ctx.saved_tensors
-        n = _SSIMStatsFn._map_numel(img1, w, ctx.padding)
+        n = _SSIMStatsCore._map_numel(img1, w, ctx.padding)
         # The mean's upstream is the same for every pixel of a (B, C) plane: [B, C, 1, 1].
         g_s = None if g_s is None else (g_s / n)[..., None, None]
         g_c = None if g_c is None else (g_c / n)[..., None, None]
@@ -294,6 +299,10 @@ class _SSIMStatsFn(torch.autograd.Function):
         gx = None if gx is None else gx.to(ctx.dtypes[0])
         gy = None if gy is None else gy.to(ctx.dtypes[1])
         return gx, gy, None, None, None, None
+
+
+class _SSIMStatsFn(_SSIMStatsCore):
+    """:class:`_SSIMStatsCore` with forward-mode AD (jvp), run eagerly."""
 
     @staticmethod
     def jvp(ctx, t1, t2, *_):
@@ -321,13 +330,15 @@ def ssim_map(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, return_cs:
         >>> m.shape, m.grad_fn is not None
         (torch.Size([1, 1, 12, 12]), True)
     """
-    ssim, cs = _SSIMMapFn.apply(img1, img2, _window(img1, cfg), cfg.padding, cfg.C1, cfg.C2)
+    fn = _SSIMMapCore if torch.compiler.is_compiling() else _SSIMMapFn
+    ssim, cs = fn.apply(img1, img2, _window(img1, cfg), cfg.padding, cfg.C1, cfg.C2)
     return (ssim, cs) if return_cs else ssim
 
 
 def ssim_stats(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig):
     """``(ssim_mean, cs_mean)``, each ``[B, C]``: means of the SSIM and cs maps per image and channel."""
-    return _SSIMStatsFn.apply(img1, img2, _window(img1, cfg), cfg.padding, cfg.C1, cfg.C2)
+    fn = _SSIMStatsCore if torch.compiler.is_compiling() else _SSIMStatsFn
+    return fn.apply(img1, img2, _window(img1, cfg), cfg.padding, cfg.C1, cfg.C2)
 
 
 def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, upstream: torch.Tensor):
