@@ -19,7 +19,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from . import backends
+from . import backends, multiscale
 from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype
 from .multiscale import smooth_positive
 
@@ -90,6 +90,39 @@ def _check_size(img: torch.Tensor, cfg: SSIMConfig, what: str = "images") -> Non
             why = f"padding='reflect' mirrors window_size // 2 = {cfg.pad} pixels"
             fix = "use a smaller window_size or padding='same'"
         raise ValueError(f"{what} must be at least {need}x{need} because {why}, got {h}x{w}; {fix}")
+
+
+def _check_mask(mask, img: torch.Tensor) -> Optional[torch.Tensor]:
+    """Validate ``mask`` against the ``(B, C, H, W)`` images ``img``; return it as a float tensor in
+    the accumulation dtype shaped ``(B or 1, 1 or C, H, W)`` (None stays None)."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(
+            f"mask must be a bool tensor or a float tensor of weights in [0, 1], got dtype {mask.dtype}; "
+            "convert it with mask.bool() (or mask.float() / 255 for an 8-bit alpha channel)"
+        )
+    if mask.device != img.device:
+        raise ValueError(
+            f"mask must be on the images' device {img.device}, got {mask.device}; move it with mask.to(img.device)"
+        )
+    b, c, h, w = img.shape
+    m = mask[None, None] if mask.dim() == 2 else mask
+    ok = (
+        m.dim() == 4
+        and tuple(m.shape[-2:]) == (h, w)
+        and m.shape[0] in (1, b)
+        and m.shape[1] in (1, c)
+    )
+    if not ok:
+        raise ValueError(
+            f"mask must be shaped (B, 1, H, W), (1, 1, H, W), (H, W) or (B, C, H, W) for images of shape "
+            f"{(b, c, h, w)}, got shape {_shape(mask)}; give one weight per pixel, e.g. alpha[:, None] for a "
+            "(B, H, W) alpha"
+        )
+    return m.to(accumulation_dtype(img.dtype))
 
 
 def _check_reduction(reduction) -> None:
@@ -185,12 +218,14 @@ def ssim_map(
     padding: str = "valid",
     backend: str = "auto",
     return_cs: bool = False,
+    mask: Optional[torch.Tensor] = None,
 ):
     """Per-pixel SSIM map ``(B, C, H', W')`` (``H' = H - window_size + 1`` for "valid", else ``H``).
 
     ``SSIM = (2 mu_x mu_y + C1)(2 sigma_xy + C2) / ((mu_x^2 + mu_y^2 + C1)(sigma_x^2 + sigma_y^2 + C2))``
     with window-weighted means and population (co)variances. With ``return_cs=True`` also returns
-    the contrast-structure map (the second factor).
+    the contrast-structure map (the second factor). With ``mask``, the maps of the masked statistics
+    (see :func:`ssim`).
 
     Examples:
         >>> x = torch.rand(2, 3, 32, 32)
@@ -202,7 +237,12 @@ def ssim_map(
     cfg = _make_cfg(data_range, window_size, sigma, window, k1, k2, c1, c2, padding)
     x, y, unbatched = _check_pair(img1, img2)
     _check_size(x, cfg)
-    out = backends.resolve(backend, x).ssim_map(x, y, cfg, return_cs=return_cs)
+    m = _check_mask(mask, x)
+    if m is None:
+        out = backends.resolve(backend, x).ssim_map(x, y, cfg, return_cs=return_cs)
+    else:
+        smap, cmap, _ = backends.resolve(backend, x).masked_ssim_map(x, y, m, cfg)
+        out = (smap, cmap) if return_cs else smap
     if unbatched:
         out = tuple(o[0] for o in out) if return_cs else out[0]
     return out
@@ -223,6 +263,7 @@ def ssim(
     padding: str = "valid",
     reduction: str = "mean",
     backend: str = "auto",
+    mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Structural similarity (Wang et al. 2004): the mean of the SSIM map over channels and pixels.
 
@@ -233,6 +274,18 @@ def ssim(
     Args:
         img1, img2: ``(B, C, H, W)`` or ``(C, H, W)`` float images, values nominally in ``[0, data_range]``.
         reduction: ``"mean"`` over the batch (a scalar), ``"sum"``, or ``"none"`` (shape ``(B,)``).
+        mask: optional per-pixel weights. A mask ``m`` holds weights in [0, 1] per pixel (bool or
+            float), shaped ``(B, 1, H, W)``, ``(1, 1, H, W)``, ``(H, W)`` or ``(B, C, H, W)``. Let ``X, Y``
+            be the padded images and ``M`` the
+            padded mask: ``"same"`` pads the images with zeros and the mask with **ones** (the zero border
+            counts as present black pixels, as 3DGS treats it), ``"reflect"`` mirrors images and mask,
+            ``"valid"`` pads nothing. With ``F`` the window filter over the padded arrays and ``W = F(M)``:
+            ``mu_x = F(M X) / W``, ``E[x^2] = F(M X^2) / W``, ``E[xy] = F(M X Y) / W`` (likewise for y), and
+            the SSIM and cs maps follow as usual. The value of an image is, per channel, the mean of the map
+            weighted by the mask at each map position's centre pixel (``m`` itself for "same"/"reflect",
+            ``m`` cropped by ``window_size // 2`` for "valid"), then the plain mean over channels; a channel
+            whose weights sum to 0 counts as SSIM 1 with zero gradient (nothing to compare). With a mask of
+            ones this is exactly the unmasked SSIM for every padding.
 
     Returns:
         SSIM in the accumulation dtype (float32, or float64 for float64 inputs).
@@ -248,7 +301,9 @@ def ssim(
     cfg = _make_cfg(data_range, window_size, sigma, window, k1, k2, c1, c2, padding)
     x, y, unbatched = _check_pair(img1, img2)
     _check_size(x, cfg)
-    s, _ = backends.resolve(backend, x).ssim_stats(x, y, cfg)  # [B, C]
+    m = _check_mask(mask, x)
+    impl = backends.resolve(backend, x)
+    s, _ = impl.ssim_stats(x, y, cfg) if m is None else impl.masked_ssim_stats(x, y, m, cfg)  # [B, C]
     return _reduce(s.mean(dim=1), reduction, unbatched)
 
 
@@ -286,6 +341,7 @@ def ms_ssim(
     reduction: str = "mean",
     backend: str = "auto",
     tau: Optional[float] = None,
+    mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Multi-scale SSIM exactly as TF's ``tf.image.ssim_multiscale`` (Wang, Simoncelli, Bovik 2003).
 
@@ -306,6 +362,9 @@ def ms_ssim(
     Images must be at least ``(min_side - 1) * 2^(M-1) + 1`` pixels on each side (161 for the
     defaults); smaller images raise a ValueError naming the options.
 
+    With ``mask`` (see :func:`ssim` for its meaning at one scale) the mask goes down the same pyramid
+    as the images (repeat-pad an odd side, 2x2 mean) and each scale uses its own mask.
+
     Examples:
         >>> x = torch.rand(1, 3, 161, 170)
         >>> round(float(ms_ssim(x, x)), 4)
@@ -324,7 +383,13 @@ def ms_ssim(
     cfg = _make_cfg(data_range, window_size, sigma, window, k1, k2, c1, c2, padding)
     x, y, unbatched = _check_pair(img1, img2)
     _check_ms_size(x, cfg, len(weights))
-    per_image = backends.resolve(backend, x).ms_ssim(x, y, cfg, weights, tau=tau)
+    m = _check_mask(mask, x)
+    impl = backends.resolve(backend, x)
+    if m is None:
+        per_image = impl.ms_ssim(x, y, cfg, weights, tau=tau)
+    else:
+        terms = multiscale.ms_terms(lambda a, b, mj: impl.masked_ssim_stats(a, b, mj, cfg), (x, y, m), len(weights))
+        per_image = multiscale.combine(terms, weights, tau)
     return _reduce(per_image, reduction, unbatched)
 
 
@@ -344,12 +409,14 @@ def dssim_l1(
     padding: str = "valid",
     reduction: str = "mean",
     backend: str = "auto",
+    mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The 3DGS photometric loss ``(1 - lam) * L1 + lam * (1 - SSIM)`` per image, then reduced.
 
     ``L1`` is the mean absolute difference over channels and pixels. 3DGS (Kerbl et al. 2023) uses
     ``lam=0.2`` and ``padding="same"``. Runs the backend's fused kernel where it has one ("cpu",
-    "triton").
+    "triton"). With ``mask``: ``L1 = sum m |x - y| / sum m`` over channels and pixels per image (0
+    when the mask is empty) and the masked SSIM of :func:`ssim`.
 
     Examples:
         >>> x, y = torch.rand(1, 3, 24, 24), torch.rand(1, 3, 24, 24)
@@ -365,7 +432,18 @@ def dssim_l1(
     cfg = _make_cfg(data_range, window_size, sigma, window, k1, k2, c1, c2, padding)
     x, y, unbatched = _check_pair(img1, img2)
     _check_size(x, cfg)
-    per_image = backends.resolve(backend, x).dssim_l1(x, y, cfg, lam)  # [B]
+    m = _check_mask(mask, x)
+    impl = backends.resolve(backend, x)
+    if m is None:
+        per_image = impl.dssim_l1(x, y, cfg, lam)  # [B]
+    else:
+        acc = accumulation_dtype(x.dtype)
+        mf = m.expand(x.shape)
+        den = mf.sum(dim=(1, 2, 3))
+        num = (mf * (x.to(acc) - y.to(acc)).abs()).sum(dim=(1, 2, 3))
+        l1 = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
+        s, _ = impl.masked_ssim_stats(x, y, m, cfg)
+        per_image = (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
     return _reduce(per_image, reduction, unbatched)
 
 

@@ -20,6 +20,7 @@ import torch
 
 from .. import multiscale
 from ..config import SSIMConfig, accumulation_dtype
+from . import masked
 
 __all__ = ["Backend"]
 
@@ -78,6 +79,16 @@ class Backend(abc.ABC):
         l1 = (img1.to(acc) - img2.to(acc)).abs().mean(dim=(1, 2, 3))  # [B]
         s, _ = self.ssim_stats(img1, img2, cfg)
         return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
+
+    def masked_ssim_map(self, img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig):
+        """Masked ``(ssim_map, cs_map, centre_weights)`` ``[B, C, H', W']`` (semantics in
+        :mod:`splatloss.backends.masked`; ``mask`` a float tensor broadcasting as ``(B|1, 1|C, H, W)``).
+        Every backend runs the shared torch-ops composition of that module, gradients by autograd."""
+        return masked.masked_ssim_map(img1, img2, mask, cfg)
+
+    def masked_ssim_stats(self, img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig) -> Tuple[Tensor, Tensor]:
+        """Masked ``(ssim_mean, cs_mean)``, each ``[B, C]`` (an empty channel counts as 1)."""
+        return masked.masked_ssim_stats(img1, img2, mask, cfg)
 
     def ssim_mean_and_grad(
         self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, upstream: Tensor
