@@ -32,7 +32,13 @@ from .config import MS_SSIM_WEIGHTS, SSIMConfig
 __all__ = ["fused_ssim", "ssim", "ms_ssim", "SSIM", "MS_SSIM"]
 
 
-def fused_ssim(img1: torch.Tensor, img2: torch.Tensor, padding: str = "same", train: bool = True) -> torch.Tensor:
+def fused_ssim(
+    img1: torch.Tensor,
+    img2: torch.Tensor,
+    padding: str = "same",
+    train: bool = True,
+    mask: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """SSIM as the fused-ssim package computes it: the mean of the 11x11 (sigma 1.5) SSIM map.
 
     Args:
@@ -41,6 +47,9 @@ def fused_ssim(img1: torch.Tensor, img2: torch.Tensor, padding: str = "same", tr
         train: ``False`` computes without recording anything for backward (fused-ssim's
             inference mode); ``True`` gives gradients (to both images here; fused-ssim only
             differentiates ``img1``).
+        mask: optional per-pixel weights in [0, 1] (bool or float, ``(B, 1, H, W)``, ``(1, 1, H, W)``,
+            ``(H, W)`` or ``(B, C, H, W)``), with the masked statistics of :func:`splatloss.ssim`
+            (an extension: fused-ssim has no mask).
 
     Examples:
         >>> x = torch.rand(1, 3, 32, 32, requires_grad=True)
@@ -54,9 +63,9 @@ def fused_ssim(img1: torch.Tensor, img2: torch.Tensor, padding: str = "same", tr
     if not isinstance(train, bool):
         raise TypeError(f"train must be a bool, got {type(train).__name__}")
     if train:
-        return functional.ssim(img1, img2, padding=padding)
+        return functional.ssim(img1, img2, padding=padding, mask=mask)
     with torch.no_grad():
-        return functional.ssim(img1, img2, padding=padding)
+        return functional.ssim(img1, img2, padding=padding, mask=mask)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -454,6 +454,7 @@ def dssim_with_gradient(
     grad: Optional[torch.Tensor] = None,
     reduction: str = "mean",
     backend: str = "auto",
+    mask: Optional[torch.Tensor] = None,
     **kwargs,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """D-SSIM (``1 - SSIM``) and its gradient w.r.t. ``img1``, without building an autograd graph.
@@ -461,7 +462,7 @@ def dssim_with_gradient(
     The in-place interface FastCUDASSIM.jl users know (``dssim_with_gradient!``): pass a
     preallocated ``grad`` of ``img1``'s shape and floating dtype and it is overwritten and
     returned. Takes the keywords of :func:`ssim`; ``reduction`` is ``"mean"`` or ``"sum"`` (a
-    scalar loss). ``img2`` gets no gradient.
+    scalar loss). ``img2`` gets no gradient. ``mask`` as in :func:`ssim`.
 
     Runs the backend's ``ssim_mean_and_grad`` (a direct pass without autograd on "torch", "cpu" and
     "triton"; one small local autograd pass on detached copies on "reference"). Either way the
@@ -504,13 +505,21 @@ def dssim_with_gradient(
                 f"grad must be a floating tensor shaped like img1 {_shape(img1)} on {img1.device}, "
                 f"got shape {_shape(grad)}, dtype {grad.dtype} on {grad.device}"
             )
+    m = _check_mask(mask, x)
     impl = backends.resolve(backend, x)
     b, c = x.shape[:2]
     # d(1 - mean_c ssim_bc) = -1/C per (B, C); "mean" over the batch divides by B as well.
     scale = -1.0 / (c * (b if reduction == "mean" else 1))
     upstream = torch.full((b, c), scale, dtype=accumulation_dtype(x.dtype), device=x.device)
+    if m is not None:  # one local autograd pass through the masked statistics, on detached copies
+        with torch.enable_grad():
+            xd = x.detach().requires_grad_(True)
+            s, _ = impl.masked_ssim_stats(xd, y.detach(), m.detach(), cfg)
+            (g,) = torch.autograd.grad((s * upstream).sum(), xd)
+        s = s.detach()
     with torch.no_grad():
-        s, g = impl.ssim_mean_and_grad(x.detach(), y.detach(), cfg, upstream)
+        if m is None:
+            s, g = impl.ssim_mean_and_grad(x.detach(), y.detach(), cfg, upstream)
         value = 1 - s.mean(dim=1)
         value = value.mean() if reduction == "mean" else value.sum()
         if unbatched:

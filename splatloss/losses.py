@@ -87,8 +87,11 @@ class SSIMLoss(nn.Module):
         self.reduction = reduction
         self.backend = backend
 
-    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return functional.dssim(pred, target, reduction=self.reduction, backend=self.backend, **_cfg_kwargs(self.cfg))
+    def forward(self, pred: torch.Tensor, target: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``1 - SSIM``; ``mask``: per-pixel weights with the semantics of :func:`splatloss.ssim`."""
+        return functional.dssim(
+            pred, target, reduction=self.reduction, backend=self.backend, mask=mask, **_cfg_kwargs(self.cfg)
+        )
 
     def extra_repr(self) -> str:
         return f"{self.cfg}, reduction={self.reduction!r}, backend={self.backend!r}"
@@ -143,7 +146,8 @@ class MSSSIMLoss(nn.Module):
         self.reduction = reduction
         self.backend = backend
 
-    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def forward(self, pred: torch.Tensor, target: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``1 - MS-SSIM``; ``mask``: per-pixel weights going down the pyramid (:func:`splatloss.ms_ssim`)."""
         per_image = functional.ms_ssim(
             pred,
             target,
@@ -151,6 +155,7 @@ class MSSSIMLoss(nn.Module):
             tau=self.tau,
             reduction="none",
             backend=self.backend,
+            mask=mask,
             **_cfg_kwargs(self.cfg),
         )
         unbatched = per_image.dim() == 0
@@ -250,8 +255,6 @@ def _weighted_mean(values: torch.Tensor, mask: Optional[torch.Tensor], dims) -> 
     return (values * m).sum(dim=dims) / m.sum(dim=dims).clamp_min(torch.finfo(values.dtype).tiny)
 
 
-def _crop(t: torch.Tensor, r: int) -> torch.Tensor:
-    return t[..., r : t.shape[-2] - r, r : t.shape[-1] - r] if r > 0 else t
 
 
 class PhotometricLoss(nn.Module):
@@ -287,10 +290,15 @@ class PhotometricLoss(nn.Module):
         reduction: ``"mean"`` | ``"sum"`` | ``"none"`` over the batch.
         backend: SSIM backend.
 
-    Call ``loss(pred, target, mask=None)`` with ``(B, C, H, W)`` images; ``mask`` (bool or float,
-    broadcastable to ``(B, C, H, W)``, e.g. ``(B, 1, H, W)``) weights every term's per-pixel
-    average (for SSIM terms, the map pixel centred on the image pixel; for MS-SSIM, the mask
-    follows the pyramid). After each call ``loss.terms`` holds the detached, unweighted,
+    Call ``loss(pred, target, mask=None)`` with ``(B, C, H, W)`` images; ``mask`` holds weights in
+    [0, 1] per pixel (bool or float), shaped ``(B, 1, H, W)``, ``(1, 1, H, W)``, ``(H, W)``,
+    ``(B, H, W)`` or ``(B, C, H, W)``. The SSIM terms use the masked statistics of
+    :func:`splatloss.ssim` (``mu_x = F(M X) / W`` with ``W = F(M)``, the mask padded with ones for
+    "same"; the map averaged with the centre pixel's weight; an empty channel counts as SSIM 1); the
+    MS-SSIM term sends the mask down the same pyramid as the images; L1 / L2 are
+    ``sum m |x - y| / sum m`` over channels and pixels per image (0 when the mask is empty); the
+    Gaussian-weighted L1 is ``sum G(m |x - y|) / sum G(m)`` (without a mask: the all-ones value). The
+    ``s3im`` term takes no mask. After each call ``loss.terms`` holds the detached, unweighted,
     batch-averaged value of every computed term and ``loss.weights`` the current weights,
     changed with ``loss.set_weight(name, value)``.
 
@@ -430,26 +438,9 @@ class PhotometricLoss(nn.Module):
     # -- forward ----------------------------------------------------------------------------------
 
     def _check_mask(self, mask, pred: torch.Tensor) -> torch.Tensor:
-        if not isinstance(mask, torch.Tensor):
-            raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
-        if mask.dim() == 2:  # (H, W)
-            mask = mask[None, None]
-        elif mask.dim() == 3:  # (B, H, W)
+        if isinstance(mask, torch.Tensor) and mask.dim() == 3:  # (B, H, W), e.g. a batch of alphas
             mask = mask[:, None]
-        if mask.dim() != pred.dim() or mask.shape[-2:] != pred.shape[-2:]:
-            raise ValueError(
-                f"mask must be (B, 1, H, W), (B, C, H, W), (B, H, W) or (H, W) matching the images' "
-                f"H, W = {tuple(pred.shape[-2:])}, got shape {tuple(mask.shape)}"
-            )
-        try:
-            torch.broadcast_shapes(mask.shape, pred.shape)
-        except RuntimeError:
-            raise ValueError(
-                f"mask of shape {tuple(mask.shape)} does not broadcast to the images' shape {tuple(pred.shape)}"
-            ) from None
-        if mask.device != pred.device:
-            raise ValueError(f"mask must be on the images' device {pred.device}, got {mask.device}")
-        return mask.to(accumulation_dtype(pred.dtype))
+        return functional._check_mask(mask, pred)
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         x, y, unbatched = functional._check_pair(pred, target)
@@ -503,9 +494,8 @@ class PhotometricLoss(nn.Module):
         if mask is None:
             return functional.dssim(x, y, reduction="none", backend=self.backend, **_cfg_kwargs(self.cfg))
         functional._check_size(x, self.cfg)
-        smap = backends.resolve(self.backend, x).ssim_map(x, y, self.cfg)  # [B, C, H', W']
-        r = self.cfg.pad if self.cfg.padding == "valid" else 0
-        return 1 - _weighted_mean(smap, _crop(mask, r), (1, 2, 3))
+        s, _ = backends.resolve(self.backend, x).masked_ssim_stats(x, y, mask, self.cfg)  # [B, C]
+        return 1 - s.mean(dim=1)
 
     def _msssim(self, x, y, mask) -> torch.Tensor:
         if mask is None:
@@ -522,15 +512,8 @@ class PhotometricLoss(nn.Module):
         cfg, scales = self.cfg, len(self.ms_weights)
         functional._check_ms_size(x, cfg, scales)
         impl = backends.resolve(self.backend, x)
-        r = cfg.pad if cfg.padding == "valid" else 0
-
-        def masked_stats(xj, yj, mj):
-            # the mask follows the same pyramid as the images (its 2x2 means weight the coarse pixels)
-            smap, cmap = impl.ssim_map(xj, yj, cfg, return_cs=True)
-            m = _crop(mj, r)
-            return _weighted_mean(smap, m, (2, 3)), _weighted_mean(cmap, m, (2, 3))  # [B, C] each
-
-        terms = multiscale.ms_terms(masked_stats, (x, y, mask), scales)
+        # the mask follows the same pyramid as the images; each scale uses its own mask
+        terms = multiscale.ms_terms(lambda a, b, m: impl.masked_ssim_stats(a, b, m, cfg), (x, y, mask), scales)
         ms = multiscale.combine(terms, self.ms_weights, self.tau)
         return 1 - ms
 
@@ -559,8 +542,8 @@ class PhotometricLoss(nn.Module):
                 f"must be at least {k // 2 + 1}x{k // 2 + 1}, got {diff.shape[-2]}x{diff.shape[-1]}; use padding='same'"
             )
         err = diff.abs()
-        if mask is None:
-            return _sep_blur(err, g, self.cfg.padding).mean(dim=(1, 2, 3))
+        if mask is None:  # the all-ones value: the zero-padded blur is normalised at the border too
+            mask = torch.ones((1, 1) + tuple(err.shape[-2:]), dtype=err.dtype, device=err.device)
         m = mask.expand_as(err)
         num = _sep_blur(err * m, g, self.cfg.padding).sum(dim=(1, 2, 3))
         den = _sep_blur(m.contiguous(), g, self.cfg.padding).sum(dim=(1, 2, 3))

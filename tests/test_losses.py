@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import splatloss
+from _mask_truth import masked_ssim
 from _truth import photo, to_torch
 from splatloss import MSSSIMLoss, PhotometricLoss, SSIMLoss
 from splatloss.reference import downsample2x, ssim_stats
@@ -205,17 +206,16 @@ def test_mask_selects_pixels():
     d = (x - y)
     l1 = torch.stack([d[i].abs()[sel[i]].mean() for i in range(2)])
     l2 = torch.stack([(d[i] ** 2)[sel[i]].mean() for i in range(2)])
-    smap = splatloss.ssim_map(x, y)  # "valid": map pixel (i, j) is centred on image pixel (i+5, j+5)
-    m = mask[..., 5:-5, 5:-5].expand_as(smap)
-    dssim = 1 - (smap * m).sum(dim=(1, 2, 3)) / m.sum(dim=(1, 2, 3))
+    # the SSIM term: the masked statistics (float64 oracle in tests/_mask_truth.py)
+    dssim = (1 - masked_ssim(x, y, mask, padding="valid")).float()
     torch.testing.assert_close(total, l1 + l2 + dssim)
     # pixels outside the mask get no gradient from the L1/L2 terms
     xr = x.clone().requires_grad_()
     (g,) = torch.autograd.grad(PhotometricLoss.l1()(xr, y, mask=mask), xr)
     assert bool((g[~sel] == 0).all()) and bool((g[sel] != 0).all())
-    # an all-zero mask gives 0, not NaN
+    # an all-zero mask gives 0, not NaN: l1 -> 0, and an empty channel counts as SSIM 1
     zero = PhotometricLoss(l1=1.0, dssim=1.0)(x, y, mask=torch.zeros(30, 32))
-    assert float(zero) == 1.0  # l1 -> 0, dssim -> 1 - 0
+    assert float(zero) == 0.0
 
 
 def test_masked_msssim_follows_the_pyramid():
@@ -236,14 +236,16 @@ def test_zhao_mix_gaussian_weighted_l1():
     x, y = _pair((1, 3, 64, 70), 8)  # "same" padding: 5 scales fit any size
     loss = PhotometricLoss.zhao_mix(padding="same", backend="reference")
     total = loss(x, y)
-    # independent: 2-D Gaussian (sigma 8, 49 taps) convolution of |x - y| with zero padding
+    # independent: 2-D Gaussian (sigma 8, 49 taps) convolution of |x - y| with zero padding, normalised by
+    # the blur of the ones (the zero-padded border is not counted as pixels): the all-ones-mask value
     r = 24
     t = torch.arange(-r, r + 1, dtype=torch.float64)
     g1 = torch.exp(-t**2 / (2 * 64.0))
     g2 = torch.outer(g1, g1) / g1.sum() ** 2
     err = (x - y).abs().double()
     blurred = F.conv2d(err, g2.expand(3, 1, 49, 49), padding=r, groups=3)
-    l1g = blurred.mean()
+    weight = F.conv2d(torch.ones_like(err), g2.expand(3, 1, 49, 49), padding=r, groups=3)
+    l1g = blurred.sum() / weight.sum()
     torch.testing.assert_close(loss.terms["l1_gaussian"].double(), l1g, atol=1e-6, rtol=1e-5)
     ms = splatloss.ms_ssim(x, y, padding="same", tau=0.01)
     torch.testing.assert_close(total, 0.84 * (1 - ms) + 0.16 * l1g.float(), atol=1e-6, rtol=1e-5)
@@ -301,9 +303,10 @@ X = torch.rand(1, 3, 40, 40)
         (lambda: SSIMLoss(backend="fast"), ValueError, r"backend must be one of .* got 'fast'"),
         (lambda: MSSSIMLoss(weights=[]), ValueError, "weights must have one entry per scale"),
         (lambda: PhotometricLoss.l1()(X, X, mask=torch.ones(1, 1, 40, 39)), ValueError,
-         r"mask must be \(B, 1, H, W\), \(B, C, H, W\), \(B, H, W\) or \(H, W\) matching the images' H, W = \(40, 40\), got shape \(1, 1, 40, 39\)"),
+         r"mask must be shaped \(B, 1, H, W\), \(1, 1, H, W\), \(H, W\) or \(B, C, H, W\) for images of shape "
+         r"\(1, 3, 40, 40\), got shape \(1, 1, 40, 39\)"),
         (lambda: PhotometricLoss.l1()(X, X, mask=torch.ones(1, 2, 40, 40)), ValueError,
-         r"mask of shape \(1, 2, 40, 40\) does not broadcast to the images' shape \(1, 3, 40, 40\)"),
+         r"for images of shape \(1, 3, 40, 40\), got shape \(1, 2, 40, 40\); give one weight per pixel"),
         (lambda: PhotometricLoss.l1()(X, X, mask=[1]), TypeError, "mask must be a torch.Tensor or None, got list"),
         (lambda: PhotometricLoss.l1()(X, X, mask=torch.ones(40, 40, device="meta")), ValueError, "mask must be on the images' device cpu, got meta"),
         (lambda: PhotometricLoss(l1_gaussian=1.0)(X, X), ValueError,
