@@ -103,8 +103,9 @@ def full_mask(mask: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     return m.expand(x.shape).contiguous()
 
 
-def masked_maps(x, y, mask=None, *, window_size=11, sigma=1.5, window="gaussian", k1=0.01, k2=0.03,
-                data_range=1.0, padding="valid"):
+def masked_maps(
+    x, y, mask=None, *, window_size=11, sigma=1.5, window="gaussian", k1=0.01, k2=0.03, data_range=1.0, padding="valid"
+):
     """The masked SSIM and cs maps ``[B, C, H', W']`` and the centre weights of each map position."""
     x, y = x.to(torch.float64), y.to(torch.float64)
     m = full_mask(mask, x)
@@ -200,8 +201,9 @@ def masked_l1_gaussian(x, y, mask=None, l1_sigma: float = 1.5, padding: str = "s
 def soft_mask(h: int, w: int, seed: int = 0) -> torch.Tensor:
     """An irregular soft mask ``(H, W)`` in [0, 1]: a blob of ones, a zero hole, a smooth ramp between."""
     gen = torch.Generator().manual_seed(seed)
-    yy, xx = torch.meshgrid(torch.linspace(-1, 1, h, dtype=torch.float64),
-                            torch.linspace(-1, 1, w, dtype=torch.float64), indexing="ij")
+    yy, xx = torch.meshgrid(
+        torch.linspace(-1, 1, h, dtype=torch.float64), torch.linspace(-1, 1, w, dtype=torch.float64), indexing="ij"
+    )
     cx, cy = (torch.rand(2, generator=gen, dtype=torch.float64) - 0.5) * 0.6
     blob = torch.sigmoid(8 * (0.55 - ((xx - cx) ** 2 + 1.6 * (yy - cy) ** 2).sqrt() - 0.1 * torch.sin(7 * xx)))
     hole = ((xx + 0.5) ** 2 + (yy - 0.4) ** 2) < 0.05

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from _mask_truth import masked_l1_gaussian, masked_lp, masked_ms_ssim, masked_ssim, soft_mask
 from _truth import distort, photo, skimage_ssim, tf_ms_ssim, to_torch
 

@@ -1,0 +1,134 @@
+"""Masked SSIM / MS-SSIM / photometric terms on every backend against the float64 oracle of the masked
+semantics (tests/_mask_truth.py, plain torch ops, no splatloss code): values and the gradients to BOTH
+images, on a real photograph with an irregular soft mask, every padding, odd sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _mask_truth import masked_l1_gaussian, masked_lp, masked_ms_ssim, masked_ssim, soft_mask
+from _truth import distort, photo, to_torch
+
+import splatloss
+from conftest import backend_params, device_for, rel
+
+NAMES = ("reference",) + tuple(p.values[0] for p in backend_params())
+# Bars from the issue: values 2e-5 absolute, gradients 1e-4 normwise (max-norm relative) for fp32 inputs.
+# Measured (fp32 inputs, 37x45 astronaut crop, soft mask): values <= 4.4e-8, gradients <= 1.4e-6 on every
+# backend (all run the shared masked composition in fp32); float64 inputs agree to ~1e-13.
+VALUE_TOL, GRAD_TOL = 2e-5, 1e-4
+
+
+def _photo(h, w, dtype, device):
+    a = photo("astronaut", 100, 140, h, w)
+    b = distort(a, seed=3)
+    return to_torch(a, dtype).to(device), to_torch(b, dtype).to(device)
+
+
+def _both_grads(fn, x, y):
+    xr, yr = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+    v = fn(xr, yr)
+    gx, gy = torch.autograd.grad(v.sum(), (xr, yr))
+    return v.detach(), gx, gy
+
+
+@pytest.mark.parametrize("name", backend_params(NAMES))
+@pytest.mark.parametrize("padding", ["same", "reflect", "valid"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_masked_ssim_equals_oracle(name, padding, dtype):
+    if name == "triton" and dtype == torch.float64:
+        pytest.skip("Triton computes in fp32 and refuses float64 inputs (TypeError) -- tested in fp32")
+    dev = device_for(name)
+    x, y = _photo(37, 45, dtype, dev)  # odd and even sides
+    m = soft_mask(37, 45, seed=1)
+    v, gx, gy = _both_grads(
+        lambda a, b: splatloss.ssim(a, b, mask=m.to(dev, dtype), padding=padding, backend=name), x, y
+    )
+    tv, tgx, tgy = _both_grads(lambda a, b: masked_ssim(a, b, m, padding=padding), x.cpu().double(), y.cpu().double())
+    tol_v, tol_g = (VALUE_TOL, GRAD_TOL) if dtype == torch.float32 else (1e-12, 1e-10)
+    assert abs(v.item() - tv.item()) <= tol_v
+    assert rel(gx, tgx) <= tol_g and rel(gy, tgy) <= tol_g
+
+
+@pytest.mark.parametrize("name", backend_params(NAMES))
+@pytest.mark.parametrize("padding", ["same", "reflect", "valid"])
+def test_all_ones_mask_equals_unmasked(name, padding):
+    dev = device_for(name)
+    dtype = torch.float32 if name == "triton" else torch.float64
+    x, y = _photo(29, 33, dtype, dev)
+    ones = torch.ones(29, 33, device=dev, dtype=torch.bool)
+    a, gxa, gya = _both_grads(lambda p, q: splatloss.ssim(p, q, mask=ones, padding=padding, backend=name), x, y)
+    b, gxb, gyb = _both_grads(lambda p, q: splatloss.ssim(p, q, padding=padding, backend=name), x, y)
+    # float64: round-off (measured ~1e-15 values, ~1e-13 gradients); Triton fp32 against the fp32
+    # masked composition: each within its fp32 error of float64 (measured <= 1e-7 values, <= 9e-6 gradients)
+    tol_v, tol_g = (1e-12, 1e-10) if dtype == torch.float64 else (1e-6, 1e-5)
+    assert abs(a.item() - b.item()) <= tol_v
+    assert rel(gxa, gxb) <= tol_g and rel(gya, gyb) <= tol_g
+
+
+@pytest.mark.parametrize("name", backend_params(NAMES, slow_triton=True))
+def test_masked_ms_ssim_equals_oracle(name):
+    dev = device_for(name)
+    x, y = _photo(163, 167, torch.float32, dev)
+    m = soft_mask(163, 167, seed=2)
+    weights = (0.0448, 0.2856, 0.3001, 0.2363, 0.1333)
+    v, gx, gy = _both_grads(lambda a, b: splatloss.ms_ssim(a, b, mask=m.to(dev), backend=name), x, y)
+    tv, tgx, tgy = _both_grads(lambda a, b: masked_ms_ssim(a, b, m, weights), x.cpu().double(), y.cpu().double())
+    assert abs(v.item() - tv.item()) <= VALUE_TOL
+    assert rel(gx, tgx) <= GRAD_TOL and rel(gy, tgy) <= GRAD_TOL
+
+
+@pytest.mark.parametrize("name", backend_params(NAMES))
+@pytest.mark.parametrize("padding", ["same", "valid"])
+def test_photometric_every_term_masked(name, padding):
+    dev = device_for(name)
+    x, y = _photo(35, 38, torch.float64 if name != "triton" else torch.float32, dev)
+    m = soft_mask(35, 38, seed=5)
+    w = dict(l1=0.3, l2=0.1, dssim=0.2, l1_gaussian=0.4)
+    loss = splatloss.PhotometricLoss(weights=w, padding=padding, l1_sigma=2.0, reduction="none", backend=name)
+    v, gx, gy = _both_grads(lambda a, b: loss(a, b, mask=m.to(dev, x.dtype)), x, y)
+
+    def truth(a, b):
+        return (
+            0.3 * masked_lp(a, b, m)
+            + 0.1 * masked_lp(a, b, m, p=2)
+            + 0.2 * (1 - masked_ssim(a, b, m, padding=padding))
+            + 0.4 * masked_l1_gaussian(a, b, m, l1_sigma=2.0, padding=padding)
+        )
+
+    tv, tgx, tgy = _both_grads(truth, x.cpu().double(), y.cpu().double())
+    assert abs(v.item() - tv.item()) <= VALUE_TOL
+    assert rel(gx, tgx) <= GRAD_TOL and rel(gy, tgy) <= GRAD_TOL
+    # msssim term separately (needs a bigger image)
+    xb, yb = _photo(161, 165, x.dtype, dev)
+    mb = soft_mask(161, 165, seed=6)
+    ms = splatloss.PhotometricLoss(weights=dict(msssim=1.0), tau=None, backend=name)(xb, yb, mask=mb.to(dev, x.dtype))
+    assert abs(ms.item() - (1 - masked_ms_ssim(xb.cpu(), yb.cpu(), mb)).item()) <= VALUE_TOL
+
+
+def test_unmasked_gaussian_l1_is_the_all_ones_value():
+    x, y = _photo(64, 64, torch.float64, "cpu")
+    loss = splatloss.PhotometricLoss(weights=dict(l1_gaussian=1.0), padding="same")
+    plain = loss(x, y)
+    ones = loss(x, y, mask=torch.ones(64, 64, dtype=torch.float64))
+    assert torch.allclose(plain, ones, rtol=1e-12, atol=0)
+    assert torch.allclose(plain, masked_l1_gaussian(x, y, None, l1_sigma=loss.l1_sigma, padding="same"), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["reference", "torch", "cpu"])
+def test_gradcheck_float64(name):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(1, 2, 12, 13, dtype=torch.float64, generator=g, requires_grad=True)
+    y = torch.rand(1, 2, 12, 13, dtype=torch.float64, generator=g, requires_grad=True)
+    m = soft_mask(12, 13, seed=4)
+    for padding in ("same", "reflect", "valid"):
+        fn = lambda a, b: splatloss.ssim(a, b, mask=m, window_size=5, padding=padding, backend=name)  # noqa: E731
+        assert torch.autograd.gradcheck(fn, (x, y))
+
+
+def test_dssim_with_gradient_masked():
+    x, y = _photo(31, 30, torch.float64, "cpu")
+    m = soft_mask(31, 30, seed=7)
+    value, g = splatloss.dssim_with_gradient(x, y, mask=m, padding="same")
+    tv, tg, _ = _both_grads(lambda a, b: 1 - masked_ssim(a, b, m, padding="same"), x, y)
+    assert abs(value.item() - tv.item()) <= 1e-12 and rel(g, tg) <= 1e-10
