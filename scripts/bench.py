@@ -55,7 +55,7 @@ import torch  # noqa: E402
 
 from splatloss._atomic import atomic_output  # noqa: E402
 
-OPS = ("ssim", "ms_ssim", "dssim_l1")
+OPS = ("ssim", "ms_ssim", "dssim_l1", "dssim_l1_masked")
 MODES = ("fwdbwd", "fwd")
 SPLAT_LIBS = ("splatloss-torch", "splatloss-torch-ops", "splatloss-reference", "splatloss-triton")
 PEER_LIBS = ("pytorch_msssim", "piq", "torchmetrics", "kornia", "fused_ssim")
@@ -88,9 +88,26 @@ def _splat(backend: str, op: str, device: str, plain_torch: bool = False):
         fn = lambda x, y: 1 - SF.ssim(x, y, backend=backend)  # noqa: E731
     elif op == "ms_ssim":
         fn = lambda x, y: 1 - SF.ms_ssim(x, y, backend=backend)  # noqa: E731
+    elif op == "dssim_l1_masked":  # 3DGS's loss with a soft (1, 1, H, W) alpha mask
+        masks = {}
+
+        def fn(x, y):
+            key = tuple(x.shape[-2:])
+            if key not in masks:
+                masks[key] = alpha_mask(*key, device=x.device)
+            return SF.dssim_l1(x, y, LAM, padding="same", backend=backend, mask=masks[key])
+
     else:  # 3DGS's loss: zero ("same") padding
         fn = lambda x, y: SF.dssim_l1(x, y, LAM, padding="same", backend=backend)  # noqa: E731
     return fn
+
+
+def alpha_mask(h: int, w: int, device="cpu") -> torch.Tensor:
+    """A soft ``(1, 1, H, W)`` alpha: an object in the middle (1), transparent background (0), a soft edge."""
+    yy = torch.linspace(-1, 1, h, device=device)[:, None]
+    xx = torch.linspace(-1, 1, w, device=device)[None, :]
+    r = (xx * xx + 1.5 * yy * yy).sqrt()
+    return torch.sigmoid(20 * (0.6 - r))[None, None]
 
 
 def _pytorch_msssim(op: str, device: str):
@@ -177,6 +194,8 @@ def _compiled_reference(op: str, device: str):
 
 def make_loss(lib: str, op: str, device: str):
     """``loss(x, y)`` for ``lib`` and ``op``; raises :class:`Unavailable` with the reason."""
+    if op == "dssim_l1_masked" and not lib.startswith("splatloss"):
+        raise Unavailable("takes no mask (multiplying the images by it is a different loss)")
     if lib == "splatloss-torch":  # what "auto" runs: the C kernel on the CPU, torch ops elsewhere
         return _splat("cpu" if device == "cpu" else "torch", op, device)
     if lib == "splatloss-torch-ops":
