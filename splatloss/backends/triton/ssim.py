@@ -551,7 +551,7 @@ _map_op.register_autograd(_map_backward, setup_context=_save)
 
 
 # ------------------------------------------------------------------------------------------------
-# Backend entry points (docs/CONTRACT.md)
+# Backend entry points (splatloss/backends/base.py)
 # ------------------------------------------------------------------------------------------------
 
 
