@@ -138,6 +138,8 @@ def _torchmetrics(op: str, device: str):
     try:
         from torchmetrics.functional.image import (
             multiscale_structural_similarity_index_measure as tm_ms,
+        )
+        from torchmetrics.functional.image import (
             structural_similarity_index_measure as tm_ssim,
         )
     except ImportError as exc:
@@ -175,8 +177,8 @@ def _fused_ssim(op: str, device: str):
         raise Unavailable("has no MS-SSIM")
     if op == "ssim":
         return lambda x, y: 1 - fused_ssim(x, y, padding="valid", train=torch.is_grad_enabled())
-    return lambda x, y: (1 - LAM) * (x - y).abs().mean() + LAM * (
-        1 - fused_ssim(x, y, padding="same", train=torch.is_grad_enabled())
+    return lambda x, y: (
+        (1 - LAM) * (x - y).abs().mean() + LAM * (1 - fused_ssim(x, y, padding="same", train=torch.is_grad_enabled()))
     )
 
 
@@ -264,8 +266,18 @@ def time_config(libs, op, mode, shape, dtype, device, repeats, warmup, baseline)
     x, y = make_inputs(b, c, h, w, dtype, device)
     calls, records = {}, {}
     for lib in libs:
-        rec = dict(op=op, mode=mode, lib=lib, batch=b, channels=c, height=h, width=w,
-                   dtype=str(dtype).replace("torch.", ""), device=device, threads=torch.get_num_threads())
+        rec = dict(
+            op=op,
+            mode=mode,
+            lib=lib,
+            batch=b,
+            channels=c,
+            height=h,
+            width=w,
+            dtype=str(dtype).replace("torch.", ""),
+            device=device,
+            threads=torch.get_num_threads(),
+        )
         records[lib] = rec
         try:
             call = make_call(make_loss(lib, op, device), x, y, mode)
@@ -358,11 +370,26 @@ def memory_child(lib, op, mode, shape, dtype, device):
 
 def run_memory(lib, op, mode, shape, dtype, device, threads):
     env = dict(os.environ)
-    env.update(MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="65536",
-               OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env.update(
+        MALLOC_MMAP_THRESHOLD_="65536",
+        MALLOC_TRIM_THRESHOLD_="65536",
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+    )
     b, c, h, w = shape
-    cmd = [sys.executable, os.path.abspath(__file__), "--_memory-child", lib, op, mode,
-           f"{b}x{c}x{h}x{w}", str(dtype).replace("torch.", ""), device, "--threads", str(threads)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--_memory-child",
+        lib,
+        op,
+        mode,
+        f"{b}x{c}x{h}x{w}",
+        str(dtype).replace("torch.", ""),
+        device,
+        "--threads",
+        str(threads),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -389,8 +416,16 @@ def run_cold_start(op, shape, dtype, threads):
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, SPLATLOSS_CACHE_DIR=cache, OMP_NUM_THREADS=str(threads))
         b, c, h, w = shape
-        cmd = [sys.executable, os.path.abspath(__file__), "--_cold-child", op, f"{b}x{c}x{h}x{w}",
-               str(dtype).replace("torch.", ""), "--threads", str(threads)]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--_cold-child",
+            op,
+            f"{b}x{c}x{h}x{w}",
+            str(dtype).replace("torch.", ""),
+            "--threads",
+            str(threads),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -404,8 +439,14 @@ def run_cold_start(op, shape, dtype, threads):
 
 
 def machine_info(device):
-    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpu": platform.processor(), "logical_cpus": os.cpu_count(), "threads": torch.get_num_threads()}
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor(),
+        "logical_cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+    }
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -426,8 +467,10 @@ def _fmt_mb(b):
 def print_table(results, baseline, file=sys.stdout):
     key = f"speedup_vs_{baseline}"
     mkey = f"memory_ratio_vs_{baseline}"
-    head = (f"{'op':9} {'mode':6} {'shape':16} {'library':21} {'median ms':>10} {'x ' + baseline[:14]:>17} "
-            f"{'cpu ms':>8} {'peak MB':>8} {'x mem':>6} {'first ms':>9}")
+    head = (
+        f"{'op':9} {'mode':6} {'shape':16} {'library':21} {'median ms':>10} {'x ' + baseline[:14]:>17} "
+        f"{'cpu ms':>8} {'peak MB':>8} {'x mem':>6} {'first ms':>9}"
+    )
     print(head, file=file)
     print("-" * len(head), file=file)
     for r in results:
@@ -437,8 +480,11 @@ def print_table(results, baseline, file=sys.stdout):
             mem = _fmt_mb(r.get("peak_added_bytes"))
             mratio = f"{r[mkey]:.1f}" if mkey in r else ""
             cpu = f"{r['cpu_median_ms']:.1f}" if "cpu_median_ms" in r else ""
-            print(f"{r['op']:9} {r['mode']:6} {shape:16} {r['lib']:21} {r['median_ms']:10.2f} {ratio:>17} "
-                  f"{cpu:>8} {mem:>8} {mratio:>6} {r.get('first_call_ms', 0):9.0f}", file=file)
+            print(
+                f"{r['op']:9} {r['mode']:6} {shape:16} {r['lib']:21} {r['median_ms']:10.2f} {ratio:>17} "
+                f"{cpu:>8} {mem:>8} {mratio:>6} {r.get('first_call_ms', 0):9.0f}",
+                file=file,
+            )
         else:
             why = r.get("skipped") or r.get("error", "")
             print(f"{r['op']:9} {r['mode']:6} {shape:16} {r['lib']:21} {'-':>10}  ({why[:70]})", file=file)
@@ -448,7 +494,8 @@ def markdown_table(results, baseline):
     """The timed records as a GitHub-flavoured markdown table (what README / docs show)."""
     key, ckey, mkey = f"speedup_vs_{baseline}", f"cpu_speedup_vs_{baseline}", f"memory_ratio_vs_{baseline}"
     lines = [
-        f"| op | mode | B x C x H x W | library | wall ms (median) | x {baseline} | CPU ms (median) | x {baseline} (CPU) "
+        f"| op | mode | B x C x H x W | library | wall ms (median) | x {baseline} | CPU ms (median) | x {baseline} "
+        f"(CPU) "
         f"| added peak MiB | x less memory |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
@@ -459,11 +506,16 @@ def markdown_table(results, baseline):
         mem = r.get("peak_added_bytes")
         lines.append(
             f"| {r['op']} | {r['mode']} | {shape} | {r['lib']} | {r['median_ms']:.1f} | "
-            + (f"{r[key]:.1f}" if key in r else "") + " | "
-            + (f"{r['cpu_median_ms']:.1f}" if "cpu_median_ms" in r else "") + " | "
-            + (f"{r[ckey]:.1f}" if ckey in r else "") + " | "
-            + ("" if mem is None else f"{mem / 2**20:.1f}") + " | "
-            + (f"{r[mkey]:.1f}" if mkey in r else "") + " |"
+            + (f"{r[key]:.1f}" if key in r else "")
+            + " | "
+            + (f"{r['cpu_median_ms']:.1f}" if "cpu_median_ms" in r else "")
+            + " | "
+            + (f"{r[ckey]:.1f}" if ckey in r else "")
+            + " | "
+            + ("" if mem is None else f"{mem / 2**20:.1f}")
+            + " | "
+            + (f"{r[mkey]:.1f}" if mkey in r else "")
+            + " |"
         )
     return "\n".join(lines)
 
@@ -488,8 +540,11 @@ def plot(results, path, baseline):
         if not rows:
             rows = [r for r in results if r["op"] == op and "median_ms" in r]
         for lib in [l for l in ALL_LIBS if any(r["lib"] == l for r in rows)]:
-            pts = sorted((r["batch"] * r["channels"] * r["height"] * r["width"] / 1e6, r["median_ms"])
-                         for r in rows if r["lib"] == lib)
+            pts = sorted(
+                (r["batch"] * r["channels"] * r["height"] * r["width"] / 1e6, r["median_ms"])
+                for r in rows
+                if r["lib"] == lib
+            )
             color = plt.get_cmap("tab10")(ALL_LIBS.index(lib) % 10)  # one colour per library everywhere
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=lib, color=color)
         ax.set_xscale("log")
@@ -523,31 +578,45 @@ def _size(s):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--sizes", default="256x256,720x1280", help="HxW list (default: 256x256,720x1280)")
     p.add_argument("--channels", default="3", help="channel counts, e.g. 1,3")
     p.add_argument("--batch", default="1", help="batch sizes, e.g. 1,8")
     p.add_argument("--ops", default=",".join(OPS), help=f"subset of {','.join(OPS)}")
     p.add_argument("--modes", default=",".join(MODES), help="fwdbwd (forward+backward) and/or fwd (forward, no graph)")
-    p.add_argument("--libs", default=",".join(DEFAULT_LIBS),
-                   help=f"subset of {','.join(ALL_LIBS)} (default: all but {','.join(EXTRA_LIBS)})")
+    p.add_argument(
+        "--libs",
+        default=",".join(DEFAULT_LIBS),
+        help=f"subset of {','.join(ALL_LIBS)} (default: all but {','.join(EXTRA_LIBS)})",
+    )
     p.add_argument("--baseline", default="pytorch_msssim", help="library the ratios are taken against")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "float64"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (and OMP/MKL); default: torch's own choice (recorded in the results)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (and OMP/MKL); default: torch's own choice (recorded in the results)",
+    )
     p.add_argument("--repeats", type=int, default=7, help="timed rounds per configuration (median taken)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per library after the first")
     p.add_argument("--memory", action="store_true", help="added peak memory per library, fresh process each")
     p.add_argument("--memory-modes", default="fwdbwd", help="modes to measure memory for (default fwdbwd)")
-    p.add_argument("--cold-start", action="store_true",
-                   help="first-call time of splatloss-torch (first op, last shape) in a fresh process with an empty kernel cache")
+    p.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="first-call time of splatloss-torch (first op, last shape) in a fresh process with an empty kernel cache",
+    )
     p.add_argument("--full", action="store_true", help="sizes 256x256..1080x1920, channels 1,3, batch 1,8")
     p.add_argument("--json", help="write every record (and the machine) to this JSON file")
     p.add_argument("--plot", help="write a plot of time against size to this image file")
-    p.add_argument("--markdown", metavar="JSON",
-                   help="print the records of a --json file as a markdown table (and --plot them) and exit")
+    p.add_argument(
+        "--markdown",
+        metavar="JSON",
+        help="print the records of a --json file as a markdown table (and --plot them) and exit",
+    )
     p.add_argument("--_memory-child", nargs=6, help=argparse.SUPPRESS)
     p.add_argument("--_cold-child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -564,8 +633,9 @@ def main(argv=None):
     args.threads = torch.get_num_threads()
     if args._memory_child:
         lib, op, mode, shape, dt, device = args._memory_child
-        print(json.dumps(memory_child(lib, op, mode, tuple(int(v) for v in shape.split("x")),
-                                      getattr(torch, dt), device)))
+        print(
+            json.dumps(memory_child(lib, op, mode, tuple(int(v) for v in shape.split("x")), getattr(torch, dt), device))
+        )
         return 0
     if args.markdown:
         payload = json.loads(Path(args.markdown).read_text())
@@ -618,8 +688,16 @@ def main(argv=None):
     print("\n# summary (all configurations)")
     print_table(results, args.baseline)
     if args.json:
-        write_json(args.json, {"machine": machine_info(args.device), "argv": sys.argv[1:],
-                               "baseline": args.baseline, "results": results, "cold_start": cold})
+        write_json(
+            args.json,
+            {
+                "machine": machine_info(args.device),
+                "argv": sys.argv[1:],
+                "baseline": args.baseline,
+                "results": results,
+                "cold_start": cold,
+            },
+        )
         print(f"wrote {args.json}")
     if args.plot:
         plot(results, args.plot, args.baseline)

@@ -85,19 +85,50 @@ def cases(quick: bool = False) -> List[Case]:
         lanes = _common.cuda_lanes(kp)
         F = lanes if F is None else F
         pad = 0 if padding == "valid" else K // 2
-        const = dict(K=K, KP=kp, PAD=pad, REFLECT=padding == "reflect", F=F, BW=lanes,
-                     WRITE_MAP=mode != "stats", WRITE_CS=mode == "map_cs", HAS_L1=l1)
+        const = dict(
+            K=K,
+            KP=kp,
+            PAD=pad,
+            REFLECT=padding == "reflect",
+            F=F,
+            BW=lanes,
+            WRITE_MAP=mode != "stats",
+            WRITE_CS=mode == "map_cs",
+            HAS_L1=l1,
+        )
         out.append(Case(label, ssim_mod._ssim_fwd_kernel, const, dtype, _common.cuda_warps(kp)))
 
-    def bwd(label, K, padding, dtype="fp32", F=None, upstream_map=False, cs=True, l1=False,
-            need1=True, need2=True, sums=False):
+    def bwd(
+        label,
+        K,
+        padding,
+        dtype="fp32",
+        F=None,
+        upstream_map=False,
+        cs=True,
+        l1=False,
+        need1=True,
+        need2=True,
+        sums=False,
+    ):
         kp = triton.next_power_of_2(K)
         lanes = _common.cuda_lanes(kp)
         F = lanes if F is None else F
         pad = 0 if padding == "valid" else K // 2
-        const = dict(K=K, KP=kp, PAD=pad, REFLECT=padding == "reflect", F=F, BW=lanes,
-                     UPSTREAM_MAP=upstream_map, HAS_CS=cs, HAS_L1=l1, NEED1=need1, NEED2=need2,
-                     WRITE_SUMS=sums)
+        const = dict(
+            K=K,
+            KP=kp,
+            PAD=pad,
+            REFLECT=padding == "reflect",
+            F=F,
+            BW=lanes,
+            UPSTREAM_MAP=upstream_map,
+            HAS_CS=cs,
+            HAS_L1=l1,
+            NEED1=need1,
+            NEED2=need2,
+            WRITE_SUMS=sums,
+        )
         out.append(Case(label, ssim_mod._ssim_bwd_kernel, const, dtype, _common.cuda_warps(kp)))
 
     # every window size, heaviest flags
@@ -136,8 +167,9 @@ def resource_usage(cubin: bytes) -> Dict[str, int]:
         fh.write(cubin)
         path = fh.name
     try:
-        text = subprocess.run([CUOBJDUMP, "--dump-resource-usage", path], capture_output=True,
-                              text=True, check=True).stdout
+        text = subprocess.run(
+            [CUOBJDUMP, "--dump-resource-usage", path], capture_output=True, text=True, check=True
+        ).stdout
     finally:
         os.unlink(path)
     line = next(ln for ln in text.splitlines() if "REG:" in ln)
@@ -158,9 +190,14 @@ def main(argv=None) -> int:
         for arch in args.arch:
             t0 = time.perf_counter()
             try:
-                src = ASTSource(fn=case.fn, signature=_signature(case.fn, case.constexprs, case.dtype),
-                                constexprs=case.constexprs)
-                k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": case.warps, "maxnreg": _common.MAXNREG})
+                src = ASTSource(
+                    fn=case.fn, signature=_signature(case.fn, case.constexprs, case.dtype), constexprs=case.constexprs
+                )
+                k = triton.compile(
+                    src,
+                    target=GPUTarget("cuda", arch, 32),
+                    options={"num_warps": case.warps, "maxnreg": _common.MAXNREG},
+                )
                 use = resource_usage(k.asm["cubin"])
             except Exception as exc:  # a compile error is a failure of this check, reported per case
                 failures.append(f"{case.label} sm_{arch}: compile failed: {type(exc).__name__}: {exc}")
@@ -176,14 +213,21 @@ def main(argv=None) -> int:
             if smem > SHARED_LIMIT[arch]:
                 failures.append(f"{case.label} sm_{arch}: {smem} B shared > {SHARED_LIMIT[arch]}")
                 flag += "  SMEM"
-            print(f"{case.label:<40} {arch:>3} {case.warps:>5} {use['REG']:>5} {spill:>7} {smem:>7} "
-                  f"{SHARED_LIMIT[arch]:>7} {dt:>5.1f}{flag}", flush=True)
+            print(
+                f"{case.label:<40} {arch:>3} {case.warps:>5} {use['REG']:>5} {spill:>7} {smem:>7} "
+                f"{SHARED_LIMIT[arch]:>7} {dt:>5.1f}{flag}",
+                flush=True,
+            )
     if failures:
         print(f"\n{len(failures)} problem(s):")
         for f in failures:
             print("  " + f)
         return 1
-    print("\nall kernels compiled for " + ", ".join(f"sm_{a}" for a in args.arch) + ": no spills, shared memory within limits")
+    print(
+        "\nall kernels compiled for "
+        + ", ".join(f"sm_{a}" for a in args.arch)
+        + ": no spills, shared memory within limits"
+    )
     return 0
 
 

@@ -119,7 +119,8 @@ def _check_4d(X, Y):
     for name, t in (("X", X), ("Y", Y)):
         if isinstance(t, torch.Tensor) and t.dim() == 5:
             raise ValueError(
-                f"{name} is 5-D {tuple(t.shape)}: 3-D (volumetric) SSIM is not supported by splatloss.compat; expected (N, C, H, W)"
+                f"{name} is 5-D {tuple(t.shape)}: 3-D (volumetric) SSIM is not supported by splatloss.compat; "
+                f"expected (N, C, H, W)"
             )
         if isinstance(t, torch.Tensor) and t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D (N, C, H, W) tensor, got shape {tuple(t.shape)}")

@@ -110,12 +110,7 @@ def _check_mask(mask, img: torch.Tensor) -> Optional[torch.Tensor]:
         )
     b, c, h, w = img.shape
     m = mask[None, None] if mask.dim() == 2 else mask
-    ok = (
-        m.dim() == 4
-        and tuple(m.shape[-2:]) == (h, w)
-        and m.shape[0] in (1, b)
-        and m.shape[1] in (1, c)
-    )
+    ok = m.dim() == 4 and tuple(m.shape[-2:]) == (h, w) and m.shape[0] in (1, b) and m.shape[1] in (1, c)
     if not ok:
         raise ValueError(
             f"mask must be shaped (B, 1, H, W), (1, 1, H, W), (H, W) or (B, C, H, W) for images of shape "

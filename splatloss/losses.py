@@ -162,7 +162,10 @@ class MSSSIMLoss(nn.Module):
         return _reduce(1 - per_image.reshape(-1), self.reduction, unbatched)
 
     def extra_repr(self) -> str:
-        return f"{self.cfg}, weights={self.weights}, tau={self.tau}, reduction={self.reduction!r}, backend={self.backend!r}"
+        return (
+            f"{self.cfg}, weights={self.weights}, tau={self.tau}, reduction={self.reduction!r}, "
+            f"backend={self.backend!r}"
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -253,8 +256,6 @@ def _weighted_mean(values: torch.Tensor, mask: Optional[torch.Tensor], dims) -> 
     m = mask.expand_as(values)
     # An all-zero mask gives 0 (nothing to compare), never 0/0.
     return (values * m).sum(dim=dims) / m.sum(dim=dims).clamp_min(torch.finfo(values.dtype).tiny)
-
-
 
 
 class PhotometricLoss(nn.Module):
@@ -349,7 +350,12 @@ class PhotometricLoss(nn.Module):
     ):
         super().__init__()
         given = {
-            "l1": l1, "l2": l2, "dssim": dssim, "msssim": msssim, "l1_gaussian": l1_gaussian, "s3im": s3im,
+            "l1": l1,
+            "l2": l2,
+            "dssim": dssim,
+            "msssim": msssim,
+            "l1_gaussian": l1_gaussian,
+            "s3im": s3im,
         }
         w = {name: _check_weight(name, v) for name, v in given.items()}
         if weights is not None:
@@ -373,8 +379,13 @@ class PhotometricLoss(nn.Module):
             raise ValueError(f"l1_sigma must be a finite number > 0, got {l1_sigma!r}")
         self.l1_sigma = float(l1_sigma)
         self.s3im_cfg = S3IMConfig(
-            s3im_kernel_size, s3im_stride, s3im_repeats, s3im_patch_height,
-            data_range=self.cfg.data_range, k1=self.cfg.k1, k2=self.cfg.k2,
+            s3im_kernel_size,
+            s3im_stride,
+            s3im_repeats,
+            s3im_patch_height,
+            data_range=self.cfg.data_range,
+            k1=self.cfg.k1,
+            k2=self.cfg.k2,
         )
         _check_reduction(reduction)
         if not isinstance(backend, str) or backend not in backends.BACKENDS:
@@ -534,11 +545,13 @@ class PhotometricLoss(nn.Module):
         if self.cfg.padding == "valid" and min(diff.shape[-2:]) < k:
             raise ValueError(
                 f"the l1_gaussian term filters with a {k}x{k} Gaussian (l1_sigma={self.l1_sigma}) and padding='valid', "
-                f"so images must be at least {k}x{k}, got {diff.shape[-2]}x{diff.shape[-1]}; use padding='same' or a smaller l1_sigma"
+                f"so images must be at least {k}x{k}, got {diff.shape[-2]}x{diff.shape[-1]}; use padding='same' or "
+                f"a smaller l1_sigma"
             )
         if self.cfg.padding == "reflect" and min(diff.shape[-2:]) <= k // 2:
             raise ValueError(
-                f"the l1_gaussian term mirrors {k // 2} pixels (l1_sigma={self.l1_sigma}) with padding='reflect', so images "
+                f"the l1_gaussian term mirrors {k // 2} pixels (l1_sigma={self.l1_sigma}) with padding='reflect', "
+                f"so images "
                 f"must be at least {k // 2 + 1}x{k // 2 + 1}, got {diff.shape[-2]}x{diff.shape[-1]}; use padding='same'"
             )
         err = diff.abs()

@@ -42,7 +42,12 @@ def to_torch(img: np.ndarray, dtype=torch.float64) -> torch.Tensor:
 def skimage_ssim(a: np.ndarray, b: np.ndarray) -> float:
     return float(
         structural_similarity(
-            a, b, gaussian_weights=True, sigma=1.5, use_sample_covariance=False, data_range=1.0,
+            a,
+            b,
+            gaussian_weights=True,
+            sigma=1.5,
+            use_sample_covariance=False,
+            data_range=1.0,
             channel_axis=-1 if a.ndim == 3 else None,
         )
     )

@@ -18,10 +18,30 @@ def test_bench_smoke_writes_json_and_plot(tmp_path):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     env = dict(os.environ, OMP_NUM_THREADS="1", SPLATLOSS_CACHE_DIR=str(tmp_path / "cache"))
     cmd = [
-        sys.executable, str(BENCH), "--sizes", "176x184", "--channels", "1", "--batch", "2",
-        "--libs", "splatloss-torch,splatloss-reference,splatloss-triton,pytorch_msssim", "--ops", "ssim,ms_ssim",
-        "--repeats", "2", "--warmup", "0", "--threads", "1", "--memory", "--cold-start",
-        "--json", str(out_json), "--plot", str(out_png),
+        sys.executable,
+        str(BENCH),
+        "--sizes",
+        "176x184",
+        "--channels",
+        "1",
+        "--batch",
+        "2",
+        "--libs",
+        "splatloss-torch,splatloss-reference,splatloss-triton,pytorch_msssim",
+        "--ops",
+        "ssim,ms_ssim",
+        "--repeats",
+        "2",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+        "--memory",
+        "--cold-start",
+        "--json",
+        str(out_json),
+        "--plot",
+        str(out_png),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -46,8 +66,9 @@ def test_bench_smoke_writes_json_and_plot(tmp_path):
     assert all(c["first_call_ms"] > 0 and c["second_call_ms"] > 0 for c in cold.values())
     assert out_png.stat().st_size > 1000 and out_png.read_bytes()[:4] == b"\x89PNG"
     assert "splatloss-torch" in proc.stdout and "pytorch_msssim" in proc.stdout
-    md = subprocess.run([sys.executable, str(BENCH), "--markdown", str(out_json)], capture_output=True, text=True,
-                        timeout=120, cwd=ROOT)
+    md = subprocess.run(
+        [sys.executable, str(BENCH), "--markdown", str(out_json)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert md.returncode == 0, md.stderr[-2000:]
     rows = [l for l in md.stdout.splitlines() if l.startswith("| ssim | fwdbwd | 2x1x176x184 | splatloss-torch |")]
     assert len(rows) == 1 and rows[0].count("|") == 11

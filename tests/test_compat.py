@@ -20,7 +20,12 @@ def _pair(shape, seed, scale=1.0, dtype=torch.float32):
 @pytest.mark.parametrize("shape", [(2, 3, 37, 53), (1, 1, 64, 64), (3, 5, 20, 31)])
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(), dict(size_average=False), dict(win_size=7, win_sigma=1.0, K=(0.02, 0.05)), dict(nonnegative_ssim=True, size_average=False)],
+    [
+        dict(),
+        dict(size_average=False),
+        dict(win_size=7, win_sigma=1.0, K=(0.02, 0.05)),
+        dict(nonnegative_ssim=True, size_average=False),
+    ],
 )
 def test_ssim_equals_pytorch_msssim(shape, kwargs):
     x, y = _pair(shape, seed=shape[-1], scale=255.0)  # the package's default data_range=255
@@ -39,7 +44,9 @@ def test_ssim_equals_pytorch_msssim(shape, kwargs):
 
 def test_ssim_data_range_1_and_float64():
     x, y = _pair((1, 3, 30, 33), 1, dtype=torch.float64)
-    torch.testing.assert_close(compat.ssim(x, y, data_range=1.0), pytorch_msssim.ssim(x, y, data_range=1.0), atol=1e-7, rtol=1e-6)
+    torch.testing.assert_close(
+        compat.ssim(x, y, data_range=1.0), pytorch_msssim.ssim(x, y, data_range=1.0), atol=1e-7, rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize("hw", [(161, 161), (163, 171), (176, 192), (201, 167)])
@@ -67,9 +74,15 @@ def test_modules_equal_pytorch_msssim_modules():
     x, y = _pair((2, 3, 165, 170), 4)
     for ours, theirs in (
         (compat.SSIM(data_range=1.0, channel=3), pytorch_msssim.SSIM(data_range=1.0, channel=3)),
-        (compat.SSIM(data_range=1.0, channel=3, size_average=False, win_size=9), pytorch_msssim.SSIM(data_range=1.0, channel=3, size_average=False, win_size=9)),
+        (
+            compat.SSIM(data_range=1.0, channel=3, size_average=False, win_size=9),
+            pytorch_msssim.SSIM(data_range=1.0, channel=3, size_average=False, win_size=9),
+        ),
         (compat.MS_SSIM(data_range=1.0, channel=3), pytorch_msssim.MS_SSIM(data_range=1.0, channel=3)),
-        (compat.MS_SSIM(data_range=1.0, channel=3, weights=[0.5, 0.5]), pytorch_msssim.MS_SSIM(data_range=1.0, channel=3, weights=[0.5, 0.5])),
+        (
+            compat.MS_SSIM(data_range=1.0, channel=3, weights=[0.5, 0.5]),
+            pytorch_msssim.MS_SSIM(data_range=1.0, channel=3, weights=[0.5, 0.5]),
+        ),
     ):
         torch.testing.assert_close(ours(x, y), theirs(x, y), atol=2e-6, rtol=1e-5)
 
@@ -87,7 +100,9 @@ def test_fused_ssim_conventions():
     smap = ((2 * mu1 * mu2 + c1) * (2 * s12 + c2)) / ((mu1**2 + mu2**2 + c1) * (s1 + s2 + c2))
     torch.testing.assert_close(compat.fused_ssim(x, y).double(), smap.mean(), atol=2e-6, rtol=1e-5)
     # "valid" is the same map with the 5-pixel border cropped, as fused-ssim does
-    torch.testing.assert_close(compat.fused_ssim(x, y, padding="valid").double(), smap[..., 5:-5, 5:-5].mean(), atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        compat.fused_ssim(x, y, padding="valid").double(), smap[..., 5:-5, 5:-5].mean(), atol=2e-6, rtol=1e-5
+    )
     assert splatloss.fused_ssim is compat.fused_ssim
 
 
@@ -109,19 +124,47 @@ X = torch.rand(1, 3, 32, 32)
 @pytest.mark.parametrize(
     "call,exc,message",
     [
-        (lambda: compat.fused_ssim(X, X, padding="reflect"), ValueError, r"padding must be 'same' or 'valid' \(as fused-ssim\), got 'reflect'"),
+        (
+            lambda: compat.fused_ssim(X, X, padding="reflect"),
+            ValueError,
+            r"padding must be 'same' or 'valid' \(as fused-ssim\), got 'reflect'",
+        ),
         (lambda: compat.fused_ssim(X, X, train="yes"), TypeError, "train must be a bool, got str"),
-        (lambda: compat.ssim(X, X, win=torch.ones(3, 1, 1, 11)), ValueError, "win \\(a custom window tensor\\) is not supported by splatloss.compat"),
+        (
+            lambda: compat.ssim(X, X, win=torch.ones(3, 1, 1, 11)),
+            ValueError,
+            "win \\(a custom window tensor\\) is not supported by splatloss.compat",
+        ),
         (lambda: compat.ssim(X, X, K=(0.01,)), ValueError, r"K must be a pair \(K1, K2\), got \(0.01,\)"),
         (lambda: compat.ssim(X, X, win_size=10), ValueError, "window_size must be an odd integer >= 3, got 10"),
-        (lambda: compat.ssim(X[None], X[None]), ValueError, r"X is 5-D \(1, 1, 3, 32, 32\): 3-D \(volumetric\) SSIM is not supported"),
-        (lambda: compat.ssim(X[0], X[0]), ValueError, r"X must be a 4-D \(N, C, H, W\) tensor, got shape \(3, 32, 32\)"),
-        (lambda: compat.ms_ssim(X, X), ValueError,
-         r"Image size should be larger than 160 due to the 4 downsamplings in ms-ssim \(as pytorch_msssim\), got \(32, 32\)"),
+        (
+            lambda: compat.ssim(X[None], X[None]),
+            ValueError,
+            r"X is 5-D \(1, 1, 3, 32, 32\): 3-D \(volumetric\) SSIM is not supported",
+        ),
+        (
+            lambda: compat.ssim(X[0], X[0]),
+            ValueError,
+            r"X must be a 4-D \(N, C, H, W\) tensor, got shape \(3, 32, 32\)",
+        ),
+        (
+            lambda: compat.ms_ssim(X, X),
+            ValueError,
+            r"Image size should be larger than 160 due to the 4 downsamplings in ms-ssim \(as pytorch_msssim\), got "
+            r"\(32, 32\)",
+        ),
         (lambda: compat.SSIM(channel=0), ValueError, "channel must be an integer >= 1, got 0"),
         (lambda: compat.MS_SSIM(spatial_dims=3), ValueError, "spatial_dims must be 2 .* got 3"),
-        (lambda: compat.SSIM(channel=1)(X, X), ValueError, r"this module was built for channel=1, got an input with 3 channels \(1, 3, 32, 32\)"),
-        (lambda: compat.MS_SSIM(weights=[-0.1, 1.0]), ValueError, r"weights must be finite and >= 0, got weights\[0\] = -0.1"),
+        (
+            lambda: compat.SSIM(channel=1)(X, X),
+            ValueError,
+            r"this module was built for channel=1, got an input with 3 channels \(1, 3, 32, 32\)",
+        ),
+        (
+            lambda: compat.MS_SSIM(weights=[-0.1, 1.0]),
+            ValueError,
+            r"weights must be finite and >= 0, got weights\[0\] = -0.1",
+        ),
     ],
 )
 def test_error_messages(call, exc, message):

@@ -32,7 +32,7 @@ def test_gaussian_window():
     w = cfg.window_1d(torch.float64)
     assert w.shape == (7,) and float(w.sum()) == pytest.approx(1.0, abs=1e-15)
     torch.testing.assert_close(w, w.flip(0))
-    expected = torch.tensor([math.exp(-(i - 3) ** 2 / (2 * 1.2**2)) for i in range(7)], dtype=torch.float64)
+    expected = torch.tensor([math.exp(-((i - 3) ** 2) / (2 * 1.2**2)) for i in range(7)], dtype=torch.float64)
     torch.testing.assert_close(w, expected / expected.sum())
     assert cfg.window_1d(torch.float16).dtype == torch.float16
 

@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+from _truth import distort, photo, skimage_ssim, tf_ms_ssim, to_torch
 
 import splatloss
-from _truth import TF_WEIGHTS, distort, photo, skimage_ssim, tf_ms_ssim, to_torch
 from splatloss import backends, functional
 
 BACKENDS = ["torch", "reference"]
@@ -22,7 +22,12 @@ BACKENDS = ["torch", "reference"]
 
 @pytest.mark.parametrize(
     "name,top,left,h,w",
-    [("astronaut", 30, 200, 57, 64), ("coffee", 150, 300, 48, 77), ("chelsea", 120, 200, 61, 61), ("astronaut", 0, 300, 47, 61)],
+    [
+        ("astronaut", 30, 200, 57, 64),
+        ("coffee", 150, 300, 48, 77),
+        ("chelsea", 120, 200, 61, 61),
+        ("astronaut", 0, 300, 47, 61),
+    ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_ssim_equals_skimage(name, top, left, h, w, dtype):
@@ -74,9 +79,7 @@ def test_reductions_and_unbatched(backend):
     assert none.shape == (3,)
     torch.testing.assert_close(splatloss.ssim(x, y, backend=backend), none.mean())
     torch.testing.assert_close(splatloss.ssim(x, y, reduction="sum", backend=backend), none.sum())
-    torch.testing.assert_close(
-        none, splatloss.ssim_map(x, y, backend=backend).mean(dim=(1, 2, 3))
-    )
+    torch.testing.assert_close(none, splatloss.ssim_map(x, y, backend=backend).mean(dim=(1, 2, 3)))
     # unbatched (C, H, W): the batch dimension is dropped again
     assert splatloss.ssim(x[0], y[0], reduction="none", backend=backend).shape == ()
     torch.testing.assert_close(splatloss.ssim(x[0], y[0], backend=backend), none[0])
@@ -173,7 +176,9 @@ def test_auto_takes_triton_only_for_cuda_tensors_that_are_not_float64():
 def test_triton_on_cpu_without_interpreter_is_an_error(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     x = torch.rand(1, 1, 12, 12)
-    with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors, got a tensor on cpu; .*TRITON_INTERPRET=1"):
+    with pytest.raises(
+        ValueError, match="backend='triton' needs CUDA tensors, got a tensor on cpu; .*TRITON_INTERPRET=1"
+    ):
         splatloss.ssim(x, x, backend="triton")
 
 
@@ -185,7 +190,13 @@ def test_triton_missing_is_an_error(monkeypatch):
     monkeypatch.setattr(backends, "_triton_error", None)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     x = torch.rand(1, 1, 12, 12)
-    with pytest.raises(ValueError, match=r"backend='triton' is not available: importing splatloss.backends.triton failed \((ModuleNotFoundError|ImportError)"):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"backend='triton' is not available: importing splatloss.backends.triton failed "
+            r"\((ModuleNotFoundError|ImportError)"
+        ),
+    ):
         splatloss.ssim(x, x, backend="triton")
     assert backends.available()["triton"] is False
 
@@ -214,53 +225,130 @@ X = torch.rand(1, 3, 16, 16)
     [
         (lambda: splatloss.ssim([1.0], X), TypeError, "img1 must be a torch.Tensor, got list"),
         (lambda: splatloss.ssim(X, X.numpy()), TypeError, "img2 must be a torch.Tensor, got ndarray"),
-        (lambda: splatloss.ssim((X * 255).to(torch.uint8), X), TypeError,
-         r"img1 must have a floating dtype \(float16, bfloat16, float32 or float64\), got torch.uint8"),
+        (
+            lambda: splatloss.ssim((X * 255).to(torch.uint8), X),
+            TypeError,
+            r"img1 must have a floating dtype \(float16, bfloat16, float32 or float64\), got torch.uint8",
+        ),
         (lambda: splatloss.ssim(X, X.long()), TypeError, "img2 must have a floating dtype .* got torch.int64"),
-        (lambda: splatloss.ssim(X[0, 0], X[0, 0]), ValueError,
-         r"img1 must be a \(B, C, H, W\) or \(C, H, W\) tensor, got shape \(16, 16\) \(2 dims\)"),
+        (
+            lambda: splatloss.ssim(X[0, 0], X[0, 0]),
+            ValueError,
+            r"img1 must be a \(B, C, H, W\) or \(C, H, W\) tensor, got shape \(16, 16\) \(2 dims\)",
+        ),
         (lambda: splatloss.ssim(X[None], X[None]), ValueError, r"got shape \(1, 1, 3, 16, 16\) \(5 dims\)"),
-        (lambda: splatloss.ssim(X, X[..., :15]), ValueError,
-         r"img1 and img2 must have the same shape, got \(1, 3, 16, 16\) and \(1, 3, 16, 15\)"),
-        (lambda: splatloss.ssim(X, torch.empty(1, 3, 16, 16, device="meta")), ValueError,
-         "img1 and img2 must be on the same device, got cpu and meta"),
-        (lambda: splatloss.ssim(X[..., :10, :], X[..., :10, :]), ValueError,
-         r"images must be at least 11x11 because the window \(window_size=11\) must fit inside them with padding='valid', got 10x16"),
-        (lambda: splatloss.ssim(X[..., :5], X[..., :5], padding="reflect"), ValueError,
-         r"images must be at least 6x6 because padding='reflect' mirrors window_size // 2 = 5 pixels, got 16x5"),
+        (
+            lambda: splatloss.ssim(X, X[..., :15]),
+            ValueError,
+            r"img1 and img2 must have the same shape, got \(1, 3, 16, 16\) and \(1, 3, 16, 15\)",
+        ),
+        (
+            lambda: splatloss.ssim(X, torch.empty(1, 3, 16, 16, device="meta")),
+            ValueError,
+            "img1 and img2 must be on the same device, got cpu and meta",
+        ),
+        (
+            lambda: splatloss.ssim(X[..., :10, :], X[..., :10, :]),
+            ValueError,
+            r"images must be at least 11x11 because the window \(window_size=11\) must fit inside them with "
+            r"padding='valid', got 10x16",
+        ),
+        (
+            lambda: splatloss.ssim(X[..., :5], X[..., :5], padding="reflect"),
+            ValueError,
+            r"images must be at least 6x6 because padding='reflect' mirrors window_size // 2 = 5 pixels, got 16x5",
+        ),
         (lambda: splatloss.ssim(X, X, window_size=8), ValueError, "window_size must be an odd integer >= 3, got 8"),
         (lambda: splatloss.ssim(X, X, window_size=1), ValueError, "window_size must be an odd integer >= 3, got 1"),
         (lambda: splatloss.ssim(X, X, sigma=0.0), ValueError, "sigma must be a finite number > 0, got 0.0"),
         (lambda: splatloss.ssim(X, X, data_range=0), ValueError, "data_range must be a finite number > 0, got 0.0"),
-        (lambda: splatloss.ssim(X, X, data_range=-255), ValueError, "data_range must be a finite number > 0, got -255.0"),
-        (lambda: splatloss.ssim(X, X, padding="zero"), ValueError, r"padding must be one of \('valid', 'same', 'reflect'\), got 'zero'"),
-        (lambda: splatloss.ssim(X, X, reduction="avg"), ValueError, r"reduction must be one of \('mean', 'sum', 'none'\), got 'avg'"),
-        (lambda: splatloss.ssim(X, X, backend="cuda"), ValueError,
-         r"backend must be one of \('auto', 'reference', 'torch', 'cpu', 'triton'\), got 'cuda'"),
-        (lambda: splatloss.ms_ssim(X, X), ValueError,
-         r"ms_ssim with 5 scales, window_size=11 and padding='valid' needs images of at least 161x161 \(the coarsest scale, "
-         r"1/16 of the size, must be at least 11 pixels\), got 16x16; use fewer scales \(a shorter weights sequence, e.g. "
-         r"weights=\(0.0448, 0.2856, 0.3001\)\), a smaller window_size, or padding='same'"),
+        (
+            lambda: splatloss.ssim(X, X, data_range=-255),
+            ValueError,
+            "data_range must be a finite number > 0, got -255.0",
+        ),
+        (
+            lambda: splatloss.ssim(X, X, padding="zero"),
+            ValueError,
+            r"padding must be one of \('valid', 'same', 'reflect'\), got 'zero'",
+        ),
+        (
+            lambda: splatloss.ssim(X, X, reduction="avg"),
+            ValueError,
+            r"reduction must be one of \('mean', 'sum', 'none'\), got 'avg'",
+        ),
+        (
+            lambda: splatloss.ssim(X, X, backend="cuda"),
+            ValueError,
+            r"backend must be one of \('auto', 'reference', 'torch', 'cpu', 'triton'\), got 'cuda'",
+        ),
+        (
+            lambda: splatloss.ms_ssim(X, X),
+            ValueError,
+            r"ms_ssim with 5 scales, window_size=11 and padding='valid' needs images of at least 161x161 \(the "
+            r"coarsest scale, "
+            r"1/16 of the size, must be at least 11 pixels\), got 16x16; use fewer scales \(a shorter weights "
+            r"sequence, e.g. "
+            r"weights=\(0.0448, 0.2856, 0.3001\)\), a smaller window_size, or padding='same'",
+        ),
         (lambda: splatloss.ms_ssim(X, X, padding="reflect"), ValueError, "needs images of at least 81x81"),
-        (lambda: splatloss.ms_ssim(X, X, weights=[0.5, -0.5], padding="same"), ValueError,
-         r"weights must be finite and >= 0, got weights\[1\] = -0.5"),
-        (lambda: splatloss.ms_ssim(X, X, weights=[], padding="same"), ValueError,
-         "weights must have one entry per scale \\(at least 1\\), got an empty sequence"),
-        (lambda: splatloss.ms_ssim(X, X, weights=torch.ones(2, 2), padding="same"), ValueError,
-         r"weights must be a 1-D sequence of scale weights, got a tensor of shape \(2, 2\)"),
-        (lambda: splatloss.ms_ssim(X, X, weights=0.5, padding="same"), TypeError,
-         "weights must be a sequence of numbers \\(one per scale\\), got float"),
-        (lambda: splatloss.ms_ssim(X, X, weights=[0.0, 0.0], padding="same"), ValueError, r"weights must not all be zero, got \(0.0, 0.0\)"),
-        (lambda: splatloss.ms_ssim(X, X, weights=["a"], padding="same"), TypeError, r"weights\[0\] must be a real number, got 'a' \(str\)"),
-        (lambda: splatloss.ms_ssim(X, X, tau=0.0, padding="same"), ValueError, r"tau must be a number in \(0, 1\) or None, got 0.0"),
+        (
+            lambda: splatloss.ms_ssim(X, X, weights=[0.5, -0.5], padding="same"),
+            ValueError,
+            r"weights must be finite and >= 0, got weights\[1\] = -0.5",
+        ),
+        (
+            lambda: splatloss.ms_ssim(X, X, weights=[], padding="same"),
+            ValueError,
+            "weights must have one entry per scale \\(at least 1\\), got an empty sequence",
+        ),
+        (
+            lambda: splatloss.ms_ssim(X, X, weights=torch.ones(2, 2), padding="same"),
+            ValueError,
+            r"weights must be a 1-D sequence of scale weights, got a tensor of shape \(2, 2\)",
+        ),
+        (
+            lambda: splatloss.ms_ssim(X, X, weights=0.5, padding="same"),
+            TypeError,
+            "weights must be a sequence of numbers \\(one per scale\\), got float",
+        ),
+        (
+            lambda: splatloss.ms_ssim(X, X, weights=[0.0, 0.0], padding="same"),
+            ValueError,
+            r"weights must not all be zero, got \(0.0, 0.0\)",
+        ),
+        (
+            lambda: splatloss.ms_ssim(X, X, weights=["a"], padding="same"),
+            TypeError,
+            r"weights\[0\] must be a real number, got 'a' \(str\)",
+        ),
+        (
+            lambda: splatloss.ms_ssim(X, X, tau=0.0, padding="same"),
+            ValueError,
+            r"tau must be a number in \(0, 1\) or None, got 0.0",
+        ),
         (lambda: splatloss.dssim_l1(X, X, lam=1.5), ValueError, r"lam must be a number in \[0, 1\], got 1.5"),
-        (lambda: splatloss.dssim_with_gradient(X, X, reduction="none"), ValueError,
-         "reduction must be 'mean' or 'sum' for dssim_with_gradient, got 'none'"),
-        (lambda: splatloss.dssim_with_gradient(X, X, grad=torch.empty(1, 3, 16, 15)), ValueError,
-         r"grad must be a floating tensor shaped like img1 \(1, 3, 16, 16\) on cpu, got shape \(1, 3, 16, 15\), dtype torch.float32 on cpu"),
-        (lambda: splatloss.dssim_with_gradient(X, X, grad=[0.0]), TypeError, "grad must be a torch.Tensor or None, got list"),
-        (lambda: splatloss.dssim_with_gradient(X, X, windowsize=7), TypeError,
-         r"dssim_with_gradient got unexpected keyword arguments \['windowsize'\]"),
+        (
+            lambda: splatloss.dssim_with_gradient(X, X, reduction="none"),
+            ValueError,
+            "reduction must be 'mean' or 'sum' for dssim_with_gradient, got 'none'",
+        ),
+        (
+            lambda: splatloss.dssim_with_gradient(X, X, grad=torch.empty(1, 3, 16, 15)),
+            ValueError,
+            r"grad must be a floating tensor shaped like img1 \(1, 3, 16, 16\) on cpu, got shape \(1, 3, 16, 15\), "
+            r"dtype torch.float32 on cpu",
+        ),
+        (
+            lambda: splatloss.dssim_with_gradient(X, X, grad=[0.0]),
+            TypeError,
+            "grad must be a torch.Tensor or None, got list",
+        ),
+        (
+            lambda: splatloss.dssim_with_gradient(X, X, windowsize=7),
+            TypeError,
+            r"dssim_with_gradient got unexpected keyword arguments \['windowsize'\]",
+        ),
     ],
 )
 def test_error_messages(call, exc, message):
@@ -285,5 +373,7 @@ def test_dssim_with_gradient_unbatched_and_dtype():
     truth = xr.grad
     for got in (g, buf):
         err = (got.double() - truth).abs() - (2.0**-11 * truth.abs() + 2.0**-24 + 1e-5 * float(truth.abs().max()))
-        assert float(err.max()) <= 0, f"fp16 gradient off the float64 truth by {float(err.max()):.3g} beyond half an ulp"
+        assert float(err.max()) <= 0, (
+            f"fp16 gradient off the float64 truth by {float(err.max()):.3g} beyond half an ulp"
+        )
     torch.testing.assert_close(buf, g.float(), atol=2.0**-24, rtol=2.0**-10)

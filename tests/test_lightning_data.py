@@ -27,7 +27,7 @@ def test_view_order_is_a_function_of_the_step():
     order = list(s)
     assert len(order) == 23
     for block in range(4):  # every block of 5 steps is one pass over the views
-        assert sorted(order[5 * block:5 * block + 5]) == [0, 1, 2, 3, 4]
+        assert sorted(order[5 * block : 5 * block + 5]) == [0, 1, 2, 3, 4]
     assert order[:5] != order[5:10]
     assert [s.view_at(i) for i in range(23)] == order
     # A resumed run starts mid-sequence and continues the same order; the next pass starts over.
@@ -72,8 +72,11 @@ def test_resumable_loader_state_is_the_step_position():
 
 
 def test_check_scene_rejects_mismatched_sizes_between_splits():
-    with pytest.raises(ValueError, match=r"all images must have the same size, got 16x16 \(train view 'train_0'\) "
-                                         r"and 16x20 \(test view 'test_1'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"all images must have the same size, got 16x16 \(train view 'train_0'\) "
+        r"and 16x20 \(test view 'test_1'\)",
+    ):
         check_scene(_scene([(16, 16)] * 2, [(16, 16), (16, 20)]))
 
 

@@ -5,13 +5,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
-import splatloss
 from _mask_truth import masked_ssim
 from _truth import photo, to_torch
+
+import splatloss
 from splatloss import MSSSIMLoss, PhotometricLoss, SSIMLoss
-from splatloss.reference import downsample2x, ssim_stats
 from splatloss.config import SSIMConfig
+from splatloss.reference import downsample2x, ssim_stats
 
 
 def _pair(shape, seed, dtype=torch.float32):
@@ -35,8 +35,12 @@ def test_ssim_loss_equals_one_minus_ssim():
 def test_msssim_loss_equals_one_minus_ms_ssim():
     x, y = _pair((2, 1, 165, 161), 1)
     torch.testing.assert_close(MSSSIMLoss()(x, y), 1 - splatloss.ms_ssim(x, y, tau=0.01))
-    torch.testing.assert_close(MSSSIMLoss(tau=None, reduction="sum")(x, y), (1 - splatloss.ms_ssim(x, y, reduction="none")).sum())
-    torch.testing.assert_close(MSSSIMLoss(reduction="none")(x[0], y[0]), 1 - splatloss.ms_ssim(x[0], y[0], tau=0.01, reduction="none"))
+    torch.testing.assert_close(
+        MSSSIMLoss(tau=None, reduction="sum")(x, y), (1 - splatloss.ms_ssim(x, y, reduction="none")).sum()
+    )
+    torch.testing.assert_close(
+        MSSSIMLoss(reduction="none")(x[0], y[0]), 1 - splatloss.ms_ssim(x[0], y[0], tau=0.01, reduction="none")
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -47,7 +51,9 @@ def test_msssim_loss_equals_one_minus_ms_ssim():
 def _coarse_inverted_pair(size=161, seed=0):
     """Fine detail identical, coarse structure inverted: cs > 0 at scale 1, < 0 at coarse scales."""
     g = torch.Generator().manual_seed(seed)
-    yy, xx = torch.meshgrid(torch.arange(size, dtype=torch.float32), torch.arange(size, dtype=torch.float32), indexing="ij")
+    yy, xx = torch.meshgrid(
+        torch.arange(size, dtype=torch.float32), torch.arange(size, dtype=torch.float32), indexing="ij"
+    )
     coarse = 0.25 * torch.sin(2 * math.pi * xx / size) * torch.cos(2 * math.pi * yy / size)
     fine = 0.2 * (torch.rand(size, size, generator=g) - 0.5)
     a = (0.5 + coarse + fine)[None, None]
@@ -134,15 +140,26 @@ def test_msssim_loss_recovers_from_inverted_start():
 
 def test_presets_and_weights():
     assert PhotometricLoss.l1().weights == {
-        "l1": 1.0, "l2": 0.0, "dssim": 0.0, "msssim": 0.0, "l1_gaussian": 0.0, "s3im": 0.0,
+        "l1": 1.0,
+        "l2": 0.0,
+        "dssim": 0.0,
+        "msssim": 0.0,
+        "l1_gaussian": 0.0,
+        "s3im": 0.0,
     }
     assert PhotometricLoss.l2().weights["l2"] == 1.0
     assert PhotometricLoss.ssim().weights["dssim"] == 1.0
     assert PhotometricLoss.msssim().weights["msssim"] == 1.0
     d = PhotometricLoss.dssim_l1()
-    assert d.weights["l1"] == pytest.approx(0.8) and d.weights["dssim"] == pytest.approx(0.2) and d.cfg.padding == "same"
+    assert (
+        d.weights["l1"] == pytest.approx(0.8) and d.weights["dssim"] == pytest.approx(0.2) and d.cfg.padding == "same"
+    )
     z = PhotometricLoss.zhao_mix()
-    assert z.weights["msssim"] == pytest.approx(0.84) and z.weights["l1_gaussian"] == pytest.approx(0.16) and z.l1_sigma == 8.0
+    assert (
+        z.weights["msssim"] == pytest.approx(0.84)
+        and z.weights["l1_gaussian"] == pytest.approx(0.16)
+        and z.l1_sigma == 8.0
+    )
     m = PhotometricLoss.msssim_l1(alpha=0.5)
     assert m.weights["msssim"] == 0.5 and m.weights["l1"] == 0.5
     w = PhotometricLoss(weights={"l1": 0.8, "dssim": 0.2})
@@ -203,7 +220,7 @@ def test_mask_selects_pixels():
     loss = PhotometricLoss(l1=1.0, l2=1.0, dssim=1.0, reduction="none")
     total = loss(x, y, mask=mask)
     sel = mask.expand_as(x).bool()
-    d = (x - y)
+    d = x - y
     l1 = torch.stack([d[i].abs()[sel[i]].mean() for i in range(2)])
     l2 = torch.stack([(d[i] ** 2)[sel[i]].mean() for i in range(2)])
     # the SSIM term: the masked statistics (float64 oracle in tests/_mask_truth.py)
@@ -240,7 +257,7 @@ def test_zhao_mix_gaussian_weighted_l1():
     # the blur of the ones (the zero-padded border is not counted as pixels): the all-ones-mask value
     r = 24
     t = torch.arange(-r, r + 1, dtype=torch.float64)
-    g1 = torch.exp(-t**2 / (2 * 64.0))
+    g1 = torch.exp(-(t**2) / (2 * 64.0))
     g2 = torch.outer(g1, g1) / g1.sum() ** 2
     err = (x - y).abs().double()
     blurred = F.conv2d(err, g2.expand(3, 1, 49, 49), padding=r, groups=3)
@@ -272,7 +289,9 @@ def test_hydra_target_builds_the_presets():
     loss = instantiate({"_target_": "splatloss.MSSSIMLoss", "weights": [0.5, 0.5], "padding": "same"})
     assert loss.weights == (0.5, 0.5)
     # a weights mapping and MS-SSIM scale weights arrive as OmegaConf containers
-    loss = instantiate({"_target_": "splatloss.PhotometricLoss", "weights": {"l1": 0.8, "dssim": 0.2}, "ms_weights": [0.5, 0.5]})
+    loss = instantiate(
+        {"_target_": "splatloss.PhotometricLoss", "weights": {"l1": 0.8, "dssim": 0.2}, "ms_weights": [0.5, 0.5]}
+    )
     assert loss.weights["l1"] == 0.8 and loss.weights["dssim"] == 0.2 and loss.ms_weights == (0.5, 0.5)
 
 
@@ -284,34 +303,87 @@ X = torch.rand(1, 3, 40, 40)
     [
         (lambda: PhotometricLoss(), ValueError, "PhotometricLoss needs at least one term with a weight > 0"),
         (lambda: PhotometricLoss(l1=-0.1), ValueError, "weight of term 'l1' must be a finite number >= 0, got -0.1"),
-        (lambda: PhotometricLoss(l1="0.8"), TypeError, r"weight of term 'l1' must be a real number >= 0, got '0.8' \(str\)"),
-        (lambda: PhotometricLoss(weights={"ssim": 1.0}), ValueError,
-         r"unknown loss term 'ssim'; terms are \('l1', 'l2', 'dssim', 'msssim', 'l1_gaussian', 's3im'\)"),
-        (lambda: PhotometricLoss(l1=1.0, weights={"l1": 0.5}), ValueError, r"term 'l1' is weighted twice: l1=1.0 and weights\['l1'\]=0.5"),
-        (lambda: PhotometricLoss(weights=[("l1", 1.0)]), TypeError, "weights must be a mapping of term name to weight, got list"),
+        (
+            lambda: PhotometricLoss(l1="0.8"),
+            TypeError,
+            r"weight of term 'l1' must be a real number >= 0, got '0.8' \(str\)",
+        ),
+        (
+            lambda: PhotometricLoss(weights={"ssim": 1.0}),
+            ValueError,
+            r"unknown loss term 'ssim'; terms are \('l1', 'l2', 'dssim', 'msssim', 'l1_gaussian', 's3im'\)",
+        ),
+        (
+            lambda: PhotometricLoss(l1=1.0, weights={"l1": 0.5}),
+            ValueError,
+            r"term 'l1' is weighted twice: l1=1.0 and weights\['l1'\]=0.5",
+        ),
+        (
+            lambda: PhotometricLoss(weights=[("l1", 1.0)]),
+            TypeError,
+            "weights must be a mapping of term name to weight, got list",
+        ),
         (lambda: PhotometricLoss.l1().set_weight("lpips", 1.0), ValueError, "unknown loss term 'lpips'"),
-        (lambda: PhotometricLoss.l1().set_weight("l1", float("inf")), ValueError, "weight of term 'l1' must be a finite number >= 0, got inf"),
-        (lambda: PhotometricLoss.dssim_l1(lambda_dssim=1.2), ValueError, r"lambda_dssim must be a number in \[0, 1\], got 1.2"),
+        (
+            lambda: PhotometricLoss.l1().set_weight("l1", float("inf")),
+            ValueError,
+            "weight of term 'l1' must be a finite number >= 0, got inf",
+        ),
+        (
+            lambda: PhotometricLoss.dssim_l1(lambda_dssim=1.2),
+            ValueError,
+            r"lambda_dssim must be a number in \[0, 1\], got 1.2",
+        ),
         (lambda: PhotometricLoss.zhao_mix(alpha=-0.1), ValueError, r"alpha must be a number in \[0, 1\], got -0.1"),
-        (lambda: PhotometricLoss.l1(backend="gpu"), ValueError, r"backend must be one of \('auto', 'reference', 'torch', 'cpu', 'triton'\), got 'gpu'"),
-        (lambda: PhotometricLoss.l1(reduction="mean_all"), ValueError, r"reduction must be one of \('mean', 'sum', 'none'\), got 'mean_all'"),
+        (
+            lambda: PhotometricLoss.l1(backend="gpu"),
+            ValueError,
+            r"backend must be one of \('auto', 'reference', 'torch', 'cpu', 'triton'\), got 'gpu'",
+        ),
+        (
+            lambda: PhotometricLoss.l1(reduction="mean_all"),
+            ValueError,
+            r"reduction must be one of \('mean', 'sum', 'none'\), got 'mean_all'",
+        ),
         (lambda: PhotometricLoss.l1(window_size=4), ValueError, "window_size must be an odd integer >= 3, got 4"),
         (lambda: PhotometricLoss.l1(l1_sigma=0), ValueError, "l1_sigma must be a finite number > 0, got 0"),
-        (lambda: PhotometricLoss.msssim(ms_weights=[-1.0]), ValueError, r"weights must be finite and >= 0, got weights\[0\] = -1.0"),
+        (
+            lambda: PhotometricLoss.msssim(ms_weights=[-1.0]),
+            ValueError,
+            r"weights must be finite and >= 0, got weights\[0\] = -1.0",
+        ),
         (lambda: PhotometricLoss.msssim(tau=2.0), ValueError, r"tau must be a number in \(0, 1\) or None, got 2.0"),
         (lambda: MSSSIMLoss(tau=-1), ValueError, r"tau must be a number in \(0, 1\) or None, got -1"),
         (lambda: SSIMLoss(backend="fast"), ValueError, r"backend must be one of .* got 'fast'"),
         (lambda: MSSSIMLoss(weights=[]), ValueError, "weights must have one entry per scale"),
-        (lambda: PhotometricLoss.l1()(X, X, mask=torch.ones(1, 1, 40, 39)), ValueError,
-         r"mask must be shaped \(B, 1, H, W\), \(1, 1, H, W\), \(H, W\) or \(B, C, H, W\) for images of shape "
-         r"\(1, 3, 40, 40\), got shape \(1, 1, 40, 39\)"),
-        (lambda: PhotometricLoss.l1()(X, X, mask=torch.ones(1, 2, 40, 40)), ValueError,
-         r"for images of shape \(1, 3, 40, 40\), got shape \(1, 2, 40, 40\); give one weight per pixel"),
+        (
+            lambda: PhotometricLoss.l1()(X, X, mask=torch.ones(1, 1, 40, 39)),
+            ValueError,
+            r"mask must be shaped \(B, 1, H, W\), \(1, 1, H, W\), \(H, W\) or \(B, C, H, W\) for images of shape "
+            r"\(1, 3, 40, 40\), got shape \(1, 1, 40, 39\)",
+        ),
+        (
+            lambda: PhotometricLoss.l1()(X, X, mask=torch.ones(1, 2, 40, 40)),
+            ValueError,
+            r"for images of shape \(1, 3, 40, 40\), got shape \(1, 2, 40, 40\); give one weight per pixel",
+        ),
         (lambda: PhotometricLoss.l1()(X, X, mask=[1]), TypeError, "mask must be a torch.Tensor or None, got list"),
-        (lambda: PhotometricLoss.l1()(X, X, mask=torch.ones(40, 40, device="meta")), ValueError, "mask must be on the images' device cpu, got meta"),
-        (lambda: PhotometricLoss(l1_gaussian=1.0)(X, X), ValueError,
-         r"the l1_gaussian term filters with a 49x49 Gaussian \(l1_sigma=8.0\) and padding='valid', so images must be at least 49x49, got 40x40"),
-        (lambda: PhotometricLoss.msssim()(X, X), ValueError, "ms_ssim with 5 scales, window_size=11 and padding='valid' needs images of at least 161x161"),
+        (
+            lambda: PhotometricLoss.l1()(X, X, mask=torch.ones(40, 40, device="meta")),
+            ValueError,
+            "mask must be on the images' device cpu, got meta",
+        ),
+        (
+            lambda: PhotometricLoss(l1_gaussian=1.0)(X, X),
+            ValueError,
+            r"the l1_gaussian term filters with a 49x49 Gaussian \(l1_sigma=8.0\) and padding='valid', so images "
+            r"must be at least 49x49, got 40x40",
+        ),
+        (
+            lambda: PhotometricLoss.msssim()(X, X),
+            ValueError,
+            "ms_ssim with 5 scales, window_size=11 and padding='valid' needs images of at least 161x161",
+        ),
         (lambda: PhotometricLoss.l1()(X, X[:, :2]), ValueError, "img1 and img2 must have the same shape"),
     ],
 )

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-
 from _truth import TF_WEIGHTS, distort, photo, skimage_ssim, tf_ms_ssim, tf_ssim_per_channel, to_torch
+
 from splatloss import reference
 from splatloss.config import SSIMConfig
 
@@ -134,7 +134,10 @@ def test_reflect_padding_is_mirror_without_edge_repeat():
     ym = torch.nn.functional.pad(y, (5, 5, 5, 5), mode="reflect")
     assert float(xm[0, 0, 5, 4]) == float(x[0, 0, 0, 1])  # mirror: edge sample not repeated
     torch.testing.assert_close(
-        reference.ssim_map(x, y, SSIMConfig(padding="reflect")), reference.ssim_map(xm, ym, SSIMConfig()), rtol=0, atol=1e-14
+        reference.ssim_map(x, y, SSIMConfig(padding="reflect")),
+        reference.ssim_map(xm, ym, SSIMConfig()),
+        rtol=0,
+        atol=1e-14,
     )
 
 

@@ -54,8 +54,25 @@ def test_export_ply_layout_and_atomic_overwrite(tmp_path):
     raw = path.read_bytes()
     header = raw[: raw.index(b"end_header\n")].decode()
     names = [line.split()[2] for line in header.splitlines() if line.startswith("property")]
-    assert names == ["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2", "opacity",
-                     "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
+    assert names == [
+        "x",
+        "y",
+        "z",
+        "nx",
+        "ny",
+        "nz",
+        "f_dc_0",
+        "f_dc_1",
+        "f_dc_2",
+        "opacity",
+        "scale_0",
+        "scale_1",
+        "scale_2",
+        "rot_0",
+        "rot_1",
+        "rot_2",
+        "rot_3",
+    ]
     assert "element vertex 17" in header and "format binary_little_endian 1.0" in header
     assert len(raw) == raw.index(b"end_header\n") + len(b"end_header\n") + 17 * 17 * 4
     d = read_ply(str(path))

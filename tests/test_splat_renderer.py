@@ -40,7 +40,9 @@ def _reference_image(gs, view, bg):
     """Per-pixel loop in float64 following gsplat's CUDA forward (rasterize_to_pixels_fwd)."""
     d = torch.float64
     means = gs.means.detach().to(d)
-    covars, _ = _quat_scale_to_covar_preci(gs.quats.detach().to(d), gs.log_scales.detach().to(d).exp(), compute_preci=False)
+    covars, _ = _quat_scale_to_covar_preci(
+        gs.quats.detach().to(d), gs.log_scales.detach().to(d).exp(), compute_preci=False
+    )
     vm, K = view.viewmat.to(d), view.K.to(d)
     radii, m2d, depths, conics, _ = _fully_fused_projection(means, covars, vm[None], K[None], view.width, view.height)
     radii, m2d, depths, conics = radii[0], m2d[0], depths[0], conics[0]
@@ -95,7 +97,9 @@ COMPOSITORS = ["torch", "numba"]
 
 
 @pytest.mark.parametrize("compositor", COMPOSITORS)
-@pytest.mark.parametrize("tile_size,groups,bg", [(8, 4, (0.0, 0.0, 0.0)), (4, 1, (0.2, 0.5, 1.0)), (16, 3, (1.0, 1.0, 1.0))])
+@pytest.mark.parametrize(
+    "tile_size,groups,bg", [(8, 4, (0.0, 0.0, 0.0)), (4, 1, (0.2, 0.5, 1.0)), (16, 3, (1.0, 1.0, 1.0))]
+)
 def test_render_matches_per_pixel_loop(tile_size, groups, bg, compositor):
     # Include opaque, large Gaussians so some pixels terminate early (T <= 1e-4) and alphas clamp.
     gs = _scene(n=60, seed=2, opacity=(0.6, 0.99), scale=(-1.3, -0.4))
@@ -185,8 +189,12 @@ def test_compositors_agree_on_a_textured_scene():
         gs.zero_grad(set_to_none=True)
         out = render(gs, view, background=(0.3, 0.1, 0.9), compositor=comp)
         (torch.cat([out["image"], out["alpha"]], -1) * up).sum().backward()
-        res[comp] = (out["image"].detach(), out["alpha"].detach(), out["means2d"].grad.clone(),
-                     {k: getattr(gs, k).grad.clone() for k in ("means", "log_scales", "opacity_logits", "colors")})
+        res[comp] = (
+            out["image"].detach(),
+            out["alpha"].detach(),
+            out["means2d"].grad.clone(),
+            {k: getattr(gs, k).grad.clone() for k in ("means", "log_scales", "opacity_logits", "colors")},
+        )
     a, b = res["torch"], res["numba"]
     torch.testing.assert_close(a[0], b[0], atol=2e-6, rtol=0)
     torch.testing.assert_close(a[1], b[1], atol=2e-6, rtol=0)
@@ -219,8 +227,9 @@ def test_cuda_matches_cpu():
     gs = _scene(n=200, seed=10, opacity=(0.1, 0.9), scale=(-2.5, -1.5))
     view = _view(w=40, h=32, f=36.0)
     cpu = render(gs, view, background=(0.2, 0.3, 0.4))
-    gpu = render(gs.cuda(), View(view.image.cuda(), view.viewmat.cuda(), view.K.cuda(), 40, 32),
-                 background=(0.2, 0.3, 0.4))
+    gpu = render(
+        gs.cuda(), View(view.image.cuda(), view.viewmat.cuda(), view.K.cuda(), 40, 32), background=(0.2, 0.3, 0.4)
+    )
     torch.testing.assert_close(gpu["image"].cpu(), cpu["image"], atol=1e-4, rtol=0)
     torch.testing.assert_close(gpu["alpha"].cpu(), cpu["alpha"], atol=1e-4, rtol=0)
     assert torch.equal(gpu["radii"].cpu().reshape(-1, 2), cpu["radii"])

@@ -139,15 +139,21 @@ def test_load_blender_errors(tmp_path):
     with pytest.raises(ValueError, match="is not valid JSON"):
         load_blender(str(tmp_path))
     (tmp_path / "transforms_test.json").write_text(json.dumps({"frames": []}))
-    with pytest.raises(ValueError, match=r"must be an object with 'camera_angle_x' and 'frames', got keys \['frames'\]"):
+    with pytest.raises(
+        ValueError, match=r"must be an object with 'camera_angle_x' and 'frames', got keys \['frames'\]"
+    ):
         load_blender(str(tmp_path))
     (tmp_path / "transforms_test.json").write_text(
-        json.dumps({"camera_angle_x": 0.9, "frames": [{"file_path": "./test/r_2", "transform_matrix": [[1, 0], [0, 1]]}]})
+        json.dumps(
+            {"camera_angle_x": 0.9, "frames": [{"file_path": "./test/r_2", "transform_matrix": [[1, 0], [0, 1]]}]}
+        )
     )
     with pytest.raises(ValueError, match=r"transform_matrix must be 4x4, got shape \(2, 2\)"):
         load_blender(str(tmp_path))
     (tmp_path / "transforms_test.json").write_text(
-        json.dumps({"camera_angle_x": 0.9, "frames": [{"file_path": "./test/missing", "transform_matrix": np.eye(4).tolist()}]})
+        json.dumps(
+            {"camera_angle_x": 0.9, "frames": [{"file_path": "./test/missing", "transform_matrix": np.eye(4).tolist()}]}
+        )
     )
     with pytest.raises(ValueError, match="image file .*missing.png' does not exist"):
         load_blender(str(tmp_path))
@@ -208,7 +214,10 @@ def test_load_colmap_errors(tmp_path):
     with pytest.raises(ValueError, match=r"expected cameras, images and points3D \(.bin or .txt\)"):
         load_colmap(str(tmp_path))
     _colmap(tmp_path, model="OPENCV", params="20 21 8 6 0.1 0 0 0")
-    with pytest.raises(ValueError, match=r"camera 1 \(OPENCV\) has non-zero distortion \[0.1, 0.0, 0.0, 0.0\].*colmap image_undistorter"):
+    with pytest.raises(
+        ValueError,
+        match=r"camera 1 \(OPENCV\) has non-zero distortion \[0.1, 0.0, 0.0, 0.0\].*colmap image_undistorter",
+    ):
         load_colmap(str(tmp_path))
     (tmp_path / "sparse" / "0" / "cameras.txt").write_text("1 FISHEYE 16 12 20 8 6 0.1\n")
     with pytest.raises(ValueError, match="expected camera model PINHOLE .*, got FISHEYE with 4 params"):
@@ -252,7 +261,9 @@ def test_load_colmap_mismatched_sizes(tmp_path):
     txt = (sparse / "images.txt").read_text().replace(" 1 img_03.png", " 2 img_03.png")
     (sparse / "images.txt").write_text(txt)
     _write_png(str(tmp_path / "images" / "img_03.png"), np.zeros((10, 16, 3)))
-    with pytest.raises(ValueError, match=r"all images must have the same size, got 12x16 \(img_00\) and 10x16 \(img_03\)"):
+    with pytest.raises(
+        ValueError, match=r"all images must have the same size, got 12x16 \(img_00\) and 10x16 \(img_03\)"
+    ):
         load_colmap(str(tmp_path))
 
 
@@ -270,8 +281,12 @@ def test_load_scene_and_dataset(tmp_path, small_scene):
         ViewDataset([])
     odd = small_scene.train[1]
     odd = type(odd)(odd.image[:20], odd.viewmat, odd.K, odd.width, 20, "odd")
-    with pytest.raises(ValueError, match=r"ViewDataset: all images must have the same size, got 32x32 \(train_000\) and 20x32 \(odd\)"):
+    with pytest.raises(
+        ValueError, match=r"ViewDataset: all images must have the same size, got 32x32 \(train_000\) and 20x32 \(odd\)"
+    ):
         ViewDataset([small_scene.train[0], odd])
     liar = type(odd)(odd.image, odd.viewmat, odd.K, 32, 32, "liar")
-    with pytest.raises(ValueError, match=r"view 'liar' declares 32x32 and expects an image of shape \(32, 32, 3\), got \(20, 32, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"view 'liar' declares 32x32 and expects an image of shape \(32, 32, 3\), got \(20, 32, 3\)"
+    ):
         ViewDataset([liar])

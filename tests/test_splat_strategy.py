@@ -21,8 +21,13 @@ def _setup(n=60, seed=0):
         gs.log_scales[: n // 2] = math.log(0.02)  # small: duplicated when their gradient is high
         gs.log_scales[n // 2 :] = math.log(0.15)  # large: split
         gs.opacity_logits[:3] = math.log(0.001 / 0.999)  # nearly transparent: pruned
-    view = View(torch.rand(24, 24, 3, generator=g), torch.tensor(look_at((0.2, -3.0, 1.0)), dtype=torch.float32),
-                torch.tensor([[30.0, 0, 12], [0, 30, 12], [0, 0, 1]]), 24, 24)
+    view = View(
+        torch.rand(24, 24, 3, generator=g),
+        torch.tensor(look_at((0.2, -3.0, 1.0)), dtype=torch.float32),
+        torch.tensor([[30.0, 0, 12], [0, 30, 12], [0, 0, 1]]),
+        24,
+        24,
+    )
     opt = torch.optim.Adam([{"params": [getattr(gs, k)], "lr": 1e-3, "name": k} for k in Gaussians.param_names])
     return gs, view, opt
 
@@ -39,8 +44,9 @@ def _step(gs, view, opt, strat, step):
 
 def test_refine_duplicates_splits_prunes_and_keeps_adam_state():
     gs, view, opt = _setup()
-    strat = DensifyStrategy(extent=1.0, grow_grad2d=0.0, grow_scale3d=0.05, refine_start=0, refine_every=2,
-                            max_gaussians=None)
+    strat = DensifyStrategy(
+        extent=1.0, grow_grad2d=0.0, grow_scale3d=0.05, refine_start=0, refine_every=2, max_gaussians=None
+    )
     next(gr for gr in opt.param_groups if gr["name"] == "log_scales")["lr"] = 0.0  # scales stay known
     assert _step(gs, view, opt, strat, 1)[0] is False  # accumulate only
     visible_count = strat.count.clone()
@@ -62,7 +68,7 @@ def test_refine_duplicates_splits_prunes_and_keeps_adam_state():
         n_new = st["duplicated"] + 2 * st["split"]
         assert (state["exp_avg"][-n_new:] == 0).all() and (state["exp_avg_sq"][-n_new:] == 0).all()
     # Split children have scales / 1.6 and their parent's colour.
-    children = gs.log_scales[-2 * st["split"]:].detach()
+    children = gs.log_scales[-2 * st["split"] :].detach()
     assert torch.allclose(children, torch.full_like(children, math.log(0.15 / 1.6)), atol=1e-5)
     # Pruned ones are gone: no surviving Gaussian has the pruned opacity.
     assert (torch.sigmoid(gs.opacity_logits) > 0.0015).all()
@@ -80,8 +86,9 @@ def test_high_threshold_grows_nothing_and_cap_is_respected():
     assert gs.num == 60 - strat.last_stats["pruned"]
 
     gs, view, opt = _setup()
-    strat = DensifyStrategy(extent=1.0, grow_grad2d=0.0, grow_scale3d=0.05, refine_start=0, refine_every=2,
-                            max_gaussians=64)
+    strat = DensifyStrategy(
+        extent=1.0, grow_grad2d=0.0, grow_scale3d=0.05, refine_start=0, refine_every=2, max_gaussians=64
+    )
     _step(gs, view, opt, strat, 1)
     _step(gs, view, opt, strat, 2)
     assert strat.last_stats["duplicated"] + strat.last_stats["split"] == 4

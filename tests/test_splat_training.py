@@ -26,8 +26,9 @@ def test_short_training_learns_held_out_views():
     g = Gaussians.from_points(scene.points, scene.colors)
     lrs = {"means": 1e-3, "quats": 1e-3, "log_scales": 1e-2, "opacity_logits": 5e-2, "colors": 1e-2}
     opt = torch.optim.Adam([{"params": [getattr(g, k)], "lr": v, "name": k} for k, v in lrs.items()], eps=1e-15)
-    strat = DensifyStrategy(extent=scene.extent, grow_grad2d=1e-3, refine_start=50, refine_every=50,
-                            refine_stop=200, max_gaussians=1500)
+    strat = DensifyStrategy(
+        extent=scene.extent, grow_grad2d=1e-3, refine_start=50, refine_every=50, refine_stop=200, max_gaussians=1500
+    )
     before = _psnr(g, scene.test)
     for step in range(250):
         view = scene.train[step % len(scene.train)]

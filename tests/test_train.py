@@ -72,9 +72,16 @@ def test_tiny_run_trains_and_writes_everything(tmp_path):
 def test_interrupted_run_resumes_exactly(tmp_path):
     # Densify every 3 steps so the number of Gaussians changes before and after the checkpoint the
     # resumed run starts from; checkpoints every 4 steps, the crash at step 10 leaves step 8's.
-    common = ["loss=dssim_l1", "trainer.max_steps=12", "export_ply=false", "callbacks.checkpoint.every_n_train_steps=4",
-              "model.strategy.refine_start=1", "model.strategy.refine_every=3", "model.strategy.grow_grad2d=0.0",
-              "model.strategy.max_gaussians=5000"]
+    common = [
+        "loss=dssim_l1",
+        "trainer.max_steps=12",
+        "export_ply=false",
+        "callbacks.checkpoint.every_n_train_steps=4",
+        "model.strategy.refine_start=1",
+        "model.strategy.refine_every=3",
+        "model.strategy.grow_grad2d=0.0",
+        "model.strategy.max_gaussians=5000",
+    ]
     m_ref = train(make_cfg(tmp_path / "ref", common))
     ref_state = torch.load(tmp_path / "ref" / "checkpoints" / "last.ckpt", weights_only=False)
 
@@ -107,4 +114,3 @@ def test_resume_without_checkpoint_stops_before_training(tmp_path):
     with pytest.raises(ValueError, match="resume=true but there is no checkpoint to resume from: expected"):
         train(cfg)
     assert not (tmp_path / "metrics.json").exists()
-

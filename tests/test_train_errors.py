@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+from test_train import ROOT, make_cfg
 
 from splatloss.train import train
-from test_train import ROOT, make_cfg
 
 
 def _nothing_trained(out_dir):
@@ -23,7 +23,10 @@ def _nothing_trained(out_dir):
 def test_unknown_loss_is_rejected_by_the_entry_point(tmp_path):
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "loss=nope", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode != 0
@@ -84,8 +87,11 @@ def _write_blender(root, sizes):
 def test_mismatched_image_sizes(tmp_path):
     scene = tmp_path / "scene"
     _write_blender(scene, [(16, 16), (16, 16), (16, 20)])
-    with pytest.raises(ValueError, match=r"could not build the scene from data: .*all images must have the same size, "
-                                         r"got 16x16 .* and 16x20"):
+    with pytest.raises(
+        ValueError,
+        match=r"could not build the scene from data: .*all images must have the same size, "
+        r"got 16x16 .* and 16x20",
+    ):
         train(make_cfg(tmp_path / "run", ["data=blender", f"data.path={scene}"]))
     assert _nothing_trained(tmp_path / "run")
 
@@ -99,8 +105,18 @@ def test_blender_scene_trains_through_the_pipeline(tmp_path):
     # The same path as the error tests, with a consistent scene: white background, 3 views.
     scene = tmp_path / "scene"
     _write_blender(scene, [(16, 16)] * 3)
-    m = train(make_cfg(tmp_path / "run", ["data=blender", f"data.path={scene}", "data.scene.n_points=200",
-                                          "trainer.max_steps=4", "export_ply=false"]))
+    m = train(
+        make_cfg(
+            tmp_path / "run",
+            [
+                "data=blender",
+                f"data.path={scene}",
+                "data.scene.n_points=200",
+                "trainer.max_steps=4",
+                "export_ply=false",
+            ],
+        )
+    )
     assert m["steps"] == 4 and m["image_size"] == [16, 16]
     assert m["num_train_views"] == 2 and m["num_test_views"] == 1
 

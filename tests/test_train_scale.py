@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from test_train import ROOT, TINY
 
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
@@ -16,7 +15,11 @@ REPORT = os.path.join(ROOT, "scripts", "sweep_report.py")
 
 def _run(args, cwd, timeout=600):
     proc = subprocess.run(
-        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        [sys.executable, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -26,8 +29,18 @@ def _run(args, cwd, timeout=600):
 @pytest.mark.slow
 def test_ddp_two_cpu_processes(tmp_path):
     run_dir = tmp_path / "ddp"
-    _run([TRAIN, "trainer=ddp", "trainer.max_steps=6", "loss=dssim_l1", "export_ply=false",
-          f"hydra.run.dir={run_dir}", *TINY], cwd=tmp_path)
+    _run(
+        [
+            TRAIN,
+            "trainer=ddp",
+            "trainer.max_steps=6",
+            "loss=dssim_l1",
+            "export_ply=false",
+            f"hydra.run.dir={run_dir}",
+            *TINY,
+        ],
+        cwd=tmp_path,
+    )
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["world_size"] == 2
     assert m["steps"] == 6
@@ -40,8 +53,18 @@ def test_ddp_two_cpu_processes(tmp_path):
 @pytest.mark.slow
 def test_multirun_and_sweep_report(tmp_path):
     sweep = tmp_path / "sweep"
-    _run([TRAIN, "-m", "loss=l1,dssim_l1,msssim_l1", "trainer.max_steps=8", "export_ply=false",
-          f"hydra.sweep.dir={sweep}", *TINY], cwd=tmp_path)
+    _run(
+        [
+            TRAIN,
+            "-m",
+            "loss=l1,dssim_l1,msssim_l1",
+            "trainer.max_steps=8",
+            "export_ply=false",
+            f"hydra.sweep.dir={sweep}",
+            *TINY,
+        ],
+        cwd=tmp_path,
+    )
     runs = sorted(p for p in os.listdir(sweep) if p.isdigit())
     assert runs == ["0", "1", "2"]
     losses = [json.loads((sweep / r / "metrics.json").read_text())["loss_name"] for r in runs]
@@ -70,8 +93,20 @@ def test_sweep_report_errors(tmp_path):
 @pytest.mark.slow
 def test_joblib_launcher_runs_a_sweep(tmp_path):
     sweep = tmp_path / "sweep"
-    _run([TRAIN, "-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2", "loss=l1,ssim", "trainer.max_steps=4",
-          "export_ply=false", f"hydra.sweep.dir={sweep}", *TINY], cwd=tmp_path)
+    _run(
+        [
+            TRAIN,
+            "-m",
+            "hydra/launcher=local",
+            "hydra.launcher.n_jobs=2",
+            "loss=l1,ssim",
+            "trainer.max_steps=4",
+            "export_ply=false",
+            f"hydra.sweep.dir={sweep}",
+            *TINY,
+        ],
+        cwd=tmp_path,
+    )
     names = sorted(json.loads((sweep / r / "metrics.json").read_text())["loss_name"] for r in ("0", "1"))
     assert names == ["l1", "ssim"]
 
@@ -79,8 +114,19 @@ def test_joblib_launcher_runs_a_sweep(tmp_path):
 @pytest.mark.slow
 def test_optuna_search_over_lambda(tmp_path):
     sweep = tmp_path / "optuna"
-    _run([TRAIN, "-m", "hparams_search=optuna_lambda", "hydra.sweeper.n_trials=2", "trainer.max_steps=4",
-          "export_ply=false", f"hydra.sweep.dir={sweep}", *TINY], cwd=tmp_path)
+    _run(
+        [
+            TRAIN,
+            "-m",
+            "hparams_search=optuna_lambda",
+            "hydra.sweeper.n_trials=2",
+            "trainer.max_steps=4",
+            "export_ply=false",
+            f"hydra.sweep.dir={sweep}",
+            *TINY,
+        ],
+        cwd=tmp_path,
+    )
     trials = [json.loads((sweep / r / "metrics.json").read_text()) for r in ("0", "1")]
     lambdas = [t["loss"]["lambda_dssim"] for t in trials]
     assert all(0.0 <= lam <= 1.0 for lam in lambdas) and lambdas[0] != lambdas[1]

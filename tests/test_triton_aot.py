@@ -22,8 +22,14 @@ def test_check_kernels_compiles_everything_without_spills():
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_kernels.py")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check_kernels.py")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith(("ssim", "mean_and_grad", "dssim_l1", "downsample"))]
     # 58 configurations per arch (scripts/check_kernels.cases(): 30 ssim, 15 ssim_stats, 6 downsample,

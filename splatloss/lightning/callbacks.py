@@ -73,9 +73,7 @@ def _check_schedules(schedules: Mapping[str, Any]) -> Dict[str, List[tuple]]:
         try:
             pts = [(int(p[0]), float(p[1])) for p in points]
         except (TypeError, ValueError, IndexError):
-            raise ValueError(
-                f"schedule for {name!r} must be a list of [step, weight] pairs, got {points!r}"
-            ) from None
+            raise ValueError(f"schedule for {name!r} must be a list of [step, weight] pairs, got {points!r}") from None
         if not pts:
             raise ValueError(f"schedule for {name!r} must have at least one [step, weight] pair, got []")
         steps = [s for s, _ in pts]

@@ -78,8 +78,14 @@ class ResumableLoader(DataLoader):
     def __init__(self, dataset, sampler: StepViewSampler, position_fn: Callable[[], int], num_workers: int = 0):
         # Its own generator: creating the iterator then draws no number from torch's global one
         # (which densification uses), so a resumed run's random stream is not shifted.
-        super().__init__(dataset, batch_size=None, sampler=sampler, num_workers=num_workers, collate_fn=_one_view,
-                         generator=torch.Generator().manual_seed(sampler.seed))
+        super().__init__(
+            dataset,
+            batch_size=None,
+            sampler=sampler,
+            num_workers=num_workers,
+            collate_fn=_one_view,
+            generator=torch.Generator().manual_seed(sampler.seed),
+        )
         self._position_fn = position_fn
 
     def state_dict(self) -> dict:
@@ -115,8 +121,7 @@ def check_scene(scene: SceneData) -> None:
             raise ValueError(f"view {v.name!r} ({split}): image must be [H, W, 3], got {shape}")
         if shape[:2] != (v.height, v.width):
             raise ValueError(
-                f"view {v.name!r} ({split}): image is {shape[0]}x{shape[1]} but the camera says "
-                f"{v.height}x{v.width}"
+                f"view {v.name!r} ({split}): image is {shape[0]}x{shape[1]} but the camera says {v.height}x{v.width}"
             )
         if shape != tuple(first.image.shape):
             raise ValueError(
@@ -162,5 +167,11 @@ class SceneDataModule(L.LightningDataModule):
         return ResumableLoader(ds, sampler, lambda: self.trainer.global_step, self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(ViewDataset(self.scene.test), batch_size=None, shuffle=False, num_workers=self.num_workers,
-                          collate_fn=_one_view, generator=torch.Generator().manual_seed(self.seed))
+        return DataLoader(
+            ViewDataset(self.scene.test),
+            batch_size=None,
+            shuffle=False,
+            num_workers=self.num_workers,
+            collate_fn=_one_view,
+            generator=torch.Generator().manual_seed(self.seed),
+        )

@@ -43,8 +43,14 @@ def _view_from_batch(batch: Mapping[str, Any], named: bool = True) -> View:
     """
     image = batch["image"]  # [H, W, 3]
     name = str(int(batch["index"])) if named and "index" in batch else ""
-    return View(image=image, viewmat=batch["viewmat"], K=batch["K"], width=int(image.shape[1]),
-                height=int(image.shape[0]), name=name)
+    return View(
+        image=image,
+        viewmat=batch["viewmat"],
+        K=batch["K"],
+        width=int(image.shape[1]),
+        height=int(image.shape[0]),
+        name=name,
+    )
 
 
 class SplatModule(L.LightningModule):
@@ -131,8 +137,13 @@ class SplatModule(L.LightningModule):
 
     def render_view(self, view: View) -> Dict[str, torch.Tensor]:
         """Render one view with the current Gaussians; ``out["image"]`` is ``[H, W, 3]``."""
-        return render(self.gaussians, view, backend=self.render_backend, background=self._background(view.image.device),
-                      **self.render_options)
+        return render(
+            self.gaussians,
+            view,
+            backend=self.render_backend,
+            background=self._background(view.image.device),
+            **self.render_options,
+        )
 
     @staticmethod
     def _to_bchw(img: torch.Tensor) -> torch.Tensor:
@@ -272,7 +283,9 @@ class SplatModule(L.LightningModule):
         for k in _PARAM_NAMES:
             key = f"gaussians.{k}"
             if key in sd and sd[key].shape != getattr(self.gaussians, k).shape:
-                setattr(self.gaussians, k, nn.Parameter(torch.empty_like(sd[key], device=getattr(self.gaussians, k).device)))
+                setattr(
+                    self.gaussians, k, nn.Parameter(torch.empty_like(sd[key], device=getattr(self.gaussians, k).device))
+                )
         extra = checkpoint.get("splatloss", {})
         if self.strategy is not None and extra.get("strategy") is not None:
             self.strategy.load_state_dict(extra["strategy"])

@@ -119,8 +119,9 @@ if _HAVE_NUMBA:
                         last[py, px] = s + end
 
     @numba.njit(cache=True, nogil=True)
-    def _bwd(W, H, ts, tw, offs, ids, m2d, con, opa, col, bg, t_fin, last, g_img, g_alp,
-             v_m2d, v_con, v_opa, v_col, v_bg):
+    def _bwd(
+        W, H, ts, tw, offs, ids, m2d, con, opa, col, bg, t_fin, last, g_img, g_alp, v_m2d, v_con, v_opa, v_col, v_bg
+    ):
         thr = _thresholds(opa)
         th = (H + ts - 1) // ts
         kmax = 0
@@ -222,6 +223,22 @@ class CompositeNumba(torch.autograd.Function):
         g_img = (torch.zeros(H, W, 3, dtype=dt) if g_img is None else g_img.to(dt)).contiguous()
         g_alp = (torch.zeros(H, W, dtype=dt) if g_alp is None else g_alp.to(dt).reshape(H, W)).contiguous()
         v = [torch.zeros_like(x) for x in (m2d, con, opa, col, bg)]
-        _bwd(W, H, ts, tw, offs.numpy(), ids.numpy(), m2d.numpy(), con.numpy(), opa.numpy(), col.numpy(),
-             bg.numpy(), t_fin.numpy(), last.numpy(), g_img.numpy(), g_alp.numpy(), *[x.numpy() for x in v])
+        _bwd(
+            W,
+            H,
+            ts,
+            tw,
+            offs.numpy(),
+            ids.numpy(),
+            m2d.numpy(),
+            con.numpy(),
+            opa.numpy(),
+            col.numpy(),
+            bg.numpy(),
+            t_fin.numpy(),
+            last.numpy(),
+            g_img.numpy(),
+            g_alp.numpy(),
+            *[x.numpy() for x in v],
+        )
         return (*v, None, None, None, None, None, None)

@@ -98,7 +98,9 @@ class Gaussians(nn.Module):
         """
         points = torch.as_tensor(points, dtype=torch.float32)
         if points.ndim != 2 or points.shape[1] != 3 or points.shape[0] < 1:
-            raise ValueError(f"Gaussians.from_points: points must have shape [N, 3] with N >= 1, got {tuple(points.shape)}")
+            raise ValueError(
+                f"Gaussians.from_points: points must have shape [N, 3] with N >= 1, got {tuple(points.shape)}"
+            )
         n = points.shape[0]
         if colors is None:
             colors = torch.full((n, 3), 0.5)
@@ -171,8 +173,12 @@ class Gaussians(nn.Module):
             m = self.means.detach().cpu().float().numpy()
             n = m.shape[0]
             cols = [
-                ("x", m[:, 0]), ("y", m[:, 1]), ("z", m[:, 2]),
-                ("nx", np.zeros(n, np.float32)), ("ny", np.zeros(n, np.float32)), ("nz", np.zeros(n, np.float32)),
+                ("x", m[:, 0]),
+                ("y", m[:, 1]),
+                ("z", m[:, 2]),
+                ("nx", np.zeros(n, np.float32)),
+                ("ny", np.zeros(n, np.float32)),
+                ("nz", np.zeros(n, np.float32)),
             ]
             dc = self.colors.detach().cpu().float().numpy()
             cols += [(f"f_dc_{i}", dc[:, i]) for i in range(3)]
@@ -207,5 +213,5 @@ def read_ply(path: str) -> dict:
         raise ValueError(f"read_ply: {path!r}: expected format binary_little_endian 1.0, got {header[1]!r}")
     n = next(int(h.split()[2]) for h in header if h.startswith("element vertex"))
     names = [h.split()[2] for h in header if h.startswith("property float")]
-    arr = np.frombuffer(raw[end + len(b"end_header\n"):], dtype=np.dtype([(k, "<f4") for k in names]), count=n)
+    arr = np.frombuffer(raw[end + len(b"end_header\n") :], dtype=np.dtype([(k, "<f4") for k in names]), count=n)
     return {k: np.array(arr[k]) for k in names}

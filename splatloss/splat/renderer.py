@@ -174,7 +174,9 @@ def composite_tiles(pix, m2d, con, opa, col, bg):
 def _check_view(view):
     for attr in ("viewmat", "K", "width", "height"):
         if not hasattr(view, attr):
-            raise TypeError(f"render: view must have viewmat, K, width and height, got {type(view).__name__} without {attr!r}")
+            raise TypeError(
+                f"render: view must have viewmat, K, width and height, got {type(view).__name__} without {attr!r}"
+            )
     if tuple(view.viewmat.shape) != (4, 4) or tuple(view.K.shape) != (3, 3):
         raise ValueError(
             f"render: expected viewmat [4, 4] and K [3, 3], got {tuple(view.viewmat.shape)} and {tuple(view.K.shape)}"
@@ -323,7 +325,9 @@ def _render_cpu(g, viewmat, K, W, H, bg, tile_size, groups, max_per_tile, compos
 
         offs = torch.zeros(n_tiles + 1, dtype=torch.long)
         offs[1:] = torch.cumsum(counts, 0)
-        image, alpha = CompositeNumba.apply(means2d, conics, opac, rgb, bg, offs, gauss_ids.contiguous(), W, H, tile_size, tw)
+        image, alpha = CompositeNumba.apply(
+            means2d, conics, opac, rgb, bg, offs, gauss_ids.contiguous(), W, H, tile_size, tw
+        )
         return {"image": image, "alpha": alpha, **meta}
 
     n = means.shape[0]
@@ -360,7 +364,7 @@ def _render_cpu(g, viewmat, K, W, H, bg, tile_size, groups, max_per_tile, compos
             # idx[t, j] = the j-th nearest Gaussian of tile t, or n (the dummy).
             slot = torch.full((n_tiles,), -1, dtype=torch.long)
             slot[tiles] = torch.arange(e - s)
-            sel = (slot[tile_ids] >= 0)
+            sel = slot[tile_ids] >= 0
             idx = torch.full((e - s, k), n, dtype=torch.long)
             idx[slot[tile_ids[sel]], pos[sel]] = gauss_ids[sel]
             flat = idx.reshape(-1)
@@ -383,6 +387,8 @@ def _render_cpu(g, viewmat, K, W, H, bg, tile_size, groups, max_per_tile, compos
         # Nothing drawn: keep the output in the graph (zero gradients), as the numba path and gsplat do.
         img_t = img_t + 0.0 * (m2d_p.sum() + con_p.sum() + opa_p.sum() + col_p.sum())
     # [th*tw, ts*ts, C] -> [H, W, C]
-    image = img_t.reshape(th, tw, tile_size, tile_size, 3).permute(0, 2, 1, 3, 4).reshape(th * tile_size, tw * tile_size, 3)
+    image = (
+        img_t.reshape(th, tw, tile_size, tile_size, 3).permute(0, 2, 1, 3, 4).reshape(th * tile_size, tw * tile_size, 3)
+    )
     alpha = alp_t.reshape(th, tw, tile_size, tile_size).permute(0, 2, 1, 3).reshape(th * tile_size, tw * tile_size, 1)
     return {"image": image[:H, :W], "alpha": alpha[:H, :W], **meta}

@@ -203,9 +203,29 @@ def window_taps(cfg, device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def _row_moments(x_ptr, y_ptr, x_base, y_base, r, cols0, H, W, sx_h, sx_w, sy_h, sy_w, w_ptr,
-                 lane_ok, own_lo, own_hi, shift, K: tl.constexpr, KP: tl.constexpr,
-                 REFLECT: tl.constexpr, L1: tl.constexpr):
+def _row_moments(
+    x_ptr,
+    y_ptr,
+    x_base,
+    y_base,
+    r,
+    cols0,
+    H,
+    W,
+    sx_h,
+    sx_w,
+    sy_h,
+    sy_w,
+    w_ptr,
+    lane_ok,
+    own_lo,
+    own_hi,
+    shift,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    REFLECT: tl.constexpr,
+    L1: tl.constexpr,
+):
     """Horizontal pass of padded input row ``r``: window sums of x', y', x'^2, y'^2, x'y' (``x' = x -
     shift``; a zero-padded sample is ``x = 0``, i.e. ``x' = -shift``) for the lanes
     whose windows start at padded columns ``cols0`` [BW] (bases ``x_base`` / ``y_base`` [BW]).
@@ -244,8 +264,19 @@ def _row_moments(x_ptr, y_ptr, x_base, y_base, r, cols0, H, W, sx_h, sx_w, sy_h,
 
 
 @triton.jit
-def _hadjoint(buf, w_ptr, q_c0, W, f, F: tl.constexpr, BW: tl.constexpr, K: tl.constexpr,
-              KP: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr):
+def _hadjoint(
+    buf,
+    w_ptr,
+    q_c0,
+    W,
+    f,
+    F: tl.constexpr,
+    BW: tl.constexpr,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    PAD: tl.constexpr,
+    REFLECT: tl.constexpr,
+):
     """Horizontal adjoint of one scratch row ``buf`` [BW] of partials. Lane ``l`` is frame column
     ``f = l % F``, holding map column ``q_c0 - (K - 1) + PAD + f``; gradient column ``q = q_c0 + f``
     gathers ``w[a] * frame[f + K - 1 - a]``, plus, under "reflect", the same taps through its
@@ -311,10 +342,12 @@ def _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift):
     inv_b1b2 = inv_b1 * inv_b2
     cs = a2 * inv_b2
     ssim = a1 * a2 * inv_b1b2
-    p_mu1 = gs * (2.0 * (m2 * a2 - mu2 * a1) * inv_b1b2 + 2.0 * ssim * (mu1 * inv_b2 - m1 * inv_b1)) \
-        + gc * (2.0 * (mu1 * cs - mu2) * inv_b2)
-    p_mu2 = gs * (2.0 * (m1 * a2 - mu1 * a1) * inv_b1b2 + 2.0 * ssim * (mu2 * inv_b2 - m2 * inv_b1)) \
-        + gc * (2.0 * (mu2 * cs - mu1) * inv_b2)
+    p_mu1 = gs * (2.0 * (m2 * a2 - mu2 * a1) * inv_b1b2 + 2.0 * ssim * (mu1 * inv_b2 - m1 * inv_b1)) + gc * (
+        2.0 * (mu1 * cs - mu2) * inv_b2
+    )
+    p_mu2 = gs * (2.0 * (m1 * a2 - mu1 * a1) * inv_b1b2 + 2.0 * ssim * (mu2 * inv_b2 - m2 * inv_b1)) + gc * (
+        2.0 * (mu2 * cs - mu1) * inv_b2
+    )
     p_sq = -(gs * ssim + gc * cs) * inv_b2
     p_xy = gs * (2.0 * a1 * inv_b1b2) + gc * (2.0 * inv_b2)
     return p_mu1, p_mu2, p_sq, p_xy, ssim, cs

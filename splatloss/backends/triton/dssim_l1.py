@@ -28,8 +28,9 @@ def _sizes(img: Tensor, window: Tensor, padding: str) -> Tuple[int, int]:
 
 
 @torch.library.custom_op("splatloss::triton_dssim_l1", mutates_args=())
-def _dssim_l1_op(img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float,
-                 shift: float, lam: float) -> Tensor:
+def _dssim_l1_op(
+    img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float, shift: float, lam: float
+) -> Tensor:
     s, _, l1 = launch_fwd(img1, img2, window, padding, c1, c2, shift, "stats_l1")
     n_map, n_img = _sizes(img1, window, padding)
     return (1.0 - lam) * l1.sum(dim=1) / n_img + lam * (1.0 - s.sum(dim=1) / n_map)  # [B]
@@ -41,13 +42,25 @@ def _(img1, img2, window, padding, c1, c2, shift, lam):
 
 
 @torch.library.custom_op("splatloss::triton_dssim_l1_bwd", mutates_args=())
-def _dssim_l1_bwd_op(g: Tensor, img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float,
-                     c2: float, shift: float, lam: float, need1: bool, need2: bool) -> Tuple[Tensor, Tensor]:
+def _dssim_l1_bwd_op(
+    g: Tensor,
+    img1: Tensor,
+    img2: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    shift: float,
+    lam: float,
+    need1: bool,
+    need2: bool,
+) -> Tuple[Tensor, Tensor]:
     n_map, n_img = _sizes(img1, window, padding)
     C = img1.shape[1]
     g = g.to(torch.float32)[:, None].expand(-1, C)  # [B, C]: one upstream scalar per image
-    gx, gy = launch_bwd(img1, img2, window, padding, c1, c2, shift, g * (-lam / n_map), None, need1, need2,
-                        l1=g * ((1.0 - lam) / n_img))
+    gx, gy = launch_bwd(
+        img1, img2, window, padding, c1, c2, shift, g * (-lam / n_map), None, need1, need2, l1=g * ((1.0 - lam) / n_img)
+    )
     return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
 
 
@@ -78,5 +91,13 @@ def dssim_l1(img1: Tensor, img2: Tensor, cfg, lam: float) -> Tensor:
     """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)``, shape ``[B]`` float32."""
     check_inputs(img1, img2, cfg)
     with functorch_guard():
-        return _dssim_l1_op(img1, img2, window_taps(cfg, img1.device), cfg.padding, float(cfg.C1),
-                            float(cfg.C2), 0.5 * float(cfg.data_range), float(lam))
+        return _dssim_l1_op(
+            img1,
+            img2,
+            window_taps(cfg, img1.device),
+            cfg.padding,
+            float(cfg.C1),
+            float(cfg.C2),
+            0.5 * float(cfg.data_range),
+            float(lam),
+        )

@@ -63,8 +63,9 @@ def _down_bwd_kernel(g_ptr, out_ptr, C, H, W, Ho, Wo, N, sg_b, sg_c, sg_h, sg_w,
     rest = offs // W
     r = rest % H
     bc = rest // H
-    g = tl.load(g_ptr + (bc // C) * sg_b + (bc % C) * sg_c + (r // 2) * sg_h + (c // 2) * sg_w,
-                mask=ok, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + (bc // C) * sg_b + (bc % C) * sg_c + (r // 2) * sg_h + (c // 2) * sg_w, mask=ok, other=0.0).to(
+        tl.float32
+    )
     mult = tl.where((H % 2 == 1) & (r == H - 1), 2.0, 1.0) * tl.where((W % 2 == 1) & (c == W - 1), 2.0, 1.0)
     tl.store(out_ptr + offs, (0.25 * mult * g).to(out_ptr.dtype.element_ty), mask=ok)
 
@@ -76,8 +77,9 @@ def _down_op(x: Tensor) -> Tensor:
     out = torch.empty((B, C, Ho, Wo), dtype=torch.float32, device=x.device)
     n = out.numel()
     with device_guard(x):
-        _down_fwd_kernel[(triton.cdiv(n, BLOCK),)](x, out, C, H, W, Ho, Wo, n, *x.stride(), BLOCK=BLOCK,
-                                                   **launch_options(WARPS))
+        _down_fwd_kernel[(triton.cdiv(n, BLOCK),)](
+            x, out, C, H, W, Ho, Wo, n, *x.stride(), BLOCK=BLOCK, **launch_options(WARPS)
+        )
     return out
 
 
@@ -93,8 +95,9 @@ def _down_bwd_op(g: Tensor, x: Tensor) -> Tensor:
     out = torch.empty((B, C, H, W), dtype=x.dtype, device=x.device)  # contiguous
     n = out.numel()
     with device_guard(g):
-        _down_bwd_kernel[(triton.cdiv(n, BLOCK),)](g, out, C, H, W, g.shape[2], g.shape[3], n, *g.stride(),
-                                                   BLOCK=BLOCK, **launch_options(WARPS))
+        _down_bwd_kernel[(triton.cdiv(n, BLOCK),)](
+            g, out, C, H, W, g.shape[2], g.shape[3], n, *g.stride(), BLOCK=BLOCK, **launch_options(WARPS)
+        )
     return out
 
 

@@ -86,13 +86,41 @@ _SIZES = ("BC", "C", "H", "W", "Ho", "Wo", "n_chunks", "n_strips", "ROWS")
 
 @triton.jit(do_not_specialize=_SIZES)
 def _ssim_fwd_kernel(
-    x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, scr_ptr,
-    BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
-    sx_b, sx_c, sx_h, sx_w,
-    sy_b, sy_c, sy_h, sy_w,
-    c1, c2, shift,
-    K: tl.constexpr, KP: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr,
-    F: tl.constexpr, BW: tl.constexpr, WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr,
+    x_ptr,
+    y_ptr,
+    w_ptr,
+    s_ptr,
+    cs_ptr,
+    l1_ptr,
+    scr_ptr,
+    BC,
+    C,
+    H,
+    W,
+    Ho,
+    Wo,
+    n_chunks,
+    n_strips,
+    ROWS,
+    sx_b,
+    sx_c,
+    sx_h,
+    sx_w,
+    sy_b,
+    sy_c,
+    sy_h,
+    sy_w,
+    c1,
+    c2,
+    shift,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    PAD: tl.constexpr,
+    REFLECT: tl.constexpr,
+    F: tl.constexpr,
+    BW: tl.constexpr,
+    WRITE_MAP: tl.constexpr,
+    WRITE_CS: tl.constexpr,
     HAS_L1: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -129,8 +157,28 @@ def _ssim_fwd_kernel(
         r_in = p_r0 - PAD + i
         row_own = ((r_in >= p_r0) & (r_in < p_r0 + n_rows)) | (last_chunk & (r_in >= Ho) & (r_in < H))
         h1, h2, h11, h22, h12, l1_row = _row_moments(
-            x_ptr, y_ptr, x_base, y_base, r_in, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
-            w_ptr, lane_ok, own_lo, own_hi, shift, K, KP, REFLECT, HAS_L1)
+            x_ptr,
+            y_ptr,
+            x_base,
+            y_base,
+            r_in,
+            p_c - PAD,
+            H,
+            W,
+            sx_h,
+            sx_w,
+            sy_h,
+            sy_w,
+            w_ptr,
+            lane_ok,
+            own_lo,
+            own_hi,
+            shift,
+            K,
+            KP,
+            REFLECT,
+            HAS_L1,
+        )
         if HAS_L1:
             acc_l1 += tl.where(row_own, l1_row, 0.0)
         slot = ring + (i % KP) * BW + ar
@@ -173,17 +221,56 @@ def _ssim_fwd_kernel(
 
 @triton.jit(do_not_specialize=_SIZES)
 def _ssim_bwd_kernel(
-    x_ptr, y_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
-    BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
-    sx_b, sx_c, sx_h, sx_w,
-    sy_b, sy_c, sy_h, sy_w,
-    sg_b, sg_c, sg_h, sg_w,
-    so_b, so_c, so_h, so_w,
-    c1, c2, shift,
-    K: tl.constexpr, KP: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr,
-    F: tl.constexpr, BW: tl.constexpr,
-    UPSTREAM_MAP: tl.constexpr, HAS_CS: tl.constexpr, HAS_L1: tl.constexpr,
-    NEED1: tl.constexpr, NEED2: tl.constexpr, WRITE_SUMS: tl.constexpr,
+    x_ptr,
+    y_ptr,
+    w_ptr,
+    gs_ptr,
+    gc_ptr,
+    l1_ptr,
+    gx_ptr,
+    gy_ptr,
+    scr_ptr,
+    sum_ptr,
+    BC,
+    C,
+    H,
+    W,
+    Ho,
+    Wo,
+    n_chunks,
+    n_strips,
+    ROWS,
+    sx_b,
+    sx_c,
+    sx_h,
+    sx_w,
+    sy_b,
+    sy_c,
+    sy_h,
+    sy_w,
+    sg_b,
+    sg_c,
+    sg_h,
+    sg_w,
+    so_b,
+    so_c,
+    so_h,
+    so_w,
+    c1,
+    c2,
+    shift,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    PAD: tl.constexpr,
+    REFLECT: tl.constexpr,
+    F: tl.constexpr,
+    BW: tl.constexpr,
+    UPSTREAM_MAP: tl.constexpr,
+    HAS_CS: tl.constexpr,
+    HAS_L1: tl.constexpr,
+    NEED1: tl.constexpr,
+    NEED2: tl.constexpr,
+    WRITE_SUMS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     group, chunk, strip, f, bc, lane_ok, b, ch = _lanes(pid, BC, C, n_chunks, n_strips, F, BW)
@@ -228,8 +315,28 @@ def _ssim_bwd_kernel(
         # 1. padded input row r enters; moments of map row p = r - (K - 1) + PAD
         r = q_r0 - (K - 1) + i
         h1, h2, h11, h22, h12, _ = _row_moments(
-            x_ptr, y_ptr, x_base, y_base, r, q_c0 - (K - 1) + f, H, W, sx_h, sx_w, sy_h, sy_w,
-            w_ptr, lane_ok, f, f, shift, K, KP, REFLECT, False)
+            x_ptr,
+            y_ptr,
+            x_base,
+            y_base,
+            r,
+            q_c0 - (K - 1) + f,
+            H,
+            W,
+            sx_h,
+            sx_w,
+            sy_h,
+            sy_w,
+            w_ptr,
+            lane_ok,
+            f,
+            f,
+            shift,
+            K,
+            KP,
+            REFLECT,
+            False,
+        )
         mslot = mring + (i % KP) * BW + ar
         tl.store(mslot, h1)
         tl.store(mslot + KP * BW, h2)
@@ -288,7 +395,9 @@ def _ssim_bwd_kernel(
             dt = age - 2 * q  # through padded row -q
             wa += tl.load(w_ptr + dt, mask=(age < K) & (q >= 1) & (q <= PAD) & (dt >= 0) & (dt < K), other=0.0)
             db = 2 * (H - 1) - 2 * q + age  # through padded row 2 (H - 1) - q
-            wa += tl.load(w_ptr + db, mask=(age < K) & (q >= H - 1 - PAD) & (q <= H - 2) & (db >= 0) & (db < K), other=0.0)
+            wa += tl.load(
+                w_ptr + db, mask=(age < K) & (q >= H - 1 - PAD) & (q <= H - 2) & (db >= 0) & (db < K), other=0.0
+            )
         wa = wa[:, None]
         out = qcol_ok & (i >= 2 * (K - 1)) & (q < q_r0 + n_rows)
         q64 = q.to(tl.int64)
@@ -356,12 +465,36 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, shift: fl
     scratch = torch.empty((n_prog, 5 * geo.kp * geo.bw), dtype=torch.float32, device=dev)
     with device_guard(img1):
         _ssim_fwd_kernel[(n_prog,)](
-            img1, img2, window, s, cs if mode != "map" else s, l1 if l1 is not None else s, scratch,
-            BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
-            *img1.stride(), *img2.stride(),
-            float(c1), float(c2), float(shift),
-            K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
-            WRITE_MAP=not stats, WRITE_CS=mode == "map_cs", HAS_L1=l1 is not None,
+            img1,
+            img2,
+            window,
+            s,
+            cs if mode != "map" else s,
+            l1 if l1 is not None else s,
+            scratch,
+            BC,
+            C,
+            H,
+            W,
+            Ho,
+            Wo,
+            n_chunks,
+            n_strips,
+            geo.rows,
+            *img1.stride(),
+            *img2.stride(),
+            float(c1),
+            float(c2),
+            float(shift),
+            K=K,
+            KP=geo.kp,
+            PAD=pad,
+            REFLECT=reflect,
+            F=geo.f,
+            BW=geo.bw,
+            WRITE_MAP=not stats,
+            WRITE_CS=mode == "map_cs",
+            HAS_L1=l1 is not None,
             **launch_options(geo.warps),
         )
     if stats:
@@ -371,8 +504,22 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, shift: fl
     return s, cs
 
 
-def launch_bwd(img1, img2, window, padding: str, c1: float, c2: float, shift: float, g_s, g_cs,
-               need1: bool, need2: bool, l1=None, grad1=None, sums: bool = False):
+def launch_bwd(
+    img1,
+    img2,
+    window,
+    padding: str,
+    c1: float,
+    c2: float,
+    shift: float,
+    g_s,
+    g_cs,
+    need1: bool,
+    need2: bool,
+    l1=None,
+    grad1=None,
+    sums: bool = False,
+):
     """Run the backward kernel.
 
     ``g_s`` / ``g_cs``: ``[B, C]`` scalars (already divided by the map size) or ``[B, C, H', W']``
@@ -403,8 +550,11 @@ def launch_bwd(img1, img2, window, padding: str, c1: float, c2: float, shift: fl
     gx = (grad1 if grad1 is not None else torch.empty_like(img1)) if need1 else None
     gy = None
     if need2:
-        gy = torch.empty_like(img2) if gx is None else torch.empty_strided(
-            gx.shape, gx.stride(), dtype=img2.dtype, device=dev)
+        gy = (
+            torch.empty_like(img2)
+            if gx is None
+            else torch.empty_strided(gx.shape, gx.stride(), dtype=img2.dtype, device=dev)
+        )
     out = gx if gx is not None else gy
     out_strides = out.stride() if out is not None else (0, 0, 0, 0)
     if l1 is not None:
@@ -413,14 +563,44 @@ def launch_bwd(img1, img2, window, padding: str, c1: float, c2: float, shift: fl
     sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
     with device_guard(img1):
         _ssim_bwd_kernel[(n_prog,)](
-            img1, img2, window, g_s, g_cs if g_cs is not None else g_s, l1 if l1 is not None else g_s,
-            gx if gx is not None else scratch, gy if gy is not None else scratch, scratch, sum_buf,
-            BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
-            *img1.stride(), *img2.stride(), *g_strides, *out_strides,
-            float(c1), float(c2), float(shift),
-            K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
-            UPSTREAM_MAP=upstream_map, HAS_CS=g_cs is not None, HAS_L1=l1 is not None,
-            NEED1=need1, NEED2=need2, WRITE_SUMS=sums,
+            img1,
+            img2,
+            window,
+            g_s,
+            g_cs if g_cs is not None else g_s,
+            l1 if l1 is not None else g_s,
+            gx if gx is not None else scratch,
+            gy if gy is not None else scratch,
+            scratch,
+            sum_buf,
+            BC,
+            C,
+            H,
+            W,
+            Ho,
+            Wo,
+            n_chunks,
+            n_strips,
+            geo.rows,
+            *img1.stride(),
+            *img2.stride(),
+            *g_strides,
+            *out_strides,
+            float(c1),
+            float(c2),
+            float(shift),
+            K=K,
+            KP=geo.kp,
+            PAD=pad,
+            REFLECT=reflect,
+            F=geo.f,
+            BW=geo.bw,
+            UPSTREAM_MAP=upstream_map,
+            HAS_CS=g_cs is not None,
+            HAS_L1=l1 is not None,
+            NEED1=need1,
+            NEED2=need2,
+            WRITE_SUMS=sums,
             **launch_options(geo.warps),
         )
     if sums:
@@ -451,7 +631,9 @@ def _map_numel(img: Tensor, window: Tensor, padding: str) -> int:
 
 
 @torch.library.custom_op("splatloss::triton_ssim_stats", mutates_args=())
-def _stats_op(img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float, shift: float) -> Tuple[Tensor, Tensor]:
+def _stats_op(
+    img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float, shift: float
+) -> Tuple[Tensor, Tensor]:
     s, cs = launch_fwd(img1, img2, window, padding, c1, c2, shift, "stats")
     n = _map_numel(img1, window, padding)
     return s / n, cs / n
@@ -464,8 +646,19 @@ def _(img1, img2, window, padding, c1, c2, shift):
 
 
 @torch.library.custom_op("splatloss::triton_ssim_stats_bwd", mutates_args=())
-def _stats_bwd_op(g_s: Tensor, g_cs: Tensor, img1: Tensor, img2: Tensor, window: Tensor, padding: str,
-                  c1: float, c2: float, shift: float, need1: bool, need2: bool) -> Tuple[Tensor, Tensor]:
+def _stats_bwd_op(
+    g_s: Tensor,
+    g_cs: Tensor,
+    img1: Tensor,
+    img2: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    shift: float,
+    need1: bool,
+    need2: bool,
+) -> Tuple[Tensor, Tensor]:
     n = _map_numel(img1, window, padding)
     gx, gy = launch_bwd(img1, img2, window, padding, c1, c2, shift, g_s / n, g_cs / n, need1, need2)
     return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
@@ -504,8 +697,9 @@ _stats_op.register_autograd(_stats_backward, setup_context=_save)
 
 
 @torch.library.custom_op("splatloss::triton_ssim_map", mutates_args=())
-def _map_op(img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float,
-            shift: float, return_cs: bool) -> Tuple[Tensor, Tensor]:
+def _map_op(
+    img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float, shift: float, return_cs: bool
+) -> Tuple[Tensor, Tensor]:
     s, cs = launch_fwd(img1, img2, window, padding, c1, c2, shift, "map_cs" if return_cs else "map")
     return s, cs if return_cs else img1.new_empty(0, dtype=torch.float32)
 
@@ -520,8 +714,20 @@ def _(img1, img2, window, padding, c1, c2, shift, return_cs):
 
 
 @torch.library.custom_op("splatloss::triton_ssim_map_bwd", mutates_args=())
-def _map_bwd_op(g_s: Tensor, g_cs: Tensor, img1: Tensor, img2: Tensor, window: Tensor, padding: str,
-                c1: float, c2: float, shift: float, has_cs: bool, need1: bool, need2: bool) -> Tuple[Tensor, Tensor]:
+def _map_bwd_op(
+    g_s: Tensor,
+    g_cs: Tensor,
+    img1: Tensor,
+    img2: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    shift: float,
+    has_cs: bool,
+    need1: bool,
+    need2: bool,
+) -> Tuple[Tensor, Tensor]:
     gx, gy = launch_bwd(img1, img2, window, padding, c1, c2, shift, g_s, g_cs if has_cs else None, need1, need2)
     return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
 
@@ -595,6 +801,7 @@ def ssim_mean_and_grad(img1: Tensor, img2: Tensor, cfg, upstream: Tensor) -> Tup
     window, padding, c1, c2, shift = _args(img1, img2, cfg)
     n = _map_numel(img1, window, padding)
     g = (upstream.to(device=img1.device, dtype=torch.float32) / n).expand(img1.shape[:2])
-    gx, _, s_sum, _ = launch_bwd(img1.detach(), img2.detach(), window, padding, c1, c2, shift, g, None,
-                                 True, False, sums=True)
+    gx, _, s_sum, _ = launch_bwd(
+        img1.detach(), img2.detach(), window, padding, c1, c2, shift, g, None, True, False, sums=True
+    )
     return s_sum / n, gx
