@@ -50,7 +50,7 @@ def test_masked_ssim_equals_oracle(name, padding, dtype):
     assert rel(gx, tgx) <= tol_g and rel(gy, tgy) <= tol_g
 
 
-@pytest.mark.parametrize("name", backend_params(NAMES))
+@pytest.mark.parametrize("name", backend_params(NAMES, slow_triton=True))
 @pytest.mark.parametrize("padding", ["same", "reflect", "valid"])
 def test_all_ones_mask_equals_unmasked(name, padding):
     dev = device_for(name)
@@ -115,7 +115,9 @@ def test_unmasked_gaussian_l1_is_the_all_ones_value():
     assert torch.allclose(plain, masked_l1_gaussian(x, y, None, l1_sigma=loss.l1_sigma, padding="same"), rtol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["reference", "torch", "cpu"])
+@pytest.mark.parametrize(
+    "name", [pytest.param("reference", marks=pytest.mark.slow), "torch", pytest.param("cpu", marks=pytest.mark.slow)]
+)
 def test_gradcheck_float64(name):
     g = torch.Generator().manual_seed(0)
     x = torch.rand(1, 2, 12, 13, dtype=torch.float64, generator=g, requires_grad=True)
