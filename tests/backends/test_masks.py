@@ -14,8 +14,9 @@ from conftest import backend_params, device_for, rel
 
 NAMES = ("reference",) + tuple(p.values[0] for p in backend_params())
 # Bars from the issue: values 2e-5 absolute, gradients 1e-4 normwise (max-norm relative) for fp32 inputs.
-# Measured (fp32 inputs, 37x45 astronaut crop, soft mask): values <= 4.4e-8, gradients <= 1.4e-6 on every
-# backend (all run the shared masked composition in fp32); float64 inputs agree to ~1e-13.
+# Measured (fp32 inputs, 37x45 astronaut crop, soft mask, every padding): values <= 4.4e-8, gradients
+# <= 3.9e-6; masked MS-SSIM at 163x167: values 3.6e-8, gradients <= 9.2e-6 -- the same on every backend
+# (all run the shared masked composition); float64 inputs agree to ~1e-13.
 VALUE_TOL, GRAD_TOL = 2e-5, 1e-4
 
 
