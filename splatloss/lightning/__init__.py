@@ -4,26 +4,9 @@ Importing this package imports Lightning (the core ``splatloss`` package never d
 ``train`` extra: ``pip install 'splatloss[train]'``.
 """
 
-import importlib.util as _importlib_util
-import sys as _sys
+from splatloss._extras import require_train_extra
 
-
-def _missing_train_extra() -> list:
-    missing = []
-    for mod in ("lightning", "hydra", "omegaconf", "gsplat"):
-        if mod in _sys.modules:
-            if _sys.modules[mod] is None:
-                missing.append(mod)
-        elif _importlib_util.find_spec(mod) is None:
-            missing.append(mod)
-    return missing
-
-
-if _missing_train_extra():
-    raise ImportError(
-        f"splatloss.lightning needs the training dependencies; {', '.join(_missing_train_extra())} "
-        "could not be imported. Install them with: pip install 'splatloss[train]'"
-    )
+require_train_extra("splatloss.lightning", ("lightning", "hydra", "omegaconf", "gsplat"))
 
 from .callbacks import HeldOutMetrics, LossTerms, StepProgressBar, StopOnSignal  # noqa: E402
 from .data import ResumableLoader, SceneDataModule, StepViewSampler, check_scene  # noqa: E402
