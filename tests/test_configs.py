@@ -182,3 +182,31 @@ def test_loss_configs_share_one_ssim_block():
         assert not set(own.keys()) & set(shared.keys()), name  # written once, in _ssim.yaml
         composed = _compose([f"loss={name}", "loss.window_size=7"]).loss
         assert composed.window_size == 7 and composed.sigma == shared.sigma, name
+
+
+def test_ddp_trainer_extends_default():
+    default, ddp = _compose([]).trainer, _compose(["trainer=ddp"]).trainer
+    changed = {k for k in default if ddp[k] != default[k]}
+    assert changed == {"accelerator", "devices"}  # "auto" -> "cpu" (gloo), 1 -> 2 processes
+    assert set(ddp) - set(default) == {"strategy", "use_distributed_sampler"}
+    assert ddp.devices == 2 and ddp.accelerator == "cpu"
+    # A key changed in default reaches ddp without editing ddp.yaml.
+    assert _compose(["trainer=ddp", "trainer.max_steps=7"]).trainer.max_steps == 7
+
+
+@pytest.mark.parametrize("model", _choices("model"))
+def test_model_config_instantiates_the_module_and_binds_the_scene(model):
+    from splatloss.lightning import SplatModule
+    from splatloss.splat.synthetic import default_scene
+
+    cfg = _compose([f"model={model}", "trainer.max_steps=50"])
+    module = instantiate(cfg.model, loss=PhotometricLoss(l1=1.0))
+    assert isinstance(module, SplatModule) and module.gaussians is None  # built from the scene's points
+    assert module.lr_decay_steps == 50  # the run's length, through the config
+    scene = default_scene(image_size=16, n_train=2, n_test=1, n_points=200, supersample=1, seed=0)
+    module.bind_scene(scene)
+    assert module.gaussians.num == 200
+    assert module.lr["means"] == pytest.approx(cfg.model.lr.means * scene.extent)
+    assert type(module.strategy).__name__ == "DensifyStrategy" and module.strategy.extent == pytest.approx(scene.extent)
+    module.bind_scene(scene)  # once only: the rate is not scaled twice
+    assert module.lr["means"] == pytest.approx(cfg.model.lr.means * scene.extent)

@@ -8,7 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-from test_train import ROOT, make_cfg
+import torch
+from test_train import ROOT, TINY, make_cfg
 
 from splatloss.train import train
 
@@ -122,7 +123,61 @@ def test_blender_scene_trains_through_the_pipeline(tmp_path):
 
 
 def test_densification_under_ddp_is_rejected(tmp_path):
-    over = ["trainer=ddp", "model.strategy={_target_: splatloss.splat.strategy.DensifyStrategy}"]
+    over = ["trainer=ddp", "model.strategy={_target_: splatloss.splat.strategy.DensifyStrategy, _partial_: true}"]
     with pytest.raises(ValueError, match=r"densification \(model.strategy\) cannot run with 2 processes"):
         train(make_cfg(tmp_path, over))
     assert _nothing_trained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        # The loss is tried once on a pair of the views' shape: MS-SSIM's five scales need 161 px with "valid".
+        (
+            ["loss=msssim", "loss.padding=valid"],
+            r"^the loss \(from .*loss\.padding=valid.*\) cannot run on this data's 32x32 views on cpu: "
+            r"ValueError: ms_ssim with 5 scales, window_size=11 and padding='valid' needs images of at least 161x161",
+        ),
+        # The user's value, not the rate derived from it (lr.means is per unit of scene extent).
+        (["model.lr.means=-1"], r"lr\['means'\] must be a finite number >= 0, got -1$"),
+    ],
+)
+def test_loss_and_model_errors_arrive_before_anything_is_written(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message) as info:
+        train(make_cfg(tmp_path, overrides))
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # one message, no chained traceback
+    assert _nothing_trained(tmp_path) and not os.path.exists(os.path.join(tmp_path, "renders"))
+
+
+def test_a_bad_loss_argument_is_one_message(tmp_path):
+    with pytest.raises(ValueError, match=r"window_size must be an odd integer >= 3, got 4") as info:
+        train(make_cfg(tmp_path, ["loss.window_size=4"]))
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_gpu_trainer_without_a_gpu_names_the_trainers_that_run(tmp_path):
+    with pytest.raises(ValueError, match=r"trainer.accelerator=gpu asks for a CUDA GPU.*trainer=default .*trainer=cpu"):
+        train(make_cfg(tmp_path, ["trainer=gpu"]))
+    assert _nothing_trained(tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton backend runs where CUDA is present")
+def test_triton_loss_on_a_cpu_machine_stops_with_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "loss.backend=triton", f"hydra.run.dir={run}"]
+        + [o for o in TINY if o.startswith("data.")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("splatloss-train: error:")]
+    assert len(errors) == 1 and "loss.backend=triton" in errors[0], proc.stderr
+    assert "backend='triton' needs CUDA tensors, got a tensor on cpu" in errors[0]
+    assert _nothing_trained(run) and not (run / "renders").exists()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
 import lightning as L
 import torch
@@ -33,6 +33,11 @@ from ..splat.scenes import View
 __all__ = ["SplatModule"]
 
 _PARAM_NAMES = ("means", "quats", "log_scales", "opacity_logits", "colors")
+
+
+def _check_gaussians(gaussians) -> None:
+    if not isinstance(gaussians, nn.Module) or not all(hasattr(gaussians, k) for k in _PARAM_NAMES):
+        raise TypeError(f"gaussians must be a splatloss.splat.gaussians.Gaussians, got {type(gaussians).__name__}")
 
 
 def _view_from_batch(batch: Mapping[str, Any], named: bool = True) -> View:
@@ -56,9 +61,15 @@ def _view_from_batch(batch: Mapping[str, Any], named: bool = True) -> View:
 class SplatModule(L.LightningModule):
     """Gaussians + renderer + photometric loss, trained with Adam; optional densification.
 
+    The Hydra config ``model/`` builds it with ``_target_``; what depends on the scene (the
+    Gaussians initialised from its points, the densification thresholds in units of its extent,
+    its background colour) is given as a factory and resolved by :meth:`bind_scene`, which
+    :meth:`setup` calls with the data module's scene (or call it yourself, earlier, to fail fast).
+
     Args:
         gaussians: the :class:`~splatloss.splat.gaussians.Gaussians` to train (their count may
-            change when ``strategy`` densifies).
+            change when ``strategy`` densifies), or a factory ``gaussians(points=, colors=)`` that
+            builds them from the scene's points (Hydra: ``_partial_: true``).
         loss: the photometric loss, called as ``loss(pred, target)`` on ``(1, 3, H, W)`` images;
             a :class:`splatloss.PhotometricLoss` exposes ``terms`` / ``weights`` for the callbacks.
         lr: learning rate per attribute, keys among ``means, quats, log_scales, opacity_logits,
@@ -68,21 +79,26 @@ class SplatModule(L.LightningModule):
         lr_decay_steps: steps of that decay (the run's ``max_steps``); after it the rate stays.
         strategy: densification / pruning, an object with ``pre_backward(out)``,
             ``post_step(gaussians, optimizer, out, step) -> bool`` and ``state_dict()`` /
-            ``load_state_dict()``; ``None`` trains a fixed set of Gaussians.
+            ``load_state_dict()``, or a factory ``strategy(extent=)`` given the scene's extent;
+            ``None`` trains a fixed set of Gaussians.
         render_backend: passed to :func:`splatloss.splat.renderer.render` (``"auto"``, ``"cpu"``,
             ``"cuda"``).
         render_options: further keyword arguments of ``render`` (e.g. the CPU path's
             ``tile_size``, ``max_per_tile``).
-        background: RGB the renders are composited on, or ``None`` for the renderer's default.
+        background: RGB the renders are composited on, or ``None``: the scene's own background
+            once bound to a scene (black for the default scene, white for Blender), else the
+            renderer's default.
         adam_eps: Adam's epsilon (3DGS uses 1e-15: the gradients of tiny Gaussians are tiny).
         time_steps: time the parts of each step (logged as ``step_ms`` / ``loss_share``). On CUDA
             this synchronises the device between the parts (kernels run asynchronously); set
             False to train without those syncs. On the CPU it costs nothing measurable.
+        means_lr_times_extent: ``lr["means"]`` is per unit of scene extent (3DGS): the rate used
+            is ``lr["means"] * scene.extent``, set by :meth:`bind_scene`.
     """
 
     def __init__(
         self,
-        gaussians: Gaussians,
+        gaussians: Union[Gaussians, Callable[..., Gaussians]],
         loss: nn.Module,
         lr: Mapping[str, float],
         means_lr_final_factor: float = 0.01,
@@ -93,10 +109,16 @@ class SplatModule(L.LightningModule):
         background: Optional[Sequence[float]] = None,
         adam_eps: float = 1e-15,
         time_steps: bool = True,
+        means_lr_times_extent: bool = False,
     ):
         super().__init__()
-        if not isinstance(gaussians, nn.Module) or not all(hasattr(gaussians, k) for k in _PARAM_NAMES):
-            raise TypeError(f"gaussians must be a splatloss.splat.gaussians.Gaussians, got {type(gaussians).__name__}")
+        if isinstance(gaussians, nn.Module):
+            _check_gaussians(gaussians)
+        elif not callable(gaussians):
+            raise TypeError(
+                "gaussians must be a splatloss.splat.gaussians.Gaussians or a factory gaussians(points=, colors=), "
+                f"got {type(gaussians).__name__}"
+            )
         if not callable(loss):
             raise TypeError(f"loss must be a callable nn.Module, got {type(loss).__name__}")
         lr = dict(lr)
@@ -110,12 +132,22 @@ class SplatModule(L.LightningModule):
         if not isinstance(lr_decay_steps, int) or lr_decay_steps < 1:
             raise ValueError(f"lr_decay_steps must be an integer >= 1, got {lr_decay_steps!r}")
         self.automatic_optimization = False
-        self.gaussians = gaussians
+        if isinstance(gaussians, nn.Module):
+            self.gaussians = gaussians
+            self._gaussians_factory = None
+        else:
+            self.gaussians = None
+            self._gaussians_factory = gaussians
         self.loss = loss
         self.lr = {k: float(v) for k, v in lr.items()}
         self.means_lr_final_factor = float(means_lr_final_factor)
         self.lr_decay_steps = lr_decay_steps
-        self.strategy = strategy
+        # A strategy object has post_step; anything else callable is a factory of the scene's extent.
+        factory = strategy is not None and callable(strategy) and not hasattr(strategy, "post_step")
+        self.strategy = None if factory else strategy
+        self._strategy_factory = strategy if factory else None
+        self.means_lr_times_extent = bool(means_lr_times_extent)
+        self.scene_bound = False
         self.render_backend = render_backend
         self.render_options = dict(render_options or {})
         self.background = None if background is None else tuple(float(c) for c in background)
@@ -130,6 +162,41 @@ class SplatModule(L.LightningModule):
         self._fit_t0: Optional[float] = None
         self._fit_seconds = 0.0
         self.start_step = 0
+
+    # -- the scene -----------------------------------------------------------------------------------
+    def bind_scene(self, scene) -> None:
+        """Resolve what depends on the scene (once; later calls do nothing): build the Gaussians
+        and the strategy from their factories, scale ``lr["means"]`` by ``scene.extent`` when
+        ``means_lr_times_extent``, and take the scene's background when none was given."""
+        if self.scene_bound:
+            return
+        if self._gaussians_factory is not None:
+            gaussians = self._gaussians_factory(points=scene.points, colors=scene.colors)
+            _check_gaussians(gaussians)
+            self.gaussians = gaussians
+            self._gaussians_factory = None
+        if self._strategy_factory is not None:
+            self.strategy = self._strategy_factory(extent=float(scene.extent))
+            self._strategy_factory = None
+        if self.means_lr_times_extent:
+            self.lr["means"] = self.lr["means"] * float(scene.extent)
+        if self.background is None and getattr(scene, "background", None) is not None:
+            self.background = tuple(float(c) for c in scene.background)
+        self.scene_bound = True
+
+    def setup(self, stage: str) -> None:
+        if self.scene_bound:
+            return
+        dm = getattr(self.trainer, "datamodule", None)
+        if dm is not None and getattr(dm, "scene", None) is not None:
+            self.bind_scene(dm.scene)
+        elif self.gaussians is None or self.means_lr_times_extent or self._strategy_factory is not None:
+            raise ValueError(
+                "SplatModule needs a scene (its Gaussians, strategy or means learning rate depend on it): "
+                "fit with a datamodule that has .scene (SceneDataModule) or call module.bind_scene(scene) first"
+            )
+        else:
+            self.scene_bound = True
 
     # -- rendering ---------------------------------------------------------------------------------
     def _background(self, device) -> Optional[torch.Tensor]:
