@@ -92,9 +92,11 @@ def train(cfg) -> Dict[str, Any]:
         evaluator.dirpath = os.path.join(out_dir, "renders")
     stopper = StopOnSignal()
     logger = _build("logger", cfg.logger) if cfg.get("logger") else False
+    every = cfg.get("eval_every_n_steps")  # one epoch is the whole run: evaluate within it
+    evaluation = {} if every is None else {"check_val_every_n_epoch": 1, "val_check_interval": int(every)}
     trainer = _build(
         "trainer", cfg.trainer, callbacks=[*callbacks, stopper], logger=logger, default_root_dir=out_dir,
-        plugins=[AtomicCheckpointIO()],
+        plugins=[AtomicCheckpointIO()], **evaluation,
     )  # fmt: skip
     if trainer.world_size > 1 and module.strategy is not None:
         raise ValueError(

@@ -1,9 +1,12 @@
 """Where a run's held-out renders go: init/, final/ and step_<n>/ for evaluations during training."""
 
+import csv
 import os
 
 import lightning as L
+import pytest
 import torch
+from omegaconf import open_dict
 from test_train import make_cfg
 
 from splatloss.lightning import HeldOutMetrics
@@ -61,3 +64,24 @@ def test_render_file_names_have_one_extension(tmp_path):
         "r_1.png",
         "view.v2.png",
     ]
+
+
+def test_eval_every_n_steps_evaluates_during_training(tmp_path):
+    cfg = make_cfg(tmp_path, ["loss=l1", "trainer.max_steps=12", "eval_every_n_steps=4", "export_ply=false"])
+    with open_dict(cfg):  # the tiny test config drops the logger; put the default CSV logger back
+        cfg.logger = {"_target_": "lightning.pytorch.loggers.CSVLogger", "save_dir": str(tmp_path), "name": "csv"}
+    train(cfg)
+    folders = sorted(os.listdir(tmp_path / "renders"))
+    assert folders == ["final", "init", "step_000004", "step_000008", "step_000012"], folders
+    # The held-out metrics of each evaluation reach the logger, at the step they were taken.
+    (path,) = list(tmp_path.glob("csv/version_*/metrics.csv"))
+    with open(path) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("val/psnr")]
+    # init, three evaluations during training, final
+    assert len(rows) == 5, [r["step"] for r in rows]
+    assert all(0 < float(r["val/psnr"]) < 100 for r in rows)
+
+
+def test_eval_every_n_steps_must_be_a_positive_integer(tmp_path):
+    with pytest.raises(ValueError, match=r"eval_every_n_steps must be null or an integer >= 1, got 0"):
+        train(make_cfg(tmp_path, ["eval_every_n_steps=0"]))

@@ -101,6 +101,9 @@ def check_config(cfg) -> None:
     steps = cfg.trainer.get("max_steps", -1)
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"trainer.max_steps must be an integer >= 1, got {steps!r}")
+    every = cfg.get("eval_every_n_steps")
+    if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
+        raise ValueError(f"eval_every_n_steps must be null or an integer >= 1, got {every!r}")
     check_device(cfg.trainer)
 
 
