@@ -153,20 +153,25 @@ def _evaluate(trainer, module, dm, evaluator, tag: str) -> Dict[str, float]:
 
 
 def _summary(metrics: Dict[str, Any], out_dir: str) -> None:
+    """The run's last lines: what it reached and where everything it wrote is."""
     nan = float("nan")
+    step_ms = 1000 * metrics["step_seconds"] if metrics.get("step_seconds") is not None else nan
+    share = 100 * metrics["loss_share"] if metrics.get("loss_share") is not None else nan
     log.info(
         "held-out PSNR %.2f dB (untrained %.2f dB), SSIM %.4f, MS-SSIM %.4f; %d steps in %.1f s, "
-        "%.1f ms/step, loss %.1f%% of the step; wrote %s",
+        "%.1f ms/step, loss %.1f%% of the step",
         metrics.get("psnr", nan),
         metrics.get("psnr_init", nan),
         metrics.get("ssim", nan),
         metrics.get("ms_ssim", nan),
         metrics["steps"],
         metrics["train_seconds"],
-        1000 * (metrics["step_seconds"] or nan),
-        100 * (metrics["loss_share"] if metrics["loss_share"] == metrics["loss_share"] else nan),
-        out_dir,
+        step_ms,
+        share,
     )
+    wrote = ["metrics.json", "point_cloud.ply", os.path.join("checkpoints", "last.ckpt"), "renders"]
+    found = [w for w in wrote if os.path.exists(os.path.join(out_dir, w))]
+    log.info("wrote %s: %s", out_dir, ", ".join(found))
 
 
 class _DropLines(logging.Filter):
