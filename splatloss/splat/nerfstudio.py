@@ -211,9 +211,11 @@ def load_nerfstudio(
         points, colors = _read_ply_points(ply_fn)
     else:
         # Random points in a cube around the point the cameras surround: centred on their centroid, of
-        # half-width half their median distance from it (the scene lies inside the camera ring).
+        # half-width 0.3 times their median distance from it (3DGS: +-1.3 for Blender's cameras at ~4).
+        # Half the distance put points a few tenths from the cameras: floaters that held-out PSNR
+        # never recovered from (300 steps, 32 px: 9.97 -> 9.28 dB at 0.5, 9.11 -> 10.71 dB at 0.3).
         c0 = centers.mean(0)
-        half = 0.5 * float((centers - c0).norm(dim=-1).median())
+        half = 0.3 * float((centers - c0).norm(dim=-1).median())
         points, colors = _random_points(n_points, max(half, 1e-3), seed)
         points = points + c0
     return SceneData([views[i] for i in i_train], [views[i] for i in i_eval], points, colors, extent, background)
