@@ -2,8 +2,9 @@
 
 * :class:`LossTerms` logs every term of the loss and its weight, and can schedule the weights
   over steps (piecewise linear in the global step, so a resumed run gets the same weights).
-* :class:`HeldOutMetrics` evaluates PSNR, SSIM and MS-SSIM on the validation views and saves
-  side-by-side renders (prediction | ground truth).
+* :class:`HeldOutMetrics` evaluates PSNR, SSIM (in the conventions papers quote) and MS-SSIM on
+  the validation views, saves side-by-side renders (prediction | ground truth) and shows them in
+  TensorBoard when a TensorBoard logger is attached.
 
 Neither needs :class:`~splatloss.lightning.SplatModule`: ``LossTerms`` finds the loss as the
 module's ``loss`` attribute (or its only ``PhotometricLoss`` submodule); ``HeldOutMetrics`` reads
@@ -22,10 +23,22 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import lightning as L
 import numpy as np
 import torch
+from lightning.fabric.loggers import TensorBoardLogger
 
 from .._atomic import atomic_output
+from ..config import MS_SSIM_WEIGHTS
+from ..functional import ms_ssim, ssim
 
-__all__ = ["LossTerms", "HeldOutMetrics", "StepProgressBar", "find_loss", "interpolate_schedule", "ms_ssim_weights_for"]
+__all__ = [
+    "LossTerms",
+    "HeldOutMetrics",
+    "StepProgressBar",
+    "find_loss",
+    "interpolate_schedule",
+    "ms_ssim_weights_for",
+    "ssim_3dgs",
+    "ssim_skimage",
+]
 
 
 def find_loss(pl_module: torch.nn.Module, attr: str = "loss"):
@@ -161,8 +174,6 @@ def ms_ssim_weights_for(size: int, window_size: int = 11) -> tuple:
         >>> len(ms_ssim_weights_for(256)), len(ms_ssim_weights_for(64))
         (5, 3)
     """
-    from ..config import MS_SSIM_WEIGHTS
-
     scales = 0
     while scales < len(MS_SSIM_WEIGHTS) and size >= (window_size - 1) * 2**scales + 1:
         scales += 1
@@ -173,6 +184,45 @@ def ms_ssim_weights_for(size: int, window_size: int = 11) -> tuple:
     w = MS_SSIM_WEIGHTS[:scales]
     total = sum(w)
     return tuple(x / total for x in w)
+
+
+# scikit-image's ``structural_similarity`` defaults (7x7 uniform window, "valid" crop) use the sample
+# covariance, every (co)variance times N/(N-1) with N = 49 window pixels. In the SSIM formula that
+# factor s appears only in the contrast-structure term, (2 s v_xy + C2) / (s (v_x + v_y) + C2), which
+# equals (2 v_xy + C2/s) / (v_x + v_y + C2/s): population covariance with C2 divided by s is the same
+# number, so splatloss computes it exactly (tests/test_train_logging.py checks it against skimage).
+SKIMAGE_WINDOW = 7
+SKIMAGE_COV_NORM = SKIMAGE_WINDOW**2 / (SKIMAGE_WINDOW**2 - 1)
+
+
+def ssim_skimage(pred: torch.Tensor, target: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
+    """Per-image SSIM ``(B,)`` in scikit-image's default convention:
+    ``skimage.metrics.structural_similarity(im1, im2, data_range=data_range, channel_axis=-1)``,
+    i.e. a 7x7 uniform window, K1 0.01, K2 0.03, sample covariance, the map cropped by 3 px on each
+    side ("valid"), the mean over channels and pixels.
+
+    Examples:
+        >>> x = torch.rand(1, 3, 16, 16)
+        >>> round(float(ssim_skimage(x, x)[0]), 6)
+        1.0
+    """
+    c2 = (0.03 * data_range) ** 2 / SKIMAGE_COV_NORM
+    return ssim(
+        pred, target, data_range=data_range, window="uniform", window_size=SKIMAGE_WINDOW, c2=c2, reduction="none"
+    )
+
+
+def ssim_3dgs(pred: torch.Tensor, target: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
+    """Per-image SSIM ``(B,)`` as 3D Gaussian Splatting reports it (``utils/loss_utils.py``'s ``ssim``,
+    which its ``metrics.py`` uses): 11x11 Gaussian window, sigma 1.5, zero padding to the image size
+    ("same"), K1 0.01, K2 0.03, the mean over channels and pixels.
+
+    Examples:
+        >>> x = torch.rand(1, 3, 16, 16)
+        >>> round(float(ssim_3dgs(x, x)[0]), 6)
+        1.0
+    """
+    return ssim(pred, target, data_range=data_range, padding="same", reduction="none")
 
 
 def _write_png_atomic(path: str, rgb: np.ndarray) -> None:
@@ -199,23 +249,41 @@ def render_file_name(name: str) -> str:
 class HeldOutMetrics(L.Callback):
     """PSNR, SSIM and MS-SSIM on the validation views, plus side-by-side renders.
 
-    Logged (mean over the held-out views, synchronised across processes): ``val/psnr``,
-    ``val/ssim``, ``val/ms_ssim``. :attr:`last` holds the latest values and the MS-SSIM weights
-    used. SSIM is splatloss's default (11-px Gaussian window, sigma 1.5, "valid", data range 1);
-    MS-SSIM uses the standard weights truncated to the scales the image size allows
-    (:func:`ms_ssim_weights_for`), recorded in :attr:`last`.
+    Logged (mean over the held-out views, synchronised across processes), all with data range 1 on
+    the prediction clamped to [0, 1]:
+
+    - ``val/psnr``;
+    - ``val/ssim``: splatloss's default SSIM (11x11 Gaussian window, sigma 1.5, "valid": no padding),
+      which is skimage's ``structural_similarity(gaussian_weights=True, sigma=1.5,
+      use_sample_covariance=False)``;
+    - ``val/ssim_3dgs``: the SSIM 3D Gaussian Splatting papers report (:func:`ssim_3dgs`: the same
+      window with zero "same" padding);
+    - ``val/ssim_skimage``: skimage's default ``structural_similarity`` (:func:`ssim_skimage`: 7x7
+      uniform window, sample covariance, "valid"), what many NeRF papers report;
+    - ``val/ms_ssim``: the standard weights truncated to the scales the image size allows
+      (:func:`ms_ssim_weights_for`), the number of scales recorded in :attr:`last`.
+
+    LPIPS is not computed: it needs pretrained network weights (see docs/splat.md, "Evaluation").
+    :attr:`last` holds the latest values.
 
     Args:
         save_renders: write ``<dirpath>/<tag>/<name>.png`` (prediction | ground truth) for the first
             ``max_renders`` views, on global rank 0 only.
         dirpath: folder for renders; default ``<trainer.default_root_dir>/renders``.
-        max_renders: how many views to save per evaluation.
+        max_renders: how many views to save (and show in TensorBoard) per evaluation.
+        log_images: when the trainer has a TensorBoard logger, add the same side-by-side images to
+            it as ``held_out/<view>`` at the current global step (global rank 0 only).
     """
 
-    def __init__(self, save_renders: bool = True, dirpath: Optional[str] = None, max_renders: int = 4):
+    METRICS = ("psnr", "ssim", "ssim_3dgs", "ssim_skimage", "ms_ssim")
+
+    def __init__(
+        self, save_renders: bool = True, dirpath: Optional[str] = None, max_renders: int = 4, log_images: bool = True
+    ):
         self.save_renders = save_renders
         self.dirpath = dirpath
         self.max_renders = max_renders
+        self.log_images = log_images
         self.tag: Optional[str] = None
         self.last: Dict[str, Any] = {}
         self._rows: List[Dict[str, float]] = []
@@ -224,8 +292,6 @@ class HeldOutMetrics(L.Callback):
         self._rows = []
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        from .. import ms_ssim, ssim
-
         if not isinstance(outputs, Mapping) or "pred" not in outputs or "target" not in outputs:
             raise ValueError(
                 "HeldOutMetrics: validation_step must return a dict with 'pred' and 'target' "
@@ -240,27 +306,45 @@ class HeldOutMetrics(L.Callback):
             )
         mse = ((pred - target) ** 2).flatten(1).mean(1)  # [B]
         psnr = -10.0 * torch.log10(mse.clamp_min(1e-12))
-        s = ssim(pred, target, data_range=1.0, reduction="none")
         weights = ms_ssim_weights_for(min(pred.shape[-2:]))
-        ms = ms_ssim(pred, target, data_range=1.0, weights=weights, reduction="none")
+        values = {
+            "psnr": psnr,
+            "ssim": ssim(pred, target, data_range=1.0, reduction="none"),
+            "ssim_3dgs": ssim_3dgs(pred, target),
+            "ssim_skimage": ssim_skimage(pred, target),
+            "ms_ssim": ms_ssim(pred, target, data_range=1.0, weights=weights, reduction="none"),
+        }
         for b in range(pred.shape[0]):
-            self._rows.append({"psnr": float(psnr[b]), "ssim": float(s[b]), "ms_ssim": float(ms[b])})
+            self._rows.append({k: float(v[b]) for k, v in values.items()})
         self.last["ms_ssim_scales"] = len(weights)
-        if self.save_renders and trainer.is_global_zero and batch_idx < self.max_renders:
+        if batch_idx >= self.max_renders or not trainer.is_global_zero:
+            return
+        name = str(outputs.get("name") or f"view_{batch_idx:03d}")
+        side = torch.cat([pred[0], target[0]], dim=-1).permute(1, 2, 0).cpu().numpy()  # [H, 2W, 3]
+        if self.save_renders:
             root = self.dirpath or os.path.join(trainer.default_root_dir, "renders")
             tag = self.tag or f"step_{trainer.global_step:06d}"
-            name = str(outputs.get("name") or f"view_{batch_idx:03d}")
-            side = torch.cat([pred[0], target[0]], dim=-1).permute(1, 2, 0).cpu().numpy()  # [H, 2W, 3]
             _write_png_atomic(os.path.join(root, tag, render_file_name(name)), side)
+        if self.log_images:
+            for logger in _tensorboard_loggers(trainer):
+                stem = os.path.splitext(render_file_name(name))[0]
+                logger.experiment.add_image(
+                    f"held_out/{stem}", np.clip(side, 0, 1), global_step=trainer.global_step, dataformats="HWC"
+                )
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if not self._rows:
             return
-        for key in ("psnr", "ssim", "ms_ssim"):
+        for key in self.METRICS:
             value = sum(r[key] for r in self._rows) / len(self._rows)
             pl_module.log(f"val/{key}", value, sync_dist=True, batch_size=len(self._rows))
             self.last[key] = value
         self.last["num_views"] = len(self._rows)
+
+
+def _tensorboard_loggers(trainer) -> List[Any]:
+    """The trainer's TensorBoard loggers (Lightning's, or Fabric's it derives from)."""
+    return [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
 
 
 class StepProgressBar(L.pytorch.callbacks.RichProgressBar):
