@@ -14,6 +14,10 @@ One step, timed part by part (the run reports the step time and the loss's share
    ``dL/dimage`` (by the chain rule this equals backpropagating through everything at once);
 3. backpropagate ``dL/dimage`` through the renderer to the Gaussians;
 4. Adam step, learning-rate schedule, densification.
+
+With spherical harmonics beyond degree 0 (``sh_degree``), the degree the renderer evaluates rises
+by one every ``sh_degree_interval`` steps up to the maximum (3DGS's schedule), a function of the
+step alone, so a resumed run evaluates the same degree as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ..splat.scenes import View
 __all__ = ["SplatModule"]
 
 _PARAM_NAMES = ("means", "quats", "log_scales", "opacity_logits", "colors")
+_SH_LR_KEY = "sh_rest"  # the higher SH coefficients' group: only with Gaussians of SH degree > 0
 
 
 def _check_gaussians(gaussians) -> None:
@@ -73,7 +78,8 @@ class SplatModule(L.LightningModule):
         loss: the photometric loss, called as ``loss(pred, target)`` on ``(1, 3, H, W)`` images;
             a :class:`splatloss.PhotometricLoss` exposes ``terms`` / ``weights`` for the callbacks.
         lr: learning rate per attribute, keys among ``means, quats, log_scales, opacity_logits,
-            colors`` (all five required).
+            colors`` (all five required) and ``sh_rest`` (required when the Gaussians' SH degree is
+            above 0; 3DGS uses the colours' rate / 20).
         means_lr_final_factor: the means' learning rate decays exponentially from ``lr["means"]``
             to ``lr["means"] * means_lr_final_factor`` over ``lr_decay_steps`` (3DGS schedule).
         lr_decay_steps: steps of that decay (the run's ``max_steps``); after it the rate stays.
@@ -94,6 +100,11 @@ class SplatModule(L.LightningModule):
             False to train without those syncs. On the CPU it costs nothing measurable.
         means_lr_times_extent: ``lr["means"]`` is per unit of scene extent (3DGS): the rate used
             is ``lr["means"] * scene.extent``, set by :meth:`bind_scene`.
+        sh_degree: maximum spherical-harmonics degree of the colour (0..3), passed to the
+            Gaussians factory as ``sh_degree=``; with Gaussians given directly it must equal
+            theirs. ``None``: the Gaussians' own (the factory's default).
+        sh_degree_interval: the evaluated SH degree is ``min(sh_degree, step // sh_degree_interval)``
+            (3DGS: 1000).
     """
 
     def __init__(
@@ -110,10 +121,23 @@ class SplatModule(L.LightningModule):
         adam_eps: float = 1e-15,
         time_steps: bool = True,
         means_lr_times_extent: bool = False,
+        sh_degree: Optional[int] = None,
+        sh_degree_interval: int = 1000,
     ):
         super().__init__()
+        if sh_degree is not None and (
+            not isinstance(sh_degree, int) or isinstance(sh_degree, bool) or not 0 <= sh_degree <= 3
+        ):
+            raise ValueError(f"sh_degree must be an integer in 0..3 or None, got {sh_degree!r}")
+        if not isinstance(sh_degree_interval, int) or isinstance(sh_degree_interval, bool) or sh_degree_interval < 1:
+            raise ValueError(f"sh_degree_interval must be an integer >= 1, got {sh_degree_interval!r}")
         if isinstance(gaussians, nn.Module):
             _check_gaussians(gaussians)
+            if sh_degree is not None and gaussians.sh_degree != sh_degree:
+                raise ValueError(
+                    f"sh_degree={sh_degree} but the Gaussians given have SH degree {gaussians.sh_degree}: "
+                    "build them with Gaussians.from_points(..., sh_degree=) or leave sh_degree=None"
+                )
         elif not callable(gaussians):
             raise TypeError(
                 "gaussians must be a splatloss.splat.gaussians.Gaussians or a factory gaussians(points=, colors=), "
@@ -122,8 +146,11 @@ class SplatModule(L.LightningModule):
         if not callable(loss):
             raise TypeError(f"loss must be a callable nn.Module, got {type(loss).__name__}")
         lr = dict(lr)
-        if set(lr) != set(_PARAM_NAMES):
-            raise ValueError(f"lr must give exactly the keys {sorted(_PARAM_NAMES)}, got {sorted(lr)}")
+        if not set(_PARAM_NAMES) <= set(lr) <= set(_PARAM_NAMES) | {_SH_LR_KEY}:
+            raise ValueError(
+                f"lr must give the keys {sorted(_PARAM_NAMES)} (and {_SH_LR_KEY!r} with SH degree > 0), "
+                f"got {sorted(lr)}"
+            )
         for k, v in lr.items():
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or not math.isfinite(v):
                 raise ValueError(f"lr[{k!r}] must be a finite number >= 0, got {v!r}")
@@ -162,6 +189,17 @@ class SplatModule(L.LightningModule):
         self._fit_t0: Optional[float] = None
         self._fit_seconds = 0.0
         self.start_step = 0
+        self.sh_degree = sh_degree
+        self.sh_degree_interval = sh_degree_interval
+        if self.gaussians is not None:
+            self._check_sh_lr()
+
+    def _check_sh_lr(self) -> None:
+        if "sh_rest" in self.gaussians.param_names and _SH_LR_KEY not in self.lr:
+            raise ValueError(
+                f"the Gaussians have SH degree {self.gaussians.sh_degree}: lr needs a {_SH_LR_KEY!r} rate for their "
+                "higher SH coefficients (model.lr.sh_rest; 3DGS uses lr.colors / 20)"
+            )
 
     # -- the scene -----------------------------------------------------------------------------------
     def bind_scene(self, scene) -> None:
@@ -171,10 +209,12 @@ class SplatModule(L.LightningModule):
         if self.scene_bound:
             return
         if self._gaussians_factory is not None:
-            gaussians = self._gaussians_factory(points=scene.points, colors=scene.colors)
+            kwargs = {} if self.sh_degree is None else {"sh_degree": self.sh_degree}
+            gaussians = self._gaussians_factory(points=scene.points, colors=scene.colors, **kwargs)
             _check_gaussians(gaussians)
             self.gaussians = gaussians
             self._gaussians_factory = None
+            self._check_sh_lr()
         if self._strategy_factory is not None:
             self.strategy = self._strategy_factory(extent=float(scene.extent))
             self._strategy_factory = None
@@ -218,13 +258,18 @@ class SplatModule(L.LightningModule):
 
     # -- optimisation ------------------------------------------------------------------------------
     def configure_optimizers(self):
-        groups = [{"params": [getattr(self.gaussians, k)], "lr": self.lr[k], "name": k} for k in _PARAM_NAMES]
+        names = self.gaussians.param_names  # the five, and sh_rest with SH degree > 0
+        groups = [{"params": [getattr(self.gaussians, k)], "lr": self.lr[k], "name": k} for k in names]
         return torch.optim.Adam(groups, lr=0.0, eps=self.adam_eps)
 
     def means_lr(self, step: int) -> float:
         """The 3DGS exponential decay of the means' learning rate, a function of the step alone."""
         t = min(step, self.lr_decay_steps) / self.lr_decay_steps
         return self.lr["means"] * self.means_lr_final_factor**t
+
+    def sh_degree_at(self, step: int) -> int:
+        """The SH degree evaluated at training step ``step`` (3DGS: one more every 1000 steps)."""
+        return min(int(self.gaussians.sh_degree), step // self.sh_degree_interval)
 
     def _sync_optimizer_params(self, optimizer: torch.optim.Optimizer) -> None:
         # After densification the Gaussians hold new tensors; each group must point at them.
@@ -245,6 +290,8 @@ class SplatModule(L.LightningModule):
         opt = self.optimizers()
         optimizer = opt.optimizer if hasattr(opt, "optimizer") else opt
         view = _view_from_batch(batch, named=False)  # no name: no device sync on the hot path
+        # Evaluations between steps keep the degree of the last step trained.
+        self.gaussians.set_active_sh_degree(self.sh_degree_at(self.global_step))
         t0 = self._now()
         out = self.render_view(view)
         pred = self._to_bchw(out["image"])  # [1, 3, H, W]
@@ -285,6 +332,8 @@ class SplatModule(L.LightningModule):
             tm["n"] += 1
         self.log("train/loss", loss.detach(), prog_bar=True, batch_size=1)
         self.log("num_gaussians", float(self.gaussians.means.shape[0]), prog_bar=True, batch_size=1)
+        if self.gaussians.sh_degree > 0:
+            self.log("sh_degree", float(self.gaussians.active_sh_degree), batch_size=1)
         if self._timing["n"]:
             tm = self._timing
             self.log("step_ms", 1000.0 * tm["step"] / tm["n"], prog_bar=True, batch_size=1)
@@ -347,7 +396,7 @@ class SplatModule(L.LightningModule):
         # (load_state_dict copies into existing tensors and rejects a shape change); the optimizer
         # is built afterwards from these tensors and then given the checkpoint's Adam moments.
         sd = checkpoint["state_dict"]
-        for k in _PARAM_NAMES:
+        for k in self.gaussians.param_names:
             key = f"gaussians.{k}"
             if key in sd and sd[key].shape != getattr(self.gaussians, k).shape:
                 setattr(
@@ -362,6 +411,8 @@ class SplatModule(L.LightningModule):
         self._seconds_before = float(extra.get("train_seconds", 0.0))
         self._fit_seconds = 0.0
         self.start_step = int(checkpoint.get("global_step", 0))
+        # The degree the last trained step used (evaluating a finished run without training more).
+        self.gaussians.set_active_sh_degree(self.sh_degree_at(max(self.start_step - 1, 0)))
         if extra.get("timing"):
             self._timing = dict(extra["timing"])
         weights = extra.get("loss_weights") or {}

@@ -10,9 +10,15 @@ from torch import nn
 
 from .._atomic import atomic_output
 
-__all__ = ["Gaussians", "SH_C0", "rgb_to_sh", "sh_to_rgb"]
+__all__ = ["Gaussians", "MAX_SH_DEGREE", "SH_C0", "num_sh_bases", "read_ply", "rgb_to_sh", "sh_to_rgb"]
 
 SH_C0 = 0.28209479177387814  # the degree-0 spherical harmonic basis value, 1 / (2 sqrt(pi))
+MAX_SH_DEGREE = 3  # as 3DGS and the viewers that read its .ply (45 f_rest fields at degree 3)
+
+
+def num_sh_bases(degree: int) -> int:
+    """Number of real SH basis functions up to ``degree``: ``(degree + 1) ** 2``."""
+    return (degree + 1) ** 2
 
 
 def rgb_to_sh(rgb: torch.Tensor) -> torch.Tensor:
@@ -39,25 +45,39 @@ def _knn_mean_dist(points: torch.Tensor, k: int = 3, chunk: int = 2048) -> torch
 
 
 class Gaussians(nn.Module):
-    """A set of N anisotropic 3D Gaussians with view-independent colour (SH degree 0).
+    """A set of N anisotropic 3D Gaussians with view-dependent colour (spherical harmonics, 3DGS layout).
 
     Parameters (all ``nn.Parameter``, one optimizer group each):
         means ``[N, 3]``: centres, world coordinates.
         quats ``[N, 4]``: rotations as (w, x, y, z) quaternions, not necessarily normalised.
         log_scales ``[N, 3]``: log of the standard deviations along the rotated axes.
         opacity_logits ``[N]``: opacity = sigmoid(opacity_logits).
-        colors ``[N, 3]``: the SH DC coefficient of each channel (3DGS convention),
-            so RGB = 0.5 + SH_C0 * colors (clamped at 0 by the renderer, as gsplat).
+        colors ``[N, 3]``: the SH DC coefficient of each channel (3DGS ``features_dc``),
+            so at degree 0 RGB = 0.5 + SH_C0 * colors (clamped at 0 by the renderer, as gsplat).
+        sh_rest ``[N, (d + 1)^2 - 1, 3]``: the higher SH coefficients up to the maximum degree
+            ``d = sh_degree`` (3DGS ``features_rest``, gsplat's ``shN``); only when ``d > 0``.
+            At degree 0 there is no such parameter: the module, its state dict and its ``.ply``
+            are those of view-independent colour.
+
+    ``sh_degree`` is the maximum degree (0..3); ``active_sh_degree`` (0 at construction) is the
+    degree the renderer evaluates, which training raises on a schedule (3DGS: one degree every 1000
+    steps). ``param_names`` names this instance's parameters; the class attribute is the degree-0 set.
 
     Examples:
         >>> g = Gaussians.random(8, extent=1.0, seed=0)
         >>> g.num, tuple(g.scales.shape), bool((g.opacities > 0).all())
         (8, (8, 3), True)
+        >>> g3 = Gaussians.random(8, seed=0, sh_degree=3)
+        >>> tuple(g3.sh_rest.shape), g3.active_sh_degree, g3.param_names[-1]
+        ((8, 15, 3), 0, 'sh_rest')
     """
 
     param_names = ("means", "quats", "log_scales", "opacity_logits", "colors")
+    # Class defaults, so that a degree-0 instance (or one assembled without __init__) needs no more.
+    sh_degree = 0
+    active_sh_degree = 0
 
-    def __init__(self, means, quats, log_scales, opacity_logits, colors):
+    def __init__(self, means, quats, log_scales, opacity_logits, colors, sh_rest=None):
         super().__init__()
         if not isinstance(means, torch.Tensor) or means.ndim != 2:
             got = tuple(means.shape) if isinstance(means, torch.Tensor) else type(means).__name__
@@ -80,6 +100,21 @@ class Gaussians(nn.Module):
         self.log_scales = nn.Parameter(log_scales.detach().clone().float())
         self.opacity_logits = nn.Parameter(opacity_logits.detach().clone().float())
         self.colors = nn.Parameter(colors.detach().clone().float())
+        if sh_rest is not None:
+            if not isinstance(sh_rest, torch.Tensor):
+                raise TypeError(f"Gaussians: sh_rest must be a torch.Tensor, got {type(sh_rest).__name__}")
+            ks = {num_sh_bases(d) - 1: d for d in range(MAX_SH_DEGREE + 1)}
+            if sh_rest.ndim != 3 or sh_rest.shape[0] != n or sh_rest.shape[2] != 3 or sh_rest.shape[1] not in ks:
+                raise ValueError(
+                    f"Gaussians: sh_rest must have shape ({n}, K, 3) with K in {sorted(ks)} "
+                    f"(SH degree 0..{MAX_SH_DEGREE}), got {tuple(sh_rest.shape)}"
+                )
+            degree = ks[sh_rest.shape[1]]
+            if degree > 0:
+                self.sh_degree = degree
+                self.sh_rest = nn.Parameter(sh_rest.detach().clone().float())
+                self.param_names = Gaussians.param_names + ("sh_rest",)
+        self.active_sh_degree = 0
 
     # -- construction -----------------------------------------------------------------------------
     @classmethod
@@ -90,11 +125,14 @@ class Gaussians(nn.Module):
         init_opacity: float = 0.5,
         scale_mult: float = 1.0,
         seed: int = 0,
+        sh_degree: int = 0,
     ) -> "Gaussians":
         """Isotropic Gaussians at ``points [N, 3]`` with RGB ``colors [N, 3]`` (grey when None).
 
         The scale of each is its mean distance to its 3 nearest neighbours (times ``scale_mult``),
-        as in 3DGS; quaternions are random (seeded) unit rotations.
+        as in 3DGS; quaternions are random (seeded) unit rotations. ``sh_degree`` (0..3) is the
+        maximum SH degree: the colour goes to the DC term, the higher coefficients start at zero
+        (3DGS), so the Gaussians look the same from every direction until trained.
         """
         points = torch.as_tensor(points, dtype=torch.float32)
         if points.ndim != 2 or points.shape[1] != 3 or points.shape[0] < 1:
@@ -109,13 +147,18 @@ class Gaussians(nn.Module):
             raise ValueError(f"Gaussians.from_points: colors must have shape ({n}, 3), got {tuple(colors.shape)}")
         if not 0.0 < init_opacity < 1.0:
             raise ValueError(f"Gaussians.from_points: init_opacity must be in (0, 1), got {init_opacity}")
+        if not isinstance(sh_degree, int) or isinstance(sh_degree, bool) or not 0 <= sh_degree <= MAX_SH_DEGREE:
+            raise ValueError(
+                f"Gaussians.from_points: sh_degree must be an integer in 0..{MAX_SH_DEGREE}, got {sh_degree!r}"
+            )
         g = torch.Generator().manual_seed(seed)
         dist = _knn_mean_dist(points).clamp_min(1e-7) * scale_mult
         log_scales = torch.log(dist)[:, None].repeat(1, 3)
         quats = torch.randn(n, 4, generator=g)
         quats = quats / quats.norm(dim=-1, keepdim=True)
         logit = math.log(init_opacity / (1 - init_opacity))
-        return cls(points, quats, log_scales, torch.full((n,), logit), rgb_to_sh(colors.clamp(0, 1)))
+        sh_rest = torch.zeros(n, num_sh_bases(sh_degree) - 1, 3) if sh_degree > 0 else None
+        return cls(points, quats, log_scales, torch.full((n,), logit), rgb_to_sh(colors.clamp(0, 1)), sh_rest)
 
     @classmethod
     def random(cls, n: int, extent: float = 1.0, seed: int = 0, **kwargs) -> "Gaussians":
@@ -144,6 +187,27 @@ class Gaussians(nn.Module):
     def rgb(self) -> torch.Tensor:
         return sh_to_rgb(self.colors)
 
+    def set_active_sh_degree(self, degree: int) -> None:
+        """Set the degree the renderer evaluates (0..``sh_degree``)."""
+        if not isinstance(degree, int) or isinstance(degree, bool) or not 0 <= degree <= self.sh_degree:
+            raise ValueError(
+                f"Gaussians.set_active_sh_degree: degree must be an integer in 0..{self.sh_degree} "
+                f"(the Gaussians' sh_degree), got {degree!r}"
+            )
+        self.active_sh_degree = degree
+
+    def sh_coeffs(self, degree: int | None = None) -> torch.Tensor:
+        """The SH coefficients up to ``degree`` (default: ``active_sh_degree``) as
+        ``[N, (degree + 1)^2, 3]``, DC first: what ``gsplat.rasterization(colors=..., sh_degree=degree)``
+        takes. At degree 0 this is ``colors[:, None, :]`` alone (``sh_rest`` is not touched)."""
+        degree = self.active_sh_degree if degree is None else degree
+        if not 0 <= degree <= self.sh_degree:
+            raise ValueError(f"Gaussians.sh_coeffs: degree must be in 0..{self.sh_degree}, got {degree!r}")
+        dc = self.colors[:, None, :]
+        if degree == 0:
+            return dc
+        return torch.cat([dc, self.sh_rest[:, : num_sh_bases(degree) - 1]], dim=1)
+
     def params(self) -> dict:
         """The parameters by name (the keys of :attr:`param_names`)."""
         return {k: getattr(self, k) for k in self.param_names}
@@ -166,9 +230,12 @@ class Gaussians(nn.Module):
     # -- export -----------------------------------------------------------------------------------
     def export_ply(self, path: str) -> None:
         """Write the Gaussians as a binary little-endian ``.ply`` in the layout of the 3DGS
-        reference (x y z nx ny nz f_dc_0..2 opacity scale_0..2 rot_0..3; opacity as a logit and
-        scales as logs, as that viewer ecosystem expects). Written to a temporary file in the same
-        directory and moved into place, so a reader never sees a partial file."""
+        reference (x y z nx ny nz f_dc_0..2 f_rest_0..M-1 opacity scale_0..2 rot_0..3; opacity as a
+        logit and scales as logs, as that viewer ecosystem expects). ``f_rest`` holds every
+        coefficient of the maximum degree, channel-major as 3DGS's ``save_ply`` writes it
+        (``features_rest.transpose(1, 2).flatten(1)``: all of red's, then green's, then blue's):
+        ``M = 3 * ((d + 1)^2 - 1)``, 45 at degree 3, none at degree 0. Written to a temporary file
+        in the same directory and moved into place, so a reader never sees a partial file."""
         with torch.no_grad():
             m = self.means.detach().cpu().float().numpy()
             n = m.shape[0]
@@ -182,6 +249,9 @@ class Gaussians(nn.Module):
             ]
             dc = self.colors.detach().cpu().float().numpy()
             cols += [(f"f_dc_{i}", dc[:, i]) for i in range(3)]
+            if self.sh_degree > 0:
+                rest = self.sh_rest.detach().cpu().float().transpose(1, 2).reshape(n, -1).numpy()
+                cols += [(f"f_rest_{i}", rest[:, i]) for i in range(rest.shape[1])]
             cols += [("opacity", self.opacity_logits.detach().cpu().float().numpy())]
             ls = self.log_scales.detach().cpu().float().numpy()
             cols += [(f"scale_{i}", ls[:, i]) for i in range(3)]
@@ -198,6 +268,41 @@ class Gaussians(nn.Module):
         with atomic_output(path) as tmp, open(tmp, "wb") as fh:
             fh.write(header.encode("ascii"))
             fh.write(data.tobytes())
+
+    @classmethod
+    def from_ply(cls, path: str) -> "Gaussians":
+        """Load Gaussians written by :meth:`export_ply` (or by 3DGS's ``save_ply``): the SH degree
+        follows from the number of ``f_rest_*`` fields (0, 9, 24 or 45)."""
+        d = read_ply(path)
+        need = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity"]
+        need += [f"scale_{i}" for i in range(3)] + [f"rot_{i}" for i in range(4)]
+        missing = [k for k in need if k not in d]
+        if missing:
+            raise ValueError(f"Gaussians.from_ply: {path!r} lacks the 3DGS fields {missing}")
+        n_rest = sum(1 for k in d if k.startswith("f_rest_"))
+        degrees = {3 * (num_sh_bases(k) - 1): k for k in range(MAX_SH_DEGREE + 1)}
+        if n_rest not in degrees or any(f"f_rest_{i}" not in d for i in range(n_rest)):
+            raise ValueError(
+                f"Gaussians.from_ply: {path!r} has {n_rest} f_rest_* fields; expected f_rest_0..M-1 with M in "
+                f"{sorted(degrees)} (SH degree 0..{MAX_SH_DEGREE})"
+            )
+
+        def stack(names):
+            return torch.from_numpy(np.stack([d[k] for k in names], axis=1))
+
+        n = d["x"].shape[0]
+        sh_rest = None
+        if n_rest:
+            # Channel-major on disk ([N, 3, K-1] flattened): back to [N, K-1, 3].
+            sh_rest = stack([f"f_rest_{i}" for i in range(n_rest)]).reshape(n, 3, -1).transpose(1, 2)
+        return cls(
+            stack(["x", "y", "z"]),
+            stack([f"rot_{i}" for i in range(4)]),
+            stack([f"scale_{i}" for i in range(3)]),
+            torch.from_numpy(d["opacity"]),
+            stack(["f_dc_0", "f_dc_1", "f_dc_2"]),
+            sh_rest,
+        )
 
 
 def read_ply(path: str) -> dict:

@@ -12,7 +12,9 @@ The CPU path ("cpu"):
 
 1. covariances, projection and SH colour by ``gsplat.cuda._torch_impl``
    (``_quat_scale_to_covar_preci``, ``_fully_fused_projection``, ``_spherical_harmonics``), with
-   gsplat's defaults (eps2d = 0.3, near plane 0.01, radius 3.33 sigma per axis);
+   gsplat's defaults (eps2d = 0.3, near plane 0.01, radius 3.33 sigma per axis); the colour is
+   the SH of the Gaussians' ``active_sh_degree`` evaluated at the direction from the camera centre
+   to the mean, ``+ 0.5``, clamped at 0 (gsplat's ``rasterization`` does the same on CUDA);
 2. tile intersection: :func:`isect_tiles`, a vectorised twin of gsplat's ``_isect_tiles`` (which
    loops in Python over every Gaussian and tile), tested to produce the same (tile, depth) order;
 3. compositing: :class:`_Composite`, an ``autograd.Function`` with a hand-written backward over
@@ -247,17 +249,18 @@ def render(
 def _render_cuda(g, viewmat, K, W, H, bg):
     from gsplat import rasterization
 
+    degree = int(g.active_sh_degree)
     colors, alphas, meta = rasterization(
         means=g.means,
         quats=g.quats,
         scales=torch.exp(g.log_scales),
         opacities=torch.sigmoid(g.opacity_logits),
-        colors=g.colors[:, None, :],  # SH DC, [N, 1, 3]
+        colors=g.sh_coeffs(degree),  # [N, (degree + 1)^2, 3], DC first ([N, 1, 3] at degree 0)
         viewmats=viewmat[None],
         Ks=K[None],
         width=W,
         height=H,
-        sh_degree=0,
+        sh_degree=degree,
         backgrounds=bg[None],
         packed=False,
         rasterize_mode="classic",
@@ -294,7 +297,10 @@ def _render_cpu(g, viewmat, K, W, H, bg, tile_size, groups, max_per_tile, compos
         means2d.retain_grad()
     opac = torch.sigmoid(g.opacity_logits)
     campos = torch.linalg.inv(viewmat)[:3, 3]
-    rgb = _spherical_harmonics(0, means - campos, g.colors[:, None, :])
+    # View direction: camera centre -> Gaussian mean (normalised inside), as gsplat's rasterization;
+    # at degree > 0 the colour's gradient reaches the means through it, as on the CUDA path.
+    degree = int(g.active_sh_degree)
+    rgb = _spherical_harmonics(degree, means - campos, g.sh_coeffs(degree))
     rgb = torch.clamp_min(rgb + 0.5, 0.0)  # gsplat's SH convention
 
     tw = (W + tile_size - 1) // tile_size

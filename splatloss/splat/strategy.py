@@ -3,7 +3,8 @@
 Why not gsplat's ``DefaultStrategy``: its operations (``gsplat.strategy.ops``) address the
 parameters by gsplat's names (``params["scales"]``, ``params["opacities"]``) and expect one
 optimizer per parameter in a dict; here the parameters are ``log_scales`` / ``opacity_logits`` and
-one Adam holds five named groups. The rules are the same as 3DGS / gsplat's default strategy:
+one Adam holds one named group per parameter (``Gaussians.param_names``: five, six with ``sh_rest``
+beyond SH degree 0). The rules are the same as 3DGS / gsplat's default strategy:
 
 - accumulate, for each Gaussian drawn in a step, the norm of the gradient of the loss w.r.t. its
   2D mean in normalised device units (pixel gradient times ``width / 2``, ``height / 2``, as gsplat);
@@ -192,7 +193,7 @@ class DensifyStrategy:
         split = high & ~small
         n_dup, n_split = int(dup.sum()), int(split.sum())
         # Duplicate: append copies. Split: append two samples per selected Gaussian, drop it.
-        params = {k: getattr(g, k).detach() for k in Gaussians.param_names}
+        params = {k: getattr(g, k).detach() for k in g.param_names}  # sh_rest too, when the degree is > 0
         new_rows = {k: [v[dup]] for k, v in params.items()}
         if n_split:
             sel = split
@@ -202,7 +203,7 @@ class DensifyStrategy:
             offset = torch.einsum("nij,bnj->bni", R, scales[None] * samples)  # [2, S, 3]
             new_rows["means"].append((params["means"][sel][None] + offset).reshape(-1, 3))
             new_rows["log_scales"].append(torch.log(scales / 1.6).repeat(2, 1))
-            for k in ("quats", "opacity_logits", "colors"):
+            for k in [k for k in params if k not in ("means", "log_scales")]:  # the parent's: rotation, opacity, SH
                 v = params[k][sel]
                 new_rows[k].append(torch.cat([v, v]))
         keep = ~split
@@ -218,7 +219,7 @@ class DensifyStrategy:
         self.last_stats = {"duplicated": n_dup, "split": n_split, "pruned": int((prune & ~split).sum()), "num": g.num}
 
     def _rebuild(self, g: Gaussians, optimizer, keep: Tensor, new_rows: Dict[str, list], n_new: int) -> None:
-        for k in Gaussians.param_names:
+        for k in g.param_names:
             old = getattr(g, k)
             data = torch.cat([old.detach()[keep]] + new_rows[k])
             param = nn.Parameter(data, requires_grad=old.requires_grad)
