@@ -3,6 +3,7 @@
 import csv
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -129,3 +130,16 @@ def test_metrics_json_names_every_ssim_convention(tmp_path):
         for k in (key, f"{key}_init"):
             assert 0.0 < m[k] <= 1.0, (k, m.get(k))
     assert len({m["ssim"], m["ssim_3dgs"], m["ssim_skimage"]}) == 3, m
+
+
+def test_progress_bar_shows_loss_and_step_time_not_the_logger_version(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich's width when the output is not a terminal
+    cfg = make_cfg(tmp_path, ["loss=dssim_l1", "trainer.max_steps=10", "export_ply=false"])
+    with open_dict(cfg):  # a logger gives Lightning's bar a v_num to show
+        cfg.logger = {"_target_": "lightning.pytorch.loggers.CSVLogger", "save_dir": str(tmp_path), "name": "csv"}
+    train(cfg)
+    out = capsys.readouterr().out
+    bars = [line for line in out.splitlines() if line.startswith("Training") and "10/10" in line]
+    assert bars, out
+    assert re.search(r" loss: \d\.\d{4} ms/step: \d+\.\d Gaussians: 400 loss share: \d+%", bars[-1]), bars[-1]
+    assert "v_num" not in out and "it/s" not in bars[-1], bars[-1]

@@ -348,15 +348,56 @@ def _tensorboard_loggers(trainer) -> List[Any]:
 
 
 class StepProgressBar(L.pytorch.callbacks.RichProgressBar):
-    """Lightning's rich progress bar, labelled for step-budgeted runs.
+    """Lightning's rich progress bar, labelled for step-budgeted runs, with the step time and loss.
 
     Training here is one long pass of ``max_steps`` steps over a step-indexed view order, so
     Lightning's ``Epoch 0/{max_epochs - 1}`` label read ``Epoch 0/-2`` (``max_epochs=-1``).
     The label becomes ``Training`` and the bar counts steps as before.
+
+    Beside it: ``loss`` (``train/loss``, 4 decimals), ``ms/step`` (``step_ms``), ``Gaussians``
+    (``num_gaussians``, a count) and ``loss share`` (``loss_share``, in percent) when the module logs
+    them with ``prog_bar=True``, then any other progress-bar metric as Lightning shows it. The
+    logger's version (``v_num``, always 0 in a run folder of its own) and the it/s column are left
+    out, and the bar is shorter than Lightning's, so the line fits a 120-column terminal.
     """
+
+    BAR_WIDTH = 20
+    # (logged name, shown name, format)
+    SHOWN = (
+        ("train/loss", "loss", "{:.4f}"),
+        ("step_ms", "ms/step", "{:.1f}"),
+        ("num_gaussians", "Gaussians", "{:.0f}"),
+        ("loss_share", "loss share", "{:.0%}"),
+    )
 
     def _get_train_description(self, current_epoch: int) -> str:
         return f"{'Training':{len(self.validation_description)}}"
+
+    def configure_columns(self, trainer) -> list:
+        # rich only when the bar is used: Lightning defines these columns only where rich is installed.
+        from lightning.pytorch.callbacks.progress.rich_progress import ProcessingSpeedColumn
+        from rich.progress import BarColumn
+
+        # it/s is left out: ms/step says the same for training, measured on the step alone.
+        columns = [c for c in super().configure_columns(trainer) if not isinstance(c, ProcessingSpeedColumn)]
+        for column in columns:
+            if isinstance(column, BarColumn):
+                column.bar_width = self.BAR_WIDTH
+        return columns
+
+    def get_metrics(self, trainer, pl_module) -> Dict[str, Any]:
+        items = dict(super().get_metrics(trainer, pl_module))
+        items.pop("v_num", None)
+        shown = {}
+        for key, name, fmt in self.SHOWN:
+            if key in items:
+                value = items.pop(key)
+                try:
+                    shown[name] = fmt.format(float(value))
+                except (TypeError, ValueError):
+                    shown[name] = str(value)
+        shown.update(items)
+        return shown
 
 
 class StopOnSignal(L.Callback):
