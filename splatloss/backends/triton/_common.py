@@ -203,6 +203,50 @@ def window_taps(cfg, device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
+def _local_shift(
+    x_ptr,
+    y_ptr,
+    x_base,
+    y_base,
+    r0,
+    n_rows,
+    cols,
+    ok,
+    sx_h,
+    sx_w,
+    sy_h,
+    sy_w,
+    F: tl.constexpr,
+    BW: tl.constexpr,
+):
+    """The moment shift of each lane [BW]: the mean of ``(x + y) / 2`` over the finite pixels of
+    three rows (first, middle, last of the ``n_rows`` from ``r0``) at the lanes' columns ``cols``
+    (where ``ok``), one number per channel (per group of ``F`` lanes), 0 if none is finite.
+
+    Why local: the shift must be near the pixels' values for the moments of ``x - shift`` to
+    avoid fp32 cancellation (``_ssim_cs``); ``data_range / 2`` is far from a dark image's values
+    (gradient 1.7e-5 from float64 on images in [0, 0.01]) and a whole-plane mean costs a pass.
+    One number per channel and program, because the backward's horizontal adjoint mixes the
+    lanes of a channel. Finite pixels only, so a NaN / Inf pixel cannot reach beyond its own
+    footprint through the shift; exactly 0 on black images (tiny C1 / C2 stay exact)."""
+    G: tl.constexpr = BW // F
+    tot = tl.zeros([BW], dtype=tl.float32)
+    cnt = tl.zeros([BW], dtype=tl.float32)
+    for k in tl.static_range(3):
+        r = (r0 + (k * (n_rows - 1)) // 2).to(tl.int64)
+        c = cols.to(tl.int64)
+        xv = tl.load(x_ptr + x_base + r * sx_h + c * sx_w, mask=ok, other=0.0).to(tl.float32)
+        yv = tl.load(y_ptr + y_base + r * sy_h + c * sy_w, mask=ok, other=0.0).to(tl.float32)
+        good = ok & (xv - xv == 0.0) & (yv - yv == 0.0)
+        tot += tl.where(good, 0.5 * xv + 0.5 * yv, 0.0)
+        cnt += tl.where(good, 1.0, 0.0)
+    tot_g = tl.sum(tl.reshape(tot, [G, F]), axis=1)
+    cnt_g = tl.sum(tl.reshape(cnt, [G, F]), axis=1)
+    s_g = tl.where(cnt_g > 0.0, tot_g / tl.maximum(cnt_g, 1.0), 0.0)
+    return tl.reshape(tl.broadcast_to(s_g[:, None], [G, F]), [BW])
+
+
+@triton.jit
 def _row_moments(
     x_ptr,
     y_ptr,
@@ -227,7 +271,9 @@ def _row_moments(
     L1: tl.constexpr,
 ):
     """Horizontal pass of padded input row ``r``: window sums of x', y', x'^2, y'^2, x'y' (``x' = x -
-    shift``; a zero-padded sample is ``x = 0``, i.e. ``x' = -shift``) for the lanes
+    shift``, ``shift`` [BW] from :func:`_local_shift`; a zero-padded sample is ``x = 0``, i.e.
+    ``x' = -shift``; taps past K load nothing, so a NaN pixel only reaches its true footprint)
+    for the lanes
     whose windows start at padded columns ``cols0`` [BW] (bases ``x_base`` / ``y_base`` [BW]).
 
     The K taps of every lane are one ``[KP, BW]`` load (tap ``a`` in row ``a``, rows >= K masked):
@@ -246,8 +292,9 @@ def _row_moments(
     ok = (rr >= 0) & (rr < H) & (taps < K)[:, None] & (c >= 0) & (c < W) & lane_ok[None, :]
     c64 = c.to(tl.int64)
     r64 = rr.to(tl.int64)
-    xv = tl.load(x_ptr + (x_base + r64 * sx_h)[None, :] + c64 * sx_w, mask=ok, other=0.0).to(tl.float32) - shift
-    yv = tl.load(y_ptr + (y_base + r64 * sy_h)[None, :] + c64 * sy_w, mask=ok, other=0.0).to(tl.float32) - shift
+    sh = shift[None, :]
+    xv = tl.load(x_ptr + (x_base + r64 * sx_h)[None, :] + c64 * sx_w, mask=ok, other=0.0).to(tl.float32) - sh
+    yv = tl.load(y_ptr + (y_base + r64 * sy_h)[None, :] + c64 * sy_w, mask=ok, other=0.0).to(tl.float32) - sh
     wx = w * xv
     wy = w * yv
     m1 = tl.sum(wx, axis=0)
@@ -307,7 +354,7 @@ def _ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift):
 
     Why shifted: ``var = E[x^2] - mu^2`` cancels catastrophically in fp32 where the local variance
     is small against ``mu^2`` (flat regions, MS-SSIM's coarse scales); moments of ``x - shift``
-    with ``shift = data_range / 2`` near the image mean remove most of it. Variances and covariance
+    with ``shift`` a local mean (:func:`_local_shift`) remove most of it. Variances and covariance
     are shift-invariant; the luminance term uses the true means ``mu + shift``."""
     m1 = mu1 + shift
     m2 = mu2 + shift
@@ -328,7 +375,8 @@ def _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift):
     With ``S = A1 A2 / (B1 B2)``, ``A1 = 2 m1 m2 + C1``, ``B1 = m1^2 + m2^2 + C1``,
     ``A2 = 2 (E[x'y'] - mu1 mu2) + C2``, ``B2 = E[x'^2] - mu1^2 + E[y'^2] - mu2^2 + C2``:
     dS/dmu1 = 2 (m2 A2 - mu2 A1) / (B1 B2) + 2 S (mu1 / B2 - m1 / B1), dS/dE[x'^2] = -S / B2,
-    dS/dE[x'y'] = 2 A1 / (B1 B2); for ``cs = A2 / B2``: dcs/dmu1 = 2 (mu1 cs - mu2) / B2,
+    dS/dE[x'y'] = 2 A1 / (B1 B2) (evaluated as ``2 (m2 / B1) cs - 2 (mu2 / B2) l`` etc. with
+    ``l = A1 / B1``, ``cs = A2 / B2``); for ``cs = A2 / B2``: dcs/dmu1 = 2 (mu1 cs - mu2) / B2,
     dcs/dE[x'^2] = -cs / B2, dcs/dE[x'y'] = 2 / B2. Returns them and (SSIM, cs).
     """
     m1 = mu1 + shift
@@ -337,17 +385,20 @@ def _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift):
     a2 = 2.0 * (e12 - mu1 * mu2) + c2
     b1 = m1 * m1 + m2 * m2 + c1
     b2 = (e11 - mu1 * mu1) + (e22 - mu2 * mu2) + c2
+    # Divide by B1 and B2 one at a time, never by their product: with data_range = 1e10 both are
+    # ~1e20 (the product overflows fp32), with C1 = C2 = 1e-20 on black both are 1e-20 (1 / (B1 B2)
+    # overflows, A1 A2 underflows). Every factor below stays within a few orders of 1 / data_range.
     inv_b1 = 1.0 / b1
     inv_b2 = 1.0 / b2
-    inv_b1b2 = inv_b1 * inv_b2
+    lum = a1 * inv_b1
     cs = a2 * inv_b2
-    ssim = a1 * a2 * inv_b1b2
-    p_mu1 = gs * (2.0 * (m2 * a2 - mu2 * a1) * inv_b1b2 + 2.0 * ssim * (mu1 * inv_b2 - m1 * inv_b1)) + gc * (
+    ssim = lum * cs
+    p_mu1 = gs * (2.0 * (m2 * inv_b1 * cs - mu2 * inv_b2 * lum) + 2.0 * ssim * (mu1 * inv_b2 - m1 * inv_b1)) + gc * (
         2.0 * (mu1 * cs - mu2) * inv_b2
     )
-    p_mu2 = gs * (2.0 * (m1 * a2 - mu1 * a1) * inv_b1b2 + 2.0 * ssim * (mu2 * inv_b2 - m2 * inv_b1)) + gc * (
+    p_mu2 = gs * (2.0 * (m1 * inv_b1 * cs - mu1 * inv_b2 * lum) + 2.0 * ssim * (mu2 * inv_b2 - m2 * inv_b1)) + gc * (
         2.0 * (mu2 * cs - mu1) * inv_b2
     )
     p_sq = -(gs * ssim + gc * cs) * inv_b2
-    p_xy = gs * (2.0 * a1 * inv_b1b2) + gc * (2.0 * inv_b2)
+    p_xy = 2.0 * inv_b2 * (gs * lum + gc)
     return p_mu1, p_mu2, p_sq, p_xy, ssim, cs

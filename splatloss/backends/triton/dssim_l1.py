@@ -28,16 +28,14 @@ def _sizes(img: Tensor, window: Tensor, padding: str) -> Tuple[int, int]:
 
 
 @torch.library.custom_op("splatloss::triton_dssim_l1", mutates_args=())
-def _dssim_l1_op(
-    img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float, shift: float, lam: float
-) -> Tensor:
-    s, _, l1 = launch_fwd(img1, img2, window, padding, c1, c2, shift, "stats_l1")
+def _dssim_l1_op(img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float, lam: float) -> Tensor:
+    s, _, l1 = launch_fwd(img1, img2, window, padding, c1, c2, "stats_l1")
     n_map, n_img = _sizes(img1, window, padding)
     return (1.0 - lam) * l1.sum(dim=1) / n_img + lam * (1.0 - s.sum(dim=1) / n_map)  # [B]
 
 
 @_dssim_l1_op.register_fake
-def _(img1, img2, window, padding, c1, c2, shift, lam):
+def _(img1, img2, window, padding, c1, c2, lam):
     return img1.new_empty(img1.shape[:1], dtype=torch.float32)
 
 
@@ -50,7 +48,6 @@ def _dssim_l1_bwd_op(
     padding: str,
     c1: float,
     c2: float,
-    shift: float,
     lam: float,
     need1: bool,
     need2: bool,
@@ -59,29 +56,29 @@ def _dssim_l1_bwd_op(
     C = img1.shape[1]
     g = g.to(torch.float32)[:, None].expand(-1, C)  # [B, C]: one upstream scalar per image
     gx, gy = launch_bwd(
-        img1, img2, window, padding, c1, c2, shift, g * (-lam / n_map), None, need1, need2, l1=g * ((1.0 - lam) / n_img)
+        img1, img2, window, padding, c1, c2, g * (-lam / n_map), None, need1, need2, l1=g * ((1.0 - lam) / n_img)
     )
     return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
 
 
 @_dssim_l1_bwd_op.register_fake
-def _(g, img1, img2, window, padding, c1, c2, shift, lam, need1, need2):
+def _(g, img1, img2, window, padding, c1, c2, lam, need1, need2):
     return _fake_grads(img1, img2, need1, need2)
 
 
 def _save(ctx, inputs, output):
-    img1, img2, window, padding, c1, c2, shift, lam = inputs
+    img1, img2, window, padding, c1, c2, lam = inputs
     ctx.save_for_backward(img1, img2, window)  # inputs only: the backward recomputes
-    ctx.cfg = (padding, c1, c2, shift, lam)
+    ctx.cfg = (padding, c1, c2, lam)
 
 
 def _backward(ctx, g):
     img1, img2, window = ctx.saved_tensors
     need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
     if not (need1 or need2) or g is None:
-        return None, None, None, None, None, None, None, None
+        return None, None, None, None, None, None, None
     gx, gy = _dssim_l1_bwd_op(g, img1, img2, window, *ctx.cfg, need1, need2)
-    return (gx if need1 else None), (gy if need2 else None), None, None, None, None, None, None
+    return (gx if need1 else None), (gy if need2 else None), None, None, None, None, None
 
 
 _dssim_l1_op.register_autograd(_backward, setup_context=_save)
@@ -98,6 +95,5 @@ def dssim_l1(img1: Tensor, img2: Tensor, cfg, lam: float) -> Tensor:
             cfg.padding,
             float(cfg.C1),
             float(cfg.C2),
-            0.5 * float(cfg.data_range),
             float(lam),
         )

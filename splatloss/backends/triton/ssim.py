@@ -5,7 +5,7 @@ Kernels
 (Launch geometry and the streaming scheme are described in ``_common``.)
 
 ``_ssim_fwd_kernel``: one program per (lane group, row chunk, column strip). Streams down the
-rows: horizontal K-tap pass of x', y', x'^2, y'^2, x'y' per input row (``x' = x - data_range/2``),
+rows: horizontal K-tap pass of x', y', x'^2, y'^2, x'y' per input row (``x' = x - s``, ``s`` a local mean),
 vertical K-tap pass over a ring of the last rows, then either writes the SSIM (and cs) map row,
 or accumulates per-lane sums that end as one partial sum per (channel, program) in a
 ``[B*C, programs]`` buffer torch adds in a fixed order: no atomics, bitwise reproducible. In
@@ -47,6 +47,7 @@ import triton.language as tl
 
 from ._common import (
     _hadjoint,
+    _local_shift,
     _partials,
     _row_moments,
     _ssim_cs,
@@ -112,7 +113,6 @@ def _ssim_fwd_kernel(
     sy_w,
     c1,
     c2,
-    shift,
     K: tl.constexpr,
     KP: tl.constexpr,
     PAD: tl.constexpr,
@@ -133,6 +133,7 @@ def _ssim_fwd_kernel(
     col_ok = lane_ok & (p_c < Wo)
     p_r0 = chunk * ROWS  # first map row of this chunk
     n_rows = tl.minimum(ROWS, Ho - p_r0)
+    shift = _local_shift(x_ptr, y_ptr, x_base, y_base, p_r0, n_rows, p_c, col_ok, sx_h, sx_w, sy_h, sy_w, F, BW)
 
     # scratch: 5 rings of the last KP horizontal-pass rows (slot i % KP), zeroed so that rows not
     # yet written (weight 0) cannot inject NaN
@@ -191,11 +192,12 @@ def _ssim_fwd_kernel(
         # map row p = p_r0 + i - (K - 1) uses the K newest rows: a slot written g rows ago holds tap K-1-g
         age = (i - slots + KP) % KP
         wv = tl.load(w_ptr + (K - 1 - age), mask=age < K, other=0.0)[:, None]
-        mu1 = tl.sum(tl.load(ring + ring_offs) * wv, axis=0)
-        mu2 = tl.sum(tl.load(ring + KP * BW + ring_offs) * wv, axis=0)
-        e11 = tl.sum(tl.load(ring + 2 * KP * BW + ring_offs) * wv, axis=0)
-        e22 = tl.sum(tl.load(ring + 3 * KP * BW + ring_offs) * wv, axis=0)
-        e12 = tl.sum(tl.load(ring + 4 * KP * BW + ring_offs) * wv, axis=0)
+        live = (age < K)[:, None]  # only the K newest rows: 0 * NaN of an older row would be NaN
+        mu1 = tl.sum(tl.load(ring + ring_offs, mask=live, other=0.0) * wv, axis=0)
+        mu2 = tl.sum(tl.load(ring + KP * BW + ring_offs, mask=live, other=0.0) * wv, axis=0)
+        e11 = tl.sum(tl.load(ring + 2 * KP * BW + ring_offs, mask=live, other=0.0) * wv, axis=0)
+        e22 = tl.sum(tl.load(ring + 3 * KP * BW + ring_offs, mask=live, other=0.0) * wv, axis=0)
+        e12 = tl.sum(tl.load(ring + 4 * KP * BW + ring_offs, mask=live, other=0.0) * wv, axis=0)
         ssim, cs = _ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift)
         p = p_r0 + i - (K - 1)
         ok = col_ok & (i >= K - 1)
@@ -258,7 +260,6 @@ def _ssim_bwd_kernel(
     so_w,
     c1,
     c2,
-    shift,
     K: tl.constexpr,
     KP: tl.constexpr,
     PAD: tl.constexpr,
@@ -289,6 +290,7 @@ def _ssim_bwd_kernel(
     own_c = pcol_ok & (p_c >= q_c0) & (p_c < q_c0 + STEP)  # map columns this strip sums
     q_r0 = chunk * ROWS
     n_rows = tl.minimum(ROWS, H - q_r0)
+    shift = _local_shift(x_ptr, y_ptr, x_base, y_base, q_r0, n_rows, q_c, qcol_ok, sx_h, sx_w, sy_h, sy_w, F, BW)
 
     # scratch (stays in L1/L2): two 4-row buffers of partials (double-buffered: one barrier per
     # row suffices), 4 rings of horizontally-adjoined partial rows, 5 rings of moment rows
@@ -346,11 +348,12 @@ def _ssim_bwd_kernel(
         tl.debug_barrier()
         age = (i - slots + KP) % KP
         wv = tl.load(w_ptr + (K - 1 - age), mask=age < K, other=0.0)[:, None]
-        mu1 = tl.sum(tl.load(mring + ring_offs) * wv, axis=0)
-        mu2 = tl.sum(tl.load(mring + KP * BW + ring_offs) * wv, axis=0)
-        e11 = tl.sum(tl.load(mring + 2 * KP * BW + ring_offs) * wv, axis=0)
-        e22 = tl.sum(tl.load(mring + 3 * KP * BW + ring_offs) * wv, axis=0)
-        e12 = tl.sum(tl.load(mring + 4 * KP * BW + ring_offs) * wv, axis=0)
+        live = (age < K)[:, None]  # only the K newest rows: 0 * NaN of an older row would be NaN
+        mu1 = tl.sum(tl.load(mring + ring_offs, mask=live, other=0.0) * wv, axis=0)
+        mu2 = tl.sum(tl.load(mring + KP * BW + ring_offs, mask=live, other=0.0) * wv, axis=0)
+        e11 = tl.sum(tl.load(mring + 2 * KP * BW + ring_offs, mask=live, other=0.0) * wv, axis=0)
+        e22 = tl.sum(tl.load(mring + 3 * KP * BW + ring_offs, mask=live, other=0.0) * wv, axis=0)
+        e12 = tl.sum(tl.load(mring + 4 * KP * BW + ring_offs, mask=live, other=0.0) * wv, axis=0)
 
         # 2. partial derivatives on map row p; zero off the map
         p = r - (K - 1) + PAD
@@ -403,19 +406,27 @@ def _ssim_bwd_kernel(
         q64 = q.to(tl.int64)
         xq = tl.load(x_ptr + x_base + q64 * sx_h + q_c.to(tl.int64) * sx_w, mask=out, other=0.0).to(tl.float32) - shift
         yq = tl.load(y_ptr + y_base + q64 * sy_h + q_c.to(tl.int64) * sy_w, mask=out, other=0.0).to(tl.float32) - shift
-        g_sq = tl.sum(tl.load(aring + ring_offs) * wa, axis=0)
-        g_xy = tl.sum(tl.load(aring + KP * BW + ring_offs) * wa, axis=0)
+        g_sq = tl.sum(tl.load(aring + ring_offs, mask=live, other=0.0) * wa, axis=0)
+        g_xy = tl.sum(tl.load(aring + KP * BW + ring_offs, mask=live, other=0.0) * wa, axis=0)
         o_offs = o_base + q64 * so_h + q_c.to(tl.int64) * so_w
         if HAS_L1:
             dl = xq - yq
             l1_term = l1 * (tl.where(dl > 0, 1.0, 0.0) - tl.where(dl < 0, 1.0, 0.0))
         if NEED1:
-            gx = tl.sum(tl.load(aring + 2 * KP * BW + ring_offs) * wa, axis=0) + 2.0 * xq * g_sq + yq * g_xy
+            gx = (
+                tl.sum(tl.load(aring + 2 * KP * BW + ring_offs, mask=live, other=0.0) * wa, axis=0)
+                + 2.0 * xq * g_sq
+                + yq * g_xy
+            )
             if HAS_L1:
                 gx += l1_term
             tl.store(gx_ptr + o_offs, gx.to(gx_ptr.dtype.element_ty), mask=out)
         if NEED2:
-            gy = tl.sum(tl.load(aring + 3 * KP * BW + ring_offs) * wa, axis=0) + 2.0 * yq * g_sq + xq * g_xy
+            gy = (
+                tl.sum(tl.load(aring + 3 * KP * BW + ring_offs, mask=live, other=0.0) * wa, axis=0)
+                + 2.0 * yq * g_sq
+                + xq * g_xy
+            )
             if HAS_L1:
                 gy -= l1_term
             tl.store(gy_ptr + o_offs, gy.to(gy_ptr.dtype.element_ty), mask=out)
@@ -440,7 +451,7 @@ def _geometry(img1, window, padding: str):
     return B, C, H, W, K, pad, code == 2, out_size(H, K, padding), out_size(W, K, padding)
 
 
-def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, shift: float, mode: str):
+def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str):
     """Run the forward kernel. ``mode``: "stats" -> ``(ssim_sum, cs_sum)``, each ``[B, C]`` fp32
     sums over the map; "stats_l1" -> ``(ssim_sum, cs_sum, abs_diff_sum)``, the last summed over
     the image (the fused photometric loss); "map" -> ``(ssim_map, empty)``; "map_cs" ->
@@ -485,7 +496,6 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, shift: fl
             *img2.stride(),
             float(c1),
             float(c2),
-            float(shift),
             K=K,
             KP=geo.kp,
             PAD=pad,
@@ -511,7 +521,6 @@ def launch_bwd(
     padding: str,
     c1: float,
     c2: float,
-    shift: float,
     g_s,
     g_cs,
     need1: bool,
@@ -588,7 +597,6 @@ def launch_bwd(
             *out_strides,
             float(c1),
             float(c2),
-            float(shift),
             K=K,
             KP=geo.kp,
             PAD=pad,
@@ -631,16 +639,14 @@ def _map_numel(img: Tensor, window: Tensor, padding: str) -> int:
 
 
 @torch.library.custom_op("splatloss::triton_ssim_stats", mutates_args=())
-def _stats_op(
-    img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float, shift: float
-) -> Tuple[Tensor, Tensor]:
-    s, cs = launch_fwd(img1, img2, window, padding, c1, c2, shift, "stats")
+def _stats_op(img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float) -> Tuple[Tensor, Tensor]:
+    s, cs = launch_fwd(img1, img2, window, padding, c1, c2, "stats")
     n = _map_numel(img1, window, padding)
     return s / n, cs / n
 
 
 @_stats_op.register_fake
-def _(img1, img2, window, padding, c1, c2, shift):
+def _(img1, img2, window, padding, c1, c2):
     shape = img1.shape[:2]
     return img1.new_empty(shape, dtype=torch.float32), img1.new_empty(shape, dtype=torch.float32)
 
@@ -655,26 +661,25 @@ def _stats_bwd_op(
     padding: str,
     c1: float,
     c2: float,
-    shift: float,
     need1: bool,
     need2: bool,
 ) -> Tuple[Tensor, Tensor]:
     n = _map_numel(img1, window, padding)
-    gx, gy = launch_bwd(img1, img2, window, padding, c1, c2, shift, g_s / n, g_cs / n, need1, need2)
+    gx, gy = launch_bwd(img1, img2, window, padding, c1, c2, g_s / n, g_cs / n, need1, need2)
     return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
 
 
 @_stats_bwd_op.register_fake
-def _(g_s, g_cs, img1, img2, window, padding, c1, c2, shift, need1, need2):
+def _(g_s, g_cs, img1, img2, window, padding, c1, c2, need1, need2):
     return _fake_grads(img1, img2, need1, need2)
 
 
 def _save(ctx, inputs, output):
-    img1, img2, window, padding, c1, c2, shift = inputs[:7]
+    img1, img2, window, padding, c1, c2 = inputs[:6]
     # Only the inputs are kept (references, no copies): the backward recomputes the moments.
     ctx.save_for_backward(img1, img2, window)
-    ctx.cfg = (padding, c1, c2, shift)
-    ctx.extra = inputs[7:]
+    ctx.cfg = (padding, c1, c2)
+    ctx.extra = inputs[6:]
 
 
 def _zeros_if_none(g: Optional[Tensor], like_shape, device) -> Tensor:
@@ -685,12 +690,12 @@ def _stats_backward(ctx, g_s, g_cs):
     img1, img2, window = ctx.saved_tensors
     need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
     if not (need1 or need2):
-        return None, None, None, None, None, None, None
+        return None, None, None, None, None, None
     shape = img1.shape[:2]
     g_s = _zeros_if_none(g_s, shape, img1.device)
     g_cs = _zeros_if_none(g_cs, shape, img1.device)
     gx, gy = _stats_bwd_op(g_s, g_cs, img1, img2, window, *ctx.cfg, need1, need2)
-    return (gx if need1 else None), (gy if need2 else None), None, None, None, None, None
+    return (gx if need1 else None), (gy if need2 else None), None, None, None, None
 
 
 _stats_op.register_autograd(_stats_backward, setup_context=_save)
@@ -698,14 +703,14 @@ _stats_op.register_autograd(_stats_backward, setup_context=_save)
 
 @torch.library.custom_op("splatloss::triton_ssim_map", mutates_args=())
 def _map_op(
-    img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float, shift: float, return_cs: bool
+    img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float, return_cs: bool
 ) -> Tuple[Tensor, Tensor]:
-    s, cs = launch_fwd(img1, img2, window, padding, c1, c2, shift, "map_cs" if return_cs else "map")
+    s, cs = launch_fwd(img1, img2, window, padding, c1, c2, "map_cs" if return_cs else "map")
     return s, cs if return_cs else img1.new_empty(0, dtype=torch.float32)
 
 
 @_map_op.register_fake
-def _(img1, img2, window, padding, c1, c2, shift, return_cs):
+def _(img1, img2, window, padding, c1, c2, return_cs):
     B, C, H, W = img1.shape
     K = window.shape[0]
     shape = (B, C, out_size(H, K, padding), out_size(W, K, padding))
@@ -723,17 +728,16 @@ def _map_bwd_op(
     padding: str,
     c1: float,
     c2: float,
-    shift: float,
     has_cs: bool,
     need1: bool,
     need2: bool,
 ) -> Tuple[Tensor, Tensor]:
-    gx, gy = launch_bwd(img1, img2, window, padding, c1, c2, shift, g_s, g_cs if has_cs else None, need1, need2)
+    gx, gy = launch_bwd(img1, img2, window, padding, c1, c2, g_s, g_cs if has_cs else None, need1, need2)
     return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
 
 
 @_map_bwd_op.register_fake
-def _(g_s, g_cs, img1, img2, window, padding, c1, c2, shift, has_cs, need1, need2):
+def _(g_s, g_cs, img1, img2, window, padding, c1, c2, has_cs, need1, need2):
     return _fake_grads(img1, img2, need1, need2)
 
 
@@ -742,7 +746,7 @@ def _map_backward(ctx, g_s, g_cs):
     (return_cs,) = ctx.extra
     need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
     if not (need1 or need2):
-        return None, None, None, None, None, None, None, None
+        return None, None, None, None, None, None, None
     B, C, H, W = img1.shape
     K = window.shape[0]
     shape = (B, C, out_size(H, K, ctx.cfg[0]), out_size(W, K, ctx.cfg[0]))
@@ -750,7 +754,7 @@ def _map_backward(ctx, g_s, g_cs):
     has_cs = bool(return_cs) and g_cs is not None
     g_cs = g_cs if has_cs else g_s
     gx, gy = _map_bwd_op(g_s, g_cs, img1, img2, window, *ctx.cfg, has_cs, need1, need2)
-    return (gx if need1 else None), (gy if need2 else None), None, None, None, None, None, None
+    return (gx if need1 else None), (gy if need2 else None), None, None, None, None, None
 
 
 _map_op.register_autograd(_map_backward, setup_context=_save)
@@ -763,8 +767,8 @@ _map_op.register_autograd(_map_backward, setup_context=_save)
 
 def _args(img1: Tensor, img2: Tensor, cfg):
     check_inputs(img1, img2, cfg)
-    # moments are taken of x - data_range / 2 (see _common._ssim_cs: fp32 cancellation)
-    return window_taps(cfg, img1.device), cfg.padding, float(cfg.C1), float(cfg.C2), 0.5 * float(cfg.data_range)
+    # (the kernels take the moments of x - s, s a local mean of each program: _common._local_shift)
+    return window_taps(cfg, img1.device), cfg.padding, float(cfg.C1), float(cfg.C2)
 
 
 def ssim_stats(img1: Tensor, img2: Tensor, cfg) -> Tuple[Tensor, Tensor]:
@@ -798,10 +802,8 @@ def ssim_mean_and_grad(img1: Tensor, img2: Tensor, cfg, upstream: Tensor) -> Tup
     The backward kernel already computes every SSIM value of the map on its way to the
     gradient, so it also sums them: read x, y once, write the gradient once -- 12 B per
     pixel-channel with fp32 I/O, the floor for a loss value plus its gradient."""
-    window, padding, c1, c2, shift = _args(img1, img2, cfg)
+    window, padding, c1, c2 = _args(img1, img2, cfg)
     n = _map_numel(img1, window, padding)
     g = (upstream.to(device=img1.device, dtype=torch.float32) / n).expand(img1.shape[:2])
-    gx, _, s_sum, _ = launch_bwd(
-        img1.detach(), img2.detach(), window, padding, c1, c2, shift, g, None, True, False, sums=True
-    )
+    gx, _, s_sum, _ = launch_bwd(img1.detach(), img2.detach(), window, padding, c1, c2, g, None, True, False, sums=True)
     return s_sum / n, gx
