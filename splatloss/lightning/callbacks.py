@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import threading
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -358,7 +359,8 @@ class StepProgressBar(L.pytorch.callbacks.RichProgressBar):
     (``num_gaussians``, a count) and ``loss share`` (``loss_share``, in percent) when the module logs
     them with ``prog_bar=True``, then any other progress-bar metric as Lightning shows it. The
     logger's version (``v_num``, always 0 in a run folder of its own) and the it/s column are left
-    out, and the bar is shorter than Lightning's, so the line fits a 120-column terminal.
+    out, and the bar is shorter than Lightning's, so the line fits a 120-column terminal; output
+    that is not a terminal (and sets no ``COLUMNS``) is written 160 columns wide.
     """
 
     BAR_WIDTH = 20
@@ -369,6 +371,15 @@ class StepProgressBar(L.pytorch.callbacks.RichProgressBar):
         ("num_gaussians", "Gaussians", "{:.0f}"),
         ("loss_share", "loss share", "{:.0%}"),
     )
+
+    # Output that is not a terminal (a log file, a scheduler's output) gets one line this wide
+    # instead of rich's 80 columns, which wrapped the metrics over four lines.
+    FILE_WIDTH = 160
+
+    def __init__(self, *args, console_kwargs: Optional[Dict[str, Any]] = None, **kwargs):
+        if console_kwargs is None and not sys.stdout.isatty() and "COLUMNS" not in os.environ:
+            console_kwargs = {"width": self.FILE_WIDTH}
+        super().__init__(*args, console_kwargs=console_kwargs, **kwargs)
 
     def _get_train_description(self, current_epoch: int) -> str:
         return f"{'Training':{len(self.validation_description)}}"
