@@ -166,6 +166,7 @@ def test_gradient_reaches_sh_rest(compositor):
     assert g.sh_rest.grad[:, :3].abs().sum() > 0 and (g.sh_rest.grad[:, 3:] == 0).all()
 
 
+@pytest.mark.slow
 def test_render_gradients_match_finite_differences_at_degree_3_float64():
     gs = _gaussians(n=10, seed=8, sh_degree=3, dtype=torch.float64)
     view = _view(w=16, h=12, dtype=torch.float64)
@@ -279,6 +280,7 @@ def test_module_schedule_and_learning_rate():
     assert opt.param_groups[-1]["params"][0] is g.sh_rest
 
 
+@pytest.mark.slow
 def test_training_with_sh_degree_3_exports_45_f_rest(tmp_path):
     cfg = make_cfg(
         tmp_path,
@@ -296,6 +298,7 @@ def test_training_with_sh_degree_3_exports_45_f_rest(tmp_path):
         assert np.abs(rest[:, :, sl]).max() > 1e-4, deg
 
 
+@pytest.mark.slow
 def test_sh_run_resumes_exactly(tmp_path):
     # The degree rises at steps 3, 6, 9; the checkpoint at step 8 holds densified Gaussians with
     # sh_rest and its Adam moments; the resumed run must end where the uninterrupted one does.
