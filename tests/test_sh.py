@@ -331,3 +331,24 @@ def test_sh_run_resumes_exactly(tmp_path):
         for name in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(adam[i][name], ref_adam[i][name]), (i, name)
     assert m_res["psnr"] == m_ref["psnr"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="gsplat's CUDA rasterizer needs a GPU")
+def test_cuda_sh_matches_cpu():
+    # Not yet run (written without a GPU); the tolerance is test_cuda_matches_cpu's.
+    for degree in (1, 3):
+        gs = _gaussians(n=200, seed=12, sh_degree=3)
+        gs.set_active_sh_degree(degree)
+        view = _view(w=40, h=32)
+        w = torch.rand(32, 40, 3, generator=torch.Generator().manual_seed(13))
+        cpu = render(gs, view, background=(0.2, 0.3, 0.4))
+        (cpu["image"] * w).sum().backward()
+        gg = _gaussians(n=200, seed=12, sh_degree=3).cuda()
+        gg.set_active_sh_degree(degree)
+        gpu = render(
+            gg, View(view.image.cuda(), view.viewmat.cuda(), view.K.cuda(), 40, 32), background=(0.2, 0.3, 0.4)
+        )
+        (gpu["image"] * w.cuda()).sum().backward()
+        torch.testing.assert_close(gpu["image"].cpu(), cpu["image"], atol=1e-4, rtol=0)
+        torch.testing.assert_close(gg.sh_rest.grad.cpu(), gs.sh_rest.grad, atol=1e-4, rtol=1e-3)
