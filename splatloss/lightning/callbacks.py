@@ -260,7 +260,7 @@ class HeldOutMetrics(L.Callback):
     - ``val/ssim_3dgs``: the SSIM 3D Gaussian Splatting papers report (:func:`ssim_3dgs`: the same
       window with zero "same" padding);
     - ``val/ssim_skimage``: skimage's default ``structural_similarity`` (:func:`ssim_skimage`: 7x7
-      uniform window, sample covariance, "valid"), what many NeRF papers report;
+      uniform window, sample covariance, "valid"), what its defaults give;
     - ``val/ms_ssim``: the standard weights truncated to the scales the image size allows
       (:func:`ms_ssim_weights_for`), the number of scales recorded in :attr:`last`.
 
