@@ -94,9 +94,11 @@ def train(cfg) -> Dict[str, Any]:
     logger = _build("logger", cfg.logger) if cfg.get("logger") else False
     every = cfg.get("eval_every_n_steps")  # one epoch is the whole run: evaluate within it
     evaluation = {} if every is None else {"check_val_every_n_epoch": 1, "val_check_interval": int(every)}
+    # A run shorter than the logging interval logs its last step (Lightning warns otherwise).
+    log_every = min(int(cfg.trainer.get("log_every_n_steps", 50)), int(cfg.trainer.max_steps))
     trainer = _build(
         "trainer", cfg.trainer, callbacks=[*callbacks, stopper], logger=logger, default_root_dir=out_dir,
-        plugins=[AtomicCheckpointIO()], **evaluation,
+        plugins=[AtomicCheckpointIO()], log_every_n_steps=log_every, **evaluation,
     )  # fmt: skip
     if trainer.world_size > 1 and module.strategy is not None:
         raise ValueError(
@@ -158,11 +160,12 @@ def _summary(metrics: Dict[str, Any], out_dir: str) -> None:
     step_ms = 1000 * metrics["step_seconds"] if metrics.get("step_seconds") is not None else nan
     share = 100 * metrics["loss_share"] if metrics.get("loss_share") is not None else nan
     log.info(
-        "held-out PSNR %.2f dB (untrained %.2f dB), SSIM %.4f, MS-SSIM %.4f; %d steps in %.1f s, "
+        "held-out PSNR %.2f dB (untrained %.2f dB), SSIM %.4f (3DGS's %.4f), MS-SSIM %.4f; %d steps in %.1f s, "
         "%.1f ms/step, loss %.1f%% of the step",
         metrics.get("psnr", nan),
         metrics.get("psnr_init", nan),
         metrics.get("ssim", nan),
+        metrics.get("ssim_3dgs", nan),
         metrics.get("ms_ssim", nan),
         metrics["steps"],
         metrics["train_seconds"],
@@ -185,14 +188,14 @@ class _DropLines(logging.Filter):
         return not str(record.msg).startswith(self.prefixes)
 
 
-_LIGHTNING_NOISE = _DropLines(("💡 Tip", "GPU available", "TPU available", "HPU available"))
+_LIGHTNING_NOISE = _DropLines(("💡 Tip", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped"))
 
 
 def _quiet_lightning() -> None:
     """What Lightning prints that says nothing about this run, silenced where it comes from.
 
-    - Its advertisement for a cloud logger and the accelerator lines of every Trainer (the run's
-      device is in the progress bar and metrics.json): a filter on Lightning's rank-zero logger.
+    - Its advertisement for a cloud logger, the accelerator lines of every Trainer and "fit
+      stopped: max_steps reached" (the summary says it): a filter on Lightning's rank-zero logger.
     - torch 2.13 deprecates ``isinstance(x, LeafSpec)``, which Lightning's batch-moving helper
       still does (lightning 2.6.6, the newest): a filter on that one message of that module.
     - "no pre-optimization state was saved": checkpoints hold the state after each step's
@@ -235,9 +238,14 @@ def main() -> Optional[float]:
             torch.set_num_threads(int(cfg.num_threads))
         try:
             metrics = train(cfg)
-        except ValueError as e:
+        except Exception as e:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
-                raise  # the sweep records the failed job (scripts/sweep_report.py lists it)
+                # Into the run's log (<run>/train.log), where scripts/sweep_report.py reads why it failed;
+                # the traceback only for what is not a config error.
+                log.error("run failed: %s", e, exc_info=not isinstance(e, ValueError))
+                raise  # the sweep records the failed job
+            if not isinstance(e, ValueError):
+                raise
             print(f"splatloss-train: error: {e}", file=sys.stderr, flush=True)
             sys.exit(2)
         key = cfg.get("optimized_metric")
