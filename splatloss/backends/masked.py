@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..config import SSIMConfig, accumulation_dtype
 
-__all__ = ["masked_ssim_map", "masked_ssim_stats", "weighted_channel_mean"]
+__all__ = ["masked_ssim_map", "masked_ssim_stats", "masked_stats_backward", "weighted_channel_mean"]
 
 Tensor = torch.Tensor
 
@@ -91,28 +91,81 @@ def weighted_channel_mean(values: Tensor, weights: Tensor) -> Tensor:
     return torch.where(nonempty, num / torch.where(nonempty, den, torch.ones_like(den)), torch.ones_like(num))
 
 
-def _stats(x: Tensor, y: Tensor, m: Tensor, cfg: SSIMConfig):
+def _stats(x: Tensor, y: Tensor, m: Tensor, w: Tensor, padding: str, c1: float, c2: float):
     """Forward quantities in the accumulation dtype (no graph): the padded shifted images and mask,
     ``W``, the shifted means, the SSIM algebra's parts, the centre weights and their sums."""
-    k = cfg.window_size
+    k = w.shape[0]
     lo, hi = k // 2, k - 1 - k // 2
     s = 0.5 * (x.mean(dim=(-2, -1), keepdim=True) + y.mean(dim=(-2, -1), keepdim=True))
-    X, Y = _pad(x, cfg.padding, lo, hi, 0.0) - s, _pad(y, cfg.padding, lo, hi, 0.0) - s
-    M = _pad(m, cfg.padding, lo, hi, 1.0)
-    w = cfg.window_1d(x.dtype, x.device)
+    X, Y = _pad(x, padding, lo, hi, 0.0) - s, _pad(y, padding, lo, hi, 0.0) - s
+    M = _pad(m, padding, lo, hi, 1.0)
     stacked = torch.cat([M, M * X, M * Y, M * X * X, M * Y * Y, M * X * Y], dim=1)
     W, fx, fy, fxx, fyy, fxy = _sep_filter_valid(stacked, w).chunk(6, dim=1)
     W = torch.where(W > 0, W, torch.ones_like(W))
     mu_x, mu_y = fx / W, fy / W
     vx, vy, cov = fxx / W - mu_x * mu_x, fyy / W - mu_y * mu_y, fxy / W - mu_x * mu_y
     mx, my = mu_x + s, mu_y + s
-    b1 = mx * mx + my * my + cfg.C1
-    b2 = vx + vy + cfg.C2
-    lum = (2 * mx * my + cfg.C1) / b1
-    cs = (2 * cov + cfg.C2) / b2
+    b1 = mx * mx + my * my + c1
+    b2 = vx + vy + c2
+    lum = (2 * mx * my + c1) / b1
+    cs = (2 * cov + c2) / b2
     r = k // 2
-    centre = m[..., r : r + cs.shape[-2], r : r + cs.shape[-1]] if cfg.padding == "valid" else m
-    return X, Y, M, W, w, mu_x, mu_y, mx, my, b1, b2, lum, cs, centre, (lo, hi)
+    centre = m[..., r : r + cs.shape[-2], r : r + cs.shape[-1]] if padding == "valid" else m
+    return X, Y, M, W, mu_x, mu_y, mx, my, b1, b2, lum, cs, centre, (lo, hi)
+
+
+def masked_stats_backward(
+    x: Tensor,
+    y: Tensor,
+    m: Tensor,
+    w: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    g_s,
+    g_c,
+    need_x: bool = True,
+    need_y: bool = True,
+):
+    """Gradients ``(d v / d x, d v / d y)`` (None where not needed) of ``v = sum(g_s * ssim_mean +
+    g_c * cs_mean)`` under the masked semantics, in torch ops (differentiable in the upstreams and
+    inputs, so it also serves a backward that must itself be differentiable).
+
+    ``x``, ``y`` are ``[B, C, H, W]`` and ``m`` the mask expanded to them, all in the accumulation
+    dtype; ``w`` the 1-D window in that dtype; ``g_s`` / ``g_c`` ``[B, C]`` upstreams or None. The
+    adjoint of the normalised statistics (each ``N / W`` with ``N = F(M P)``), recomputing the
+    forward from ``x, y, m``."""
+    X, Y, M, W, mu_x, mu_y, mx, my, b1, b2, lum, cs, centre, (lo, hi) = _stats(x, y, m, w, padding, c1, c2)
+    z = centre.sum(dim=(-2, -1), keepdim=True)
+    scale = torch.where(z > 0, 1 / torch.where(z > 0, z, torch.ones_like(z)), torch.zeros_like(z)) * centre
+    g_s = torch.zeros_like(z[..., 0, 0]) if g_s is None else g_s
+    g_c = torch.zeros_like(z[..., 0, 0]) if g_c is None else g_c
+    h_s = g_s.to(x.dtype)[..., None, None] * scale  # dv / d ssim_map
+    h_c = g_c.to(x.dtype)[..., None, None] * scale  # dv / d cs_map
+    # partials of the maps' value w.r.t. the shifted mean, the variances and the covariance
+    d_lum = h_s * cs  # dv / d lum
+    d_mx = d_lum * 2 * (my - lum * mx) / b1
+    d_my = d_lum * 2 * (mx - lum * my) / b1
+    d_cs = h_s * lum + h_c
+    d_cov = d_cs * 2 / b2
+    d_var = -d_cs * cs / b2
+    # to the normalised moments mu, E[x^2], E[xy], then to N = F(M P) through 1 / W
+    a_x = (d_mx - 2 * d_var * mu_x - d_cov * mu_y) / W
+    a_y = (d_my - 2 * d_var * mu_y - d_cov * mu_x) / W
+    b = d_var / W
+    d = d_cov / W
+    k = w.shape[0]
+    full = _sep_filter_valid(F.pad(torch.cat([a_x, a_y, b, d], dim=1), (k - 1, k - 1, k - 1, k - 1)), w.flip(0))
+    A_x, A_y, B, D = full.chunk(4, dim=1)  # on the padded grid
+    gX = M * (A_x + 2 * X * B + Y * D)
+    gY = M * (A_y + 2 * Y * B + X * D)
+    if padding == "same":
+        H, Wd = x.shape[-2:]
+        gX, gY = gX[..., lo : lo + H, lo : lo + Wd], gY[..., lo : lo + H, lo : lo + Wd]
+    elif padding == "reflect":
+        gX = torch.ops.aten.reflection_pad2d_backward(gX, x, [lo, hi, lo, hi])
+        gY = torch.ops.aten.reflection_pad2d_backward(gY, y, [lo, hi, lo, hi])
+    return (gX if need_x else None), (gY if need_y else None)
 
 
 class _MaskedStats(torch.autograd.Function):
@@ -124,7 +177,8 @@ class _MaskedStats(torch.autograd.Function):
         acc = accumulation_dtype(img1.dtype)
         x, y = img1.to(acc), img2.to(acc)
         m = mask.to(acc).expand(x.shape)
-        *_, lum, cs, centre, _ = _stats(x, y, m, cfg)
+        w = cfg.window_1d(acc, x.device)
+        *_, lum, cs, centre, _ = _stats(x, y, m, w, cfg.padding, cfg.C1, cfg.C2)
         out_s, out_c = weighted_channel_mean(lum * cs, centre), weighted_channel_mean(cs, centre)
         ctx.save_for_backward(x, y, m)
         ctx.cfg, ctx.dtypes = cfg, (img1.dtype, img2.dtype)
@@ -134,38 +188,11 @@ class _MaskedStats(torch.autograd.Function):
     def backward(ctx, g_s, g_c):
         x, y, m = ctx.saved_tensors
         cfg = ctx.cfg
-        X, Y, M, W, w, mu_x, mu_y, mx, my, b1, b2, lum, cs, centre, (lo, hi) = _stats(x, y, m, cfg)
-        z = centre.sum(dim=(-2, -1), keepdim=True)
-        scale = torch.where(z > 0, 1 / torch.where(z > 0, z, torch.ones_like(z)), torch.zeros_like(z)) * centre
-        g_s = torch.zeros_like(z[..., 0, 0]) if g_s is None else g_s
-        g_c = torch.zeros_like(z[..., 0, 0]) if g_c is None else g_c
-        h_s = g_s.to(x.dtype)[..., None, None] * scale  # dv / d ssim_map
-        h_c = g_c.to(x.dtype)[..., None, None] * scale  # dv / d cs_map
-        # partials of the maps' value w.r.t. the shifted mean, the variances and the covariance
-        d_lum = h_s * cs  # dv / d lum
-        d_mx = d_lum * 2 * (my - lum * mx) / b1
-        d_my = d_lum * 2 * (mx - lum * my) / b1
-        d_cs = h_s * lum + h_c
-        d_cov = d_cs * 2 / b2
-        d_var = -d_cs * cs / b2
-        # to the normalised moments mu, E[x^2], E[xy], then to N = F(M P) through 1 / W
-        a_x = (d_mx - 2 * d_var * mu_x - d_cov * mu_y) / W
-        a_y = (d_my - 2 * d_var * mu_y - d_cov * mu_x) / W
-        b = d_var / W
-        d = d_cov / W
-        k = w.shape[0]
-        full = _sep_filter_valid(F.pad(torch.cat([a_x, a_y, b, d], dim=1), (k - 1, k - 1, k - 1, k - 1)), w.flip(0))
-        A_x, A_y, B, D = full.chunk(4, dim=1)  # on the padded grid
-        gX = M * (A_x + 2 * X * B + Y * D)
-        gY = M * (A_y + 2 * Y * B + X * D)
-        if cfg.padding == "same":
-            H, Wd = x.shape[-2:]
-            gX, gY = gX[..., lo : lo + H, lo : lo + Wd], gY[..., lo : lo + H, lo : lo + Wd]
-        elif cfg.padding == "reflect":
-            gX = torch.ops.aten.reflection_pad2d_backward(gX, x, [lo, hi, lo, hi])
-            gY = torch.ops.aten.reflection_pad2d_backward(gY, y, [lo, hi, lo, hi])
-        gx = gX.to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
-        gy = gY.to(ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
+        w = cfg.window_1d(x.dtype, x.device)
+        need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        gX, gY = masked_stats_backward(x, y, m, w, cfg.padding, cfg.C1, cfg.C2, g_s, g_c, need_x, need_y)
+        gx = gX.to(ctx.dtypes[0]) if need_x else None
+        gy = gY.to(ctx.dtypes[1]) if need_y else None
         return gx, gy, None, None
 
 

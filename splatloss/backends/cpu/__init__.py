@@ -19,8 +19,8 @@ from typing import Optional
 import torch
 
 from ... import multiscale
-from ...config import SSIMConfig
-from .. import torch_fused
+from ...config import SSIMConfig, accumulation_dtype
+from .. import masked, torch_fused
 from ..base import Backend, _compile_time_constant
 from . import functions
 from .build import compiler
@@ -74,7 +74,8 @@ def _torch_ops_only(img1: torch.Tensor, img2: torch.Tensor) -> bool:
 
 class CPUBackend(Backend):
     """The compiled C kernel on CPU tensors: SSIM statistics, the fused L1 + D-SSIM, the fused
-    MS-SSIM pyramid, and the graph-free value-and-gradient pass."""
+    MS-SSIM pyramid, the graph-free value-and-gradient pass, and the masked statistics and masked
+    L1 + D-SSIM (the masked *maps* run the shared composition of :mod:`..masked`)."""
 
     name = "cpu"
 
@@ -95,6 +96,24 @@ class CPUBackend(Backend):
         if _torch_ops_only(img1, img2):
             return torch_fused.BACKEND.dssim_l1(img1, img2, cfg, lam)
         return functions.dssim_l1(img1, img2, cfg, lam)
+
+    def masked_ssim_stats(self, img1, img2, mask, cfg: SSIMConfig):
+        if _torch_ops_only(img1, img2):
+            return masked.masked_ssim_stats(img1, img2, mask, cfg)
+        return functions.masked_ssim_stats(img1, img2, mask, cfg)
+
+    def masked_dssim_l1(self, img1, img2, mask, cfg: SSIMConfig, lam):
+        """Masked ``(1 - lam) * L1 + lam * (1 - SSIM)`` per image ``[B]`` (``L1 = sum m |x - y| / sum m``
+        over channels and pixels, 0 for an empty mask), fused in the kernel for "valid" and "same"."""
+        if _torch_ops_only(img1, img2):  # the composition functional.dssim_l1 runs on other backends
+            acc = accumulation_dtype(img1.dtype)
+            mf = mask.to(acc).expand(img1.shape)
+            den = mf.sum(dim=(1, 2, 3))
+            num = (mf * (img1.to(acc) - img2.to(acc)).abs()).sum(dim=(1, 2, 3))
+            l1 = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
+            s, _ = masked.masked_ssim_stats(img1, img2, mask, cfg)
+            return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
+        return functions.masked_dssim_l1(img1, img2, mask, cfg, lam)
 
     def ssim_mean_and_grad(self, img1, img2, cfg: SSIMConfig, upstream):
         s, g = functions.ssim_mean_and_grad(img1, img2, cfg, upstream)

@@ -501,3 +501,327 @@ void splat_down2_bwd(const REAL *g, int planes, int H, int W, REAL *gx, int add)
         }
     }
 }
+
+/* ============================================================================================
+ * Masked SSIM (semantics in splatloss/backends/masked.py). With M the padded mask and W = w*M:
+ *   mu_x = w*(M x') / W, e_ss = w*(M (x'^2 + y'^2)) / W, e_xy = w*(M x' y') / W
+ * (x' = x - s as above; a position with W = 0 uses W = 1: its centre weight is 0), and the value
+ * per plane is sum_p c(p) S(p) / sum_p c(p), c the mask at each map position's centre pixel.
+ * Forward: five filtered quantities (W, M x', M y', M (x'^2 + y'^2), M x' y') instead of four.
+ * Backward of L = sum_p c(p) (gS ssim(p) + gC cs(p)) (gS, gC already divided by sum c): the
+ * unmasked formulas with gS, gC replaced by c(p) gS, c(p) gC, the four adjoint quantities divided
+ * by W before the transposed filters, and the pixel gradient multiplied by M:
+ *   dL/dx = M (w^T*(alpha_x / W) + 2 x' (w^T*(beta / W)) + y' (w^T*(gamma / W))).
+ * The masked L1 term l1c * sum m |x - y| adds l1c * m * sign(x - y) inside that product.
+ * "same": the images read zeros (-s after the shift) and the mask ones outside the plane.
+ * ============================================================================================ */
+
+/* Workspace (REALs): in 8 rows of Lin (M, Mx', My', M(x'^2+y'^2), Mx'y', x', y', centre / mask
+ * row), hring 5 * K rows of Wpp, aring 4 * K rows of Wpp, vrow 4 rows of Lv, grow 2 rows of Wo. */
+static size_t mws_elems(dims_t d) {
+    return (size_t)8 * d.Lin + (size_t)9 * d.K * d.Wpp + (size_t)4 * d.Lv + (size_t)2 * d.Wo;
+}
+
+size_t splat_mssim_workspace(int W, int K, int tile) {
+    int w = W;
+    if (tile > 0 && tile + 2 * (K - 1) < W) w = tile + 2 * (K - 1);
+    return mws_elems(make_dims(w, K));
+}
+
+typedef struct {
+    dims_t d;
+    img_t im;
+    const REAL *m;     /* mask plane, same layout as x */
+    const REAL *g;
+    REAL *in, *hring, *aring, *vrow, *grow;
+} mws_t;
+
+static mws_t make_mws(dims_t d, img_t im, const REAL *m, const REAL *g, REAL *base) {
+    mws_t w;
+    w.d = d; w.im = im; w.m = m; w.g = g;
+    w.in = base;
+    w.hring = w.in + (size_t)8 * d.Lin;
+    w.aring = w.hring + (size_t)5 * d.K * d.Wpp;
+    w.vrow = w.aring + (size_t)4 * d.K * d.Wpp;
+    w.grow = w.vrow + (size_t)4 * d.Lv;
+    return w;
+}
+
+/* dst[0..n) = mask at logical row r, logical columns c0 .. c0+n-1 (ones outside the plane). */
+static void copy_mask(const mws_t *w, REAL *dst, int r, int c0, int n) {
+    const img_t im = w->im;
+    const int rr = r - im.pad;
+    const REAL *row = rr >= 0 && rr < im.H ? w->m + (size_t)rr * im.ld : NULL;
+    int lo = c0 < 0 ? -c0 : 0;
+    int hi = im.W - c0 < n ? im.W - c0 : n;
+    if (row == NULL || hi <= lo) { for (int j = 0; j < n; j++) dst[j] = 1; return; }
+    for (int j = 0; j < lo; j++) dst[j] = 1;
+    for (int j = lo; j < hi; j++) dst[j] = row[c0 + j];
+    for (int j = hi; j < n; j++) dst[j] = 1;
+}
+
+/* x', y' of logical row r into rows 5, 6 and the mask into row 7 (zero tails). */
+static void mload_xym(mws_t *w, int r) {
+    const img_t im = w->im;
+    const int rr = r - im.pad;
+    const int inside = rr >= 0 && rr < im.H;
+    const int L = w->d.Lin;
+    copy_seg(w->in + 5 * L, inside ? im.x + (size_t)rr * im.ld : NULL, im.col0 - im.pad, w->d.W, im.W, im.shift);
+    copy_seg(w->in + 6 * L, inside ? im.y + (size_t)rr * im.ld : NULL, im.col0 - im.pad, w->d.W, im.W, im.shift);
+    copy_mask(w, w->in + 7 * L, r, im.col0 - im.pad, w->d.W);
+}
+
+static void mload_row(mws_t *w, int r) {
+    const int L = w->d.Lin;
+    REAL *b = w->in;
+    mload_xym(w, r);
+    for (int j = 0; j < L; j += V) {
+        vr a = ld(b + 5 * L + j), c = ld(b + 6 * L + j), m = ld(b + 7 * L + j);
+        vr ma = m * a, mc = m * c;
+        st(b + j, m);
+        st(b + L + j, ma);
+        st(b + 2 * L + j, mc);
+        st(b + 3 * L + j, ma * a + mc * c);
+        st(b + 4 * L + j, ma * c);
+    }
+}
+
+static void mhfilter(mws_t *w, int slot) {
+    const dims_t d = w->d;
+    const int K = KTAPS(d.K);
+    const REAL *src = w->in;
+    const size_t qs = (size_t)K * d.Wpp;
+    REAL *dst = w->hring + (size_t)slot * d.Wpp;
+    for (int j = 0; j < d.Wpp; j += V) {
+        vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0};
+        for (int k = 0; k < K; k++) {
+            vr gk = bc(w->g[k]);
+            s0 += gk * ld(src + j + k);
+            s1 += gk * ld(src + d.Lin + j + k);
+            s2 += gk * ld(src + 2 * d.Lin + j + k);
+            s3 += gk * ld(src + 3 * d.Lin + j + k);
+            s4 += gk * ld(src + 4 * d.Lin + j + k);
+        }
+        st(dst + j, s0); st(dst + qs + j, s1); st(dst + 2 * qs + j, s2); st(dst + 3 * qs + j, s3);
+        st(dst + 4 * qs + j, s4);
+    }
+}
+
+static void mfill_rows(mws_t *w, int m, int *next) {
+    const int K = KTAPS(w->d.K);
+    if (*next < m) *next = m;
+    while (*next <= m + K - 1) {
+        mload_row(w, *next);
+        mhfilter(w, *next % K);
+        (*next)++;
+    }
+}
+
+/* Vertical filter for map row m, the masked statistics and the SSIM algebra.
+ * mode 0: add the row's sums of c ssim, c cs and c to sums[0..2].
+ * mode 1: write beta / W, gamma / W and the alpha(s) / W of map row m to aring slot m % K. */
+static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
+                     REAL gS, REAL gC, int need_x, int need_y) {
+    const dims_t d = w->d;
+    const int K = KTAPS(d.K);
+    const size_t qs = (size_t)K * d.Wpp;
+    int sl[K];
+    for (int k = 0; k < K; k++) sl[k] = (m + k) % K;
+    /* centre weights: logical row m + K/2, columns col0 + K/2 + j (row 7 of `in`, zero tail) */
+    REAL *cw = w->in + 7 * d.Lin;
+    copy_mask(w, cw, m + d.K / 2, w->im.col0 - w->im.pad + d.K / 2, d.Wp);
+    memset(cw + d.Wp, 0, sizeof(REAL) * (d.Lin - d.Wp));
+
+    vr acc_s = {0}, acc_c = {0}, acc_z = {0};
+    vmask lane;
+    for (int i = 0; i < V; i++) lane[i] = i;
+    REAL *a0 = w->aring + (size_t)(m % K) * d.Wpp;
+    const size_t aqs = (size_t)K * d.Wpp;
+    const vr c1 = bc(C1), c2 = bc(C2), two = bc(2), one = bc(1), zero = {0};
+    const vr vgs = bc(gS), vgc = bc(gC), sh = bc(w->im.shift);
+
+    for (int j = 0; j < d.Wpp; j += V) {
+        vr fw = {0}, fx = {0}, fy = {0}, fss = {0}, fxy = {0};
+        for (int k = 0; k < K; k++) {
+            vr gk = bc(w->g[k]);
+            const REAL *h = w->hring + (size_t)sl[k] * d.Wpp + j;
+            fw += gk * ld(h);
+            fx += gk * ld(h + qs);
+            fy += gk * ld(h + 2 * qs);
+            fss += gk * ld(h + 3 * qs);
+            fxy += gk * ld(h + 4 * qs);
+        }
+        vmask pos = fw > zero;
+        vr iW = one / (vr)(((vmask)fw & pos) | ((vmask)one & ~pos));  /* W = 0: use 1 */
+        vr mx = fx * iW, my = fy * iW, ess = fss * iW, exy = fxy * iW;
+        vr ux = mx + sh, uy = my + sh;
+        vr A1 = two * ux * uy + c1;
+        vr B1 = ux * ux + uy * uy + c1;
+        vr A2 = two * (exy - mx * my) + c2;
+        vr B2 = (ess - (mx * mx + my * my)) + c2;
+        vr iB1 = 1 / B1, iB2 = 1 / B2;
+        vr lum = A1 * iB1, cs = A2 * iB2;
+        vr ssim = lum * cs;
+        vr c = ld(cw + j);
+        vmask vm = (lane + j) < d.Wp;
+        if (mode == 0) {
+            acc_s += (vr)((vmask)(c * ssim) & vm);
+            acc_c += (vr)((vmask)(c * cs) & vm);
+            acc_z += c;
+        } else {
+            vr hs = vgs * c, hc = vgc * c;
+            vr beta = -(hs * ssim + hc * cs) * iB2;
+            vr gamma = two * (hs * lum + hc) * iB2;
+            vr t = two * hs * iB1;
+            st(a0 + j, (vr)((vmask)(beta * iW) & vm));
+            st(a0 + aqs + j, (vr)((vmask)(gamma * iW) & vm));
+            int q = 2;
+            if (need_x) {
+                vr ax = t * (uy * cs - ux * ssim) - two * mx * beta - my * gamma;
+                st(a0 + q * aqs + j, (vr)((vmask)(ax * iW) & vm));
+                q++;
+            }
+            if (need_y) {
+                vr ay = t * (ux * cs - uy * ssim) - two * my * beta - mx * gamma;
+                st(a0 + q * aqs + j, (vr)((vmask)(ay * iW) & vm));
+            }
+        }
+    }
+    if (mode == 0) {
+        double s = 0, cc = 0, z = 0;
+        for (int i = 0; i < V; i++) { s += acc_s[i]; cc += acc_c[i]; z += acc_z[i]; }
+        sums[0] += s;
+        sums[1] += cc;
+        sums[2] += z;
+    }
+}
+
+static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1c,
+                      int q0, int q1, int c_lo, int c_hi, REAL *gx, REAL *gy) {
+    const dims_t d = w->d;
+    const int K = KTAPS(d.K);
+    const REAL *g = w->g;
+    const int Hp = H - K + 1;
+    const int need_x = gx != NULL, need_y = gy != NULL;
+    const int nq = 2 + need_x + need_y;
+    const size_t qs = (size_t)K * d.Wpp;
+    REAL *vb = w->vrow + (K - 1);
+    int next_in = q0 - K + 1 < 0 ? 0 : q0 - K + 1;
+    int next_m = next_in;
+
+    for (int q = q0; q < q1; q++) {
+        int mhi = q < Hp - 1 ? q : Hp - 1;
+        int mlo = q - K + 1 < 0 ? 0 : q - K + 1;
+        while (next_m <= mhi) {
+            mfill_rows(w, next_m, &next_in);
+            mmap_row(w, next_m, C1, C2, 1, NULL, gS, gC, need_x, need_y);
+            next_m++;
+        }
+        const REAL *ap[K];
+        REAL gw[K];
+        int n = 0;
+        for (int m = mlo; m <= mhi; m++, n++) {
+            ap[n] = w->aring + (size_t)(m % K) * d.Wpp;
+            gw[n] = g[q - m];
+        }
+        if (n == K) {
+            if (nq == 4) vadjoint(ap, gw, K, 4, qs, d.Wpp, d.Lv, vb);
+            else vadjoint(ap, gw, K, 3, qs, d.Wpp, d.Lv, vb);
+        } else {
+            vadjoint(ap, gw, n, nq, qs, d.Wpp, d.Lv, vb);
+        }
+        const int L = d.Lin;
+        mload_xym(w, q);
+        const REAL *bx = w->in + 5 * L, *by = w->in + 6 * L, *bm = w->in + 7 * L;
+        REAL *ox = w->grow, *oy = w->grow + d.Wo;
+        const vr l1 = bc(l1c), one = bc(1);
+        for (int j = c_lo / V * V; j < c_hi; j += V) {
+            vr hb = {0}, hg = {0}, h2 = {0}, h3 = {0};
+            for (int t = 0; t < K; t++) {
+                vr gk = bc(g[K - 1 - t]);
+                const REAL *v = w->vrow + j + t;
+                hb += gk * ld(v);
+                hg += gk * ld(v + d.Lv);
+                h2 += gk * ld(v + 2 * d.Lv);
+                if (nq == 4) h3 += gk * ld(v + 3 * d.Lv);
+            }
+            vr xv = ld(bx + j), yv = ld(by + j), mv = ld(bm + j);
+            vr two_hb = hb + hb;
+            vr gxv = h2 + two_hb * xv + hg * yv;
+            vr gyv = (need_x ? h3 : h2) + two_hb * yv + hg * xv;
+            if (l1c != 0) {
+                vr sg = (vr)((vmask)one & (xv > yv)) - (vr)((vmask)one & (xv < yv));
+                gxv += l1 * sg;
+                gyv -= l1 * sg;
+            }
+            if (need_x) st(ox + j, mv * gxv);
+            if (need_y) st(oy + j, mv * gyv);
+        }
+        const img_t im = w->im;
+        const size_t o = (size_t)(q - im.pad) * im.ld + (im.col0 + c_lo - im.pad);
+        if (need_x) memcpy(gx + o, ox + c_lo, sizeof(REAL) * (c_hi - c_lo));
+        if (need_y) memcpy(gy + o, oy + c_lo, sizeof(REAL) * (c_hi - c_lo));
+    }
+}
+
+/* Masked forward: per map row m in [m0, m1), out[3*(m-m0) + 0..2] = sums over the row of
+ * c ssim, c cs and c (c: centre weights). mask: the plane's mask (H x W, like x). */
+void splat_mssim_fwd(const REAL *x, const REAL *y, const REAL *mask, int H, int W, const REAL *g, int K,
+                     REAL C1, REAL C2, int m0, int m1, REAL *work, double *out, int tile, int pad) {
+    const int Wp = W + 2 * pad - K + 1;
+    const int T = tile > 0 ? tile : Wp;
+    const REAL shift = plane_shift(x, y, H, W);
+    for (int m = m0; m < m1; m++) out[3 * (m - m0)] = out[3 * (m - m0) + 1] = out[3 * (m - m0) + 2] = 0;
+    for (int j0 = 0; j0 < Wp; j0 += T) {
+        int tw = Wp - j0 < T ? Wp - j0 : T;
+        dims_t d = make_dims(tw + K - 1, K);
+        img_t im = {x, y, H, W, W, pad, j0, shift};
+        memset(work, 0, mws_elems(d) * sizeof(REAL));
+        mws_t w = make_mws(d, im, mask, g, work);
+        int next = m0;
+        for (int m = m0; m < m1; m++) {
+            mfill_rows(&w, m, &next);
+            mmap_row(&w, m, C1, C2, 0, out + 3 * (m - m0), 0, 0, 0, 0);
+        }
+    }
+}
+
+/* Masked backward: gradient rows [q0, q1) of one plane of
+ * L = gS * sum(c ssim) + gC * sum(c cs) + l1c * sum m |x - y| (see splat_ssim_bwd for the rest). */
+void splat_mssim_bwd(const REAL *x, const REAL *y, const REAL *mask, int H, int W, const REAL *g, int K,
+                     REAL C1, REAL C2, REAL gS, REAL gC, int q0, int q1, REAL *work,
+                     REAL *gx, REAL *gy, int tile, int pad, REAL l1c) {
+    const int Wl = W + 2 * pad;
+    const int T = tile > 0 ? tile : W;
+    const REAL shift = plane_shift(x, y, H, W);
+    for (int c0 = pad; c0 < pad + W; c0 += T) {
+        int c1 = pad + W - c0 < T ? pad + W : c0 + T;
+        int a = c0 - K + 1 < 0 ? 0 : c0 - K + 1;
+        int b = c1 + K - 1 > Wl ? Wl : c1 + K - 1;
+        dims_t d = make_dims(b - a, K);
+        img_t im = {x, y, H, W, W, pad, a, shift};
+        memset(work, 0, mws_elems(d) * sizeof(REAL));
+        mws_t w = make_mws(d, im, mask, g, work);
+        mbwd_tile(&w, H + 2 * pad, C1, C2, gS, gC, l1c, q0 + pad, q1 + pad, c0 - a, c1 - a, gx, gy);
+    }
+}
+
+/* Per-row sums of the masked L1 term of one plane: out[2r] = sum_j m |x - y|, out[2r+1] = sum_j m. */
+void splat_masked_l1_rows(const REAL *x, const REAL *y, const REAL *mask, int H, int W, double *out) {
+    for (int r = 0; r < H; r++) {
+        const REAL *a = x + (size_t)r * W, *b = y + (size_t)r * W, *mm = mask + (size_t)r * W;
+        vr acc = {0}, accm = {0};
+        int j = 0;
+        for (; j + V <= W; j += V) {
+            vr dlt = ld(a + j) - ld(b + j), mv = ld(mm + j);
+            vmask neg = dlt < 0;
+            acc += mv * (vr)(((vmask)dlt & ~neg) | ((vmask)(-dlt) & neg));
+            accm += mv;
+        }
+        double s = 0, z = 0;
+        for (int i = 0; i < V; i++) { s += acc[i]; z += accm[i]; }
+        for (; j < W; j++) { s += (double)mm[j] * (a[j] > b[j] ? a[j] - b[j] : b[j] - a[j]); z += mm[j]; }
+        out[2 * r] = s;
+        out[2 * r + 1] = z;
+    }
+}

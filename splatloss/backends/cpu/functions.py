@@ -23,11 +23,21 @@ import torch.nn.functional as F
 
 from ... import multiscale
 from ...config import SSIMConfig, accumulation_dtype
-from .. import torch_fused
+from .. import masked, torch_fused
 from . import library
 from .library import FIXED_TAPS
 
-__all__ = ["padded", "unpad_grad", "ssim_stats", "dssim_l1", "ms_terms", "down2", "ssim_mean_and_grad"]
+__all__ = [
+    "padded",
+    "unpad_grad",
+    "ssim_stats",
+    "dssim_l1",
+    "ms_terms",
+    "down2",
+    "ssim_mean_and_grad",
+    "masked_ssim_stats",
+    "masked_dssim_l1",
+]
 
 Tensor = torch.Tensor
 
@@ -487,3 +497,220 @@ def ms_terms(img1: Tensor, img2: Tensor, cfg: SSIMConfig, scales: int) -> Tensor
         args = (x, y, w, cfg.C1, cfg.C2, pad, scales)
         return _ms_terms_op(*args) if _tracing(x, y) else _MSTermsFn.apply(*args)
     return multiscale.ms_terms(lambda a, b: ssim_stats(a, b, cfg), (img1, img2), scales, down=down2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Masked SSIM and cs means, and the masked L1 + D-SSIM (semantics in splatloss.backends.masked).
+# The kernel returns per-plane sums (sum c ssim, sum c cs, sum c with c the centre weights; sum
+# m |x - y| and sum m for the L1); the normalisation, the empty-channel rule and the upstreams'
+# division by those sums happen here, in float64 sums cast to the accumulation dtype.
+# ----------------------------------------------------------------------------------------------
+
+
+def masked_padded(x: Tensor, y: Tensor, m: Tensor, cfg: SSIMConfig):
+    """:func:`padded` for a masked call: ``(x, y, m, pad)`` with the mask in the images' dtype,
+    ``(B|1, C|1, H, W)``, contiguous. "same" costs no copy (the kernel reads zeros around the images
+    and ones around the mask); "reflect" mirrors the mask too (a copy of a mask-sized array)."""
+    x, y, pad = padded(x, y, cfg)
+    m = m.detach().to(x.dtype)
+    if m.dim() == 2:
+        m = m[None, None]
+    if cfg.padding == "reflect":
+        r = cfg.window_size // 2
+        m = F.pad(m, (r, r, r, r), mode="reflect")
+    return x, y, m.contiguous(), pad
+
+
+def _safe_inv(z: Tensor) -> Tensor:
+    """``1 / z`` where ``z > 0``, else 0 (an empty channel or image gets no gradient)."""
+    return torch.where(z > 0, 1 / torch.where(z > 0, z, torch.ones_like(z)), torch.zeros_like(z))
+
+
+def _masked_means(ss: Tensor, cc: Tensor, z: Tensor, dtype: torch.dtype):
+    """Weighted means ``[B, C]`` from the kernel's float64 sums; 1 for an empty channel."""
+    nonempty = z > 0
+    zz = torch.where(nonempty, z, torch.ones_like(z))
+    s = torch.where(nonempty, ss / zz, torch.ones_like(ss)).to(dtype)
+    c = torch.where(nonempty, cc / zz, torch.ones_like(cc)).to(dtype)
+    return s, c
+
+
+def _masked_torch_ops_grads(x, y, m, w, pad, c1, c2, g_s, g_c, need_x, need_y):
+    """The masked gradients through the torch-ops adjoint of :mod:`..masked` (differentiable,
+    vmappable): the kernel's inputs are a "same" problem when ``pad`` else a "valid" one ("reflect"
+    arrives mirrored already)."""
+    return masked.masked_stats_backward(
+        x, y, m.expand(x.shape), w, "same" if pad else "valid", c1, c2, g_s, g_c, need_x, need_y
+    )
+
+
+def _masked_backward_impl(g_s, g_c, g_l1, x, y, m, w, c1, c2, pad, need_x, need_y):
+    lib = library._lib(x.dtype, w.numel())
+    gx, gy = library.masked_backward(lib, x, y, m, w, c1, c2, g_s, g_c, need_x, need_y, pad, g_l1)
+    return _grad_or_empty(gx, x), _grad_or_empty(gy, y)
+
+
+@torch.library.custom_op("splatloss::cpu_masked_ssim_backward", mutates_args=())
+def _masked_backward_op(
+    g_s: Tensor,
+    g_c: Tensor,
+    g_l1: Tensor,
+    x: Tensor,
+    y: Tensor,
+    m: Tensor,
+    w: Tensor,
+    c1: float,
+    c2: float,
+    pad: int,
+    need_x: bool,
+    need_y: bool,
+) -> Tuple[Tensor, Tensor]:
+    return _masked_backward_impl(g_s, g_c, g_l1, x, y, m, w, c1, c2, pad, need_x, need_y)
+
+
+@_masked_backward_op.register_fake
+def _(g_s, g_c, g_l1, x, y, m, w, c1, c2, pad, need_x, need_y):
+    return (x.new_empty(x.shape) if need_x else x.new_empty(0)), (y.new_empty(y.shape) if need_y else y.new_empty(0))
+
+
+def _masked_kernel_grads(x, y, m, w, c1, c2, pad, g_s, g_c, g_l1, need_x, need_y):
+    """Kernel gradients for per-plane coefficients of the *sums* (``g_s`` of sum c ssim, ...)."""
+    zeros = torch.zeros(x.shape[:2], dtype=x.dtype)
+    gx, gy = (_masked_backward_op if _tracing(x) else _masked_backward_impl)(
+        zeros if g_s is None else g_s.to(x.dtype).contiguous(),
+        zeros if g_c is None else g_c.to(x.dtype).contiguous(),
+        zeros if g_l1 is None else g_l1.to(x.dtype).contiguous(),
+        x,
+        y,
+        m,
+        w,
+        c1,
+        c2,
+        pad,
+        need_x,
+        need_y,
+    )
+    return _none_if_empty(gx), _none_if_empty(gy)
+
+
+def _mstats_impl(x, y, m, w, c1, c2, pad):
+    x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
+    ss, cc, z = library.masked_forward(library._lib(x.dtype, w.numel()), x, y, m, w, c1, c2, pad)
+    s, c = _masked_means(ss, cc, z, x.dtype)
+    return s, c, z.to(x.dtype)  # z: the centre weights' sums, for the backward
+
+
+@torch.library.custom_op("splatloss::cpu_masked_ssim_stats", mutates_args=())
+def _mstats_op(
+    x: Tensor, y: Tensor, m: Tensor, w: Tensor, c1: float, c2: float, pad: int
+) -> Tuple[Tensor, Tensor, Tensor]:
+    return _mstats_impl(x, y, m, w, c1, c2, pad)
+
+
+@_mstats_op.register_fake
+def _(x, y, m, w, c1, c2, pad):
+    return x.new_empty(x.shape[:2]), x.new_empty(x.shape[:2]), x.new_empty(x.shape[:2])
+
+
+def _mstats_setup(ctx, inputs, output):
+    x, y, m, w, c1, c2, pad = inputs
+    ctx.c1, ctx.c2, ctx.pad = c1, c2, pad
+    ctx.save_for_backward(x, y, m, w, output[2])
+
+
+def _mstats_backward(ctx, g_s, g_c, _g_z):
+    x, y, m, w, z = ctx.saved_tensors
+    need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    none = (None,) * 5
+    if (g_s is None and g_c is None) or not (need_x or need_y):
+        return (None, None) + none
+    if _torch_ops(g_s, g_c):
+        return _masked_torch_ops_grads(x, y, m, w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y) + none
+    inv = _safe_inv(z)
+    g_s = None if g_s is None else g_s * inv
+    g_c = None if g_c is None else g_c * inv
+    x, y = x.contiguous(), y.contiguous()
+    return _masked_kernel_grads(x, y, m, w, ctx.c1, ctx.c2, ctx.pad, g_s, g_c, None, need_x, need_y) + none
+
+
+_mstats_op.register_autograd(_mstats_backward, setup_context=_mstats_setup)
+_MStatsFn = _function("_MStatsFn", _mstats_impl, _mstats_setup, _mstats_backward)
+
+
+def masked_ssim_stats(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig) -> Tuple[Tensor, Tensor]:
+    """Masked ``(ssim_mean, cs_mean)`` [B, C] through the kernel (the mask gets no gradient)."""
+    x, y, m, pad = masked_padded(img1, img2, mask, cfg)
+    w = cfg.window_1d(x.dtype, "cpu")
+    args = (x, y, m, w, cfg.C1, cfg.C2, pad)
+    s, c, _ = _mstats_op(*args) if _tracing(x, y) else _MStatsFn.apply(*args)
+    return s, c
+
+
+def _mdssim_l1_impl(x, y, m, w, c1, c2, pad, lam):
+    x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
+    lib = library._lib(x.dtype, w.numel())
+    ss, _, z, num, den = library.masked_forward(lib, x, y, m, w, c1, c2, pad, l1=True)  # [B, C] float64 each
+    s, _ = _masked_means(ss, ss, z, x.dtype)
+    num, den = num.sum(dim=1), den.sum(dim=1)  # per image, over channels and pixels
+    l1 = (num * _safe_inv(den)).to(x.dtype)
+    return (1 - lam) * l1 + lam * (1 - s.mean(dim=1)), z.to(x.dtype), den.to(x.dtype)
+
+
+@torch.library.custom_op("splatloss::cpu_masked_dssim_l1", mutates_args=())
+def _mdssim_l1_op(
+    x: Tensor, y: Tensor, m: Tensor, w: Tensor, c1: float, c2: float, pad: int, lam: float
+) -> Tuple[Tensor, Tensor, Tensor]:
+    return _mdssim_l1_impl(x, y, m, w, c1, c2, pad, lam)
+
+
+@_mdssim_l1_op.register_fake
+def _(x, y, m, w, c1, c2, pad, lam):
+    return x.new_empty(x.shape[:1]), x.new_empty(x.shape[:2]), x.new_empty(x.shape[:1])
+
+
+def _mdssim_l1_setup(ctx, inputs, output):
+    x, y, m, w, c1, c2, pad, lam = inputs
+    ctx.c1, ctx.c2, ctx.pad, ctx.lam = c1, c2, pad, lam
+    ctx.save_for_backward(x, y, m, w, output[1], output[2])
+
+
+def _mdssim_l1_backward(ctx, g, _g_z, _g_den):
+    x, y, m, w, z, den = ctx.saved_tensors
+    need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    none = (None,) * 6
+    if g is None or not (need_x or need_y):
+        return (None, None) + none
+    C = x.shape[1]
+    g_s = (-ctx.lam / C) * g[:, None].expand(-1, C)  # d loss / d masked mean SSIM of each plane
+    g_l1 = ((1 - ctx.lam) * g * _safe_inv(den))[:, None].expand(-1, C)  # d loss / d sum m |x - y| of each plane
+    if _torch_ops(g):
+        gx, gy = _masked_torch_ops_grads(x, y, m, w, ctx.pad, ctx.c1, ctx.c2, g_s, None, need_x, need_y)
+        sg = m * torch.sign(x - y) * g_l1[..., None, None]
+        return (None if gx is None else gx + sg, None if gy is None else gy - sg) + none
+    x, y = x.contiguous(), y.contiguous()
+    return (
+        _masked_kernel_grads(x, y, m, w, ctx.c1, ctx.c2, ctx.pad, g_s * _safe_inv(z), None, g_l1, need_x, need_y) + none
+    )
+
+
+_mdssim_l1_op.register_autograd(_mdssim_l1_backward, setup_context=_mdssim_l1_setup)
+_MDSSIML1Fn = _function("_MDSSIML1Fn", _mdssim_l1_impl, _mdssim_l1_setup, _mdssim_l1_backward)
+
+
+def masked_dssim_l1(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig, lam: float) -> Tensor:
+    """Per image ``(1 - lam) * L1 + lam * (1 - SSIM)`` ``[B]`` under the masked semantics, ``L1 =
+    sum m |x - y| / sum m`` over channels and pixels (0 for an empty mask). "valid" and "same" run
+    fused in one kernel pass each way; "reflect" adds a torch masked L1 to the kernel's SSIM (its
+    mirrored copy must not enter the L1)."""
+    if cfg.padding == "reflect":
+        acc = accumulation_dtype(img1.dtype)
+        mf = mask.to(acc).expand(img1.shape)
+        num = (mf * (img1.to(acc) - img2.to(acc)).abs()).sum(dim=(1, 2, 3))
+        l1 = num * _safe_inv(mf.sum(dim=(1, 2, 3)))
+        s, _ = masked_ssim_stats(img1, img2, mask, cfg)
+        return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
+    x, y, m, pad = masked_padded(img1, img2, mask, cfg)
+    w = cfg.window_1d(x.dtype, "cpu")
+    args = (x, y, m, w, cfg.C1, cfg.C2, pad, float(lam))
+    out, _, _ = _mdssim_l1_op(*args) if _tracing(x, y) else _MDSSIML1Fn.apply(*args)
+    return out

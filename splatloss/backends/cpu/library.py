@@ -25,7 +25,17 @@ import torch
 
 from .build import FIXED_TAPS, build, compiler
 
-__all__ = ["get", "unavailable_reason", "forward", "backward", "down2", "down2_backward", "FIXED_TAPS"]
+__all__ = [
+    "get",
+    "unavailable_reason",
+    "forward",
+    "backward",
+    "masked_forward",
+    "masked_backward",
+    "down2",
+    "down2_backward",
+    "FIXED_TAPS",
+]
 
 _lock = threading.Lock()
 _libs: dict = {}  # (torch dtype, fixed taps or 0) -> ctypes library (or None after a failure)
@@ -55,6 +65,14 @@ def _load(dtype: torch.dtype, taps: int):
     lib.splat_ssim_fwd.argtypes = [P, P, I, I, P, I, R, R, I, I, P, P, I, I]
     lib.splat_ssim_bwd.restype = None
     lib.splat_ssim_bwd.argtypes = [P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I, I, R]
+    lib.splat_mssim_workspace.restype = ctypes.c_size_t
+    lib.splat_mssim_workspace.argtypes = [I, I, I]
+    lib.splat_mssim_fwd.restype = None
+    lib.splat_mssim_fwd.argtypes = [P, P, P, I, I, P, I, R, R, I, I, P, P, I, I]
+    lib.splat_mssim_bwd.restype = None
+    lib.splat_mssim_bwd.argtypes = [P, P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I, I, R]
+    lib.splat_masked_l1_rows.restype = None
+    lib.splat_masked_l1_rows.argtypes = [P, P, P, I, I, P]
     lib.splat_l1_rows.restype = None
     lib.splat_l1_rows.argtypes = [P, P, I, I, P]
     lib.splat_down2_fwd.restype = None
@@ -230,6 +248,153 @@ def backward(
         lib.splat_ssim_bwd(
             xp + off,
             yp + off,
+            H,
+            W,
+            gp,
+            K,
+            c1,
+            c2,
+            gsl[p],
+            gcl[p],
+            q0,
+            q1,
+            ws.data_ptr(),
+            (gxp + off) if need_x else None,
+            (gyp + off) if need_y else None,
+            tile,
+            pad,
+            gll[p],
+        )
+
+    _run(task, P * ns)
+    return gx, gy
+
+
+def _mask_plane(m: torch.Tensor, B: int, C: int):
+    """Byte offset of plane ``p = b * C + c``'s mask in ``m`` ``(B|1, C|1, H, W)`` (broadcast
+    without a copy)."""
+    Bm, Cm, H, W = m.shape
+    size = H * W * m.element_size()
+
+    def offset(p: int) -> int:
+        b, c = divmod(p, C)
+        return ((b if Bm > 1 else 0) * Cm + (c if Cm > 1 else 0)) * size
+
+    return offset
+
+
+def masked_forward(
+    lib,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    m: torch.Tensor,
+    window: torch.Tensor,
+    c1: float,
+    c2: float,
+    pad: int = 0,
+    l1: bool = False,
+):
+    """Masked statistics per plane of ``x``, ``y`` [B, C, H, W] and the mask ``m`` [B|1, C|1, H, W]
+    (contiguous, the images' dtype), seen with ``pad`` zero rows / columns around the images and
+    ``pad`` rows / columns of ones around the mask: ``(sum c ssim, sum c cs, sum c)`` each ``[B, C]``
+    in float64 (``c`` the centre weights), and with ``l1`` also ``(sum m |x - y|, sum m)`` [B, C]."""
+    B, C, H, W = x.shape
+    K = window.numel()
+    Hp = H + 2 * pad - K + 1
+    P = B * C
+    rows = torch.empty(P, Hp, 3, dtype=torch.float64)  # per-map-row sums: partition-independent
+    ns = _strips(Hp, P)
+    nws = lib.splat_mssim_workspace(W + 2 * pad, K, FWD_TILE)
+    workspaces = threading.local()
+    esz = x.element_size()
+    xp, yp, mp, rp, gp = x.data_ptr(), y.data_ptr(), m.data_ptr(), rows.data_ptr(), window.data_ptr()
+    moff = _mask_plane(m, B, C)
+
+    def task(t: int) -> None:
+        ws = getattr(workspaces, "buf", None)
+        if ws is None:
+            ws = workspaces.buf = torch.empty(nws, dtype=x.dtype)  # the kernel zeroes what it uses
+        p, s = divmod(t, ns)
+        m0, m1 = _bounds(Hp, ns, s)
+        off = p * H * W * esz
+        lib.splat_mssim_fwd(
+            xp + off,
+            yp + off,
+            mp + moff(p),
+            H,
+            W,
+            gp,
+            K,
+            c1,
+            c2,
+            m0,
+            m1,
+            ws.data_ptr(),
+            rp + (p * Hp + m0) * 24,
+            FWD_TILE,
+            pad,
+        )
+
+    _run(task, P * ns)
+    sums = rows.sum(dim=1).view(B, C, 3)  # summed in float64 in a fixed order
+    out = (sums[..., 0], sums[..., 1], sums[..., 2])
+    if l1:
+        l1rows = torch.empty(P, H, 2, dtype=torch.float64)
+        for p in range(P):
+            off = p * H * W * esz
+            lib.splat_masked_l1_rows(xp + off, yp + off, mp + moff(p), H, W, l1rows.data_ptr() + p * H * 16)
+        l1sums = l1rows.sum(dim=1).view(B, C, 2)
+        out += (l1sums[..., 0], l1sums[..., 1])
+    return out
+
+
+def masked_backward(
+    lib,
+    x,
+    y,
+    m,
+    window,
+    c1,
+    c2,
+    gs: torch.Tensor,
+    gc: torch.Tensor,
+    need_x: bool,
+    need_y: bool,
+    pad: int = 0,
+    gl1: Optional[torch.Tensor] = None,
+):
+    """Gradients of ``sum(gs * sum(c ssim) + gc * sum(c cs) + gl1 * sum(m |x - y|))`` (coefficients
+    per plane ``[B, C]``, sums over each plane's map / pixels) w.r.t. ``x`` and ``y`` (None where not
+    needed); arguments as in :func:`masked_forward`."""
+    B, C, H, W = x.shape
+    K = window.numel()
+    P = B * C
+    gsl = gs.reshape(P).double().tolist()
+    gcl = gc.reshape(P).double().tolist()
+    gll = [0.0] * P if gl1 is None else gl1.reshape(P).double().tolist()
+    gx = torch.empty_like(x) if need_x else None
+    gy = torch.empty_like(y) if need_y else None
+    ns = _strips(H, P)
+    tile = BWD_TILE if W > 2.5 * BWD_TILE else 0
+    nws = lib.splat_mssim_workspace(W + 2 * pad, K, tile)
+    workspaces = threading.local()
+    esz = x.element_size()
+    xp, yp, mp, gp = x.data_ptr(), y.data_ptr(), m.data_ptr(), window.data_ptr()
+    gxp = gx.data_ptr() if need_x else 0
+    gyp = gy.data_ptr() if need_y else 0
+    moff = _mask_plane(m, B, C)
+
+    def task(t: int) -> None:
+        ws = getattr(workspaces, "buf", None)
+        if ws is None:
+            ws = workspaces.buf = torch.empty(nws, dtype=x.dtype)  # the kernel zeroes what it uses
+        p, s = divmod(t, ns)
+        q0, q1 = _bounds(H, ns, s)
+        off = p * H * W * esz
+        lib.splat_mssim_bwd(
+            xp + off,
+            yp + off,
+            mp + moff(p),
             H,
             W,
             gp,
