@@ -1,0 +1,175 @@
+"""The static cost model: the SASS parser on a listing written here, the Triton-IR trip counts, and
+``scripts/check_kernels.py --cost --json`` on the kernels the loss calls launch (no GPU needed)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import sass_cost  # noqa: E402
+
+# A kernel in cuobjdump's format: a prologue, an early exit, a loop of two blocks (a conditional
+# skip inside) with one bar.sync, an epilogue, and the trap loop after EXIT that is never reached.
+LISTING = """
+\tcode for sm_90
+\t\tFunction : toy_kernel
+\t.headerflags\t@"EF_CUDA_SM90"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                /* 0x00000a00ff017b82 */
+                                                                         /* 0x000e300000000800 */
+        /*0010*/                   S2R R0, SR_CTAID.X ;                  /* 0x0000000000007919 */
+        /*0020*/                   ISETP.GE.AND P0, PT, R0, 0x4, PT ;    /* 0x0000000400007c0c */
+        /*0030*/               @P0 EXIT ;                                /* 0x000000000000094d */
+        /*0040*/                   MOV R2, RZ ;                          /* 0x000000ff00027202 */
+        /*0050*/                   FADD R3, R3, 1 ;                      /* 0x3f80000003037421 */
+        /*0060*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;         /* 0x0000000000007b1d */
+        /*0070*/                   ISETP.GT.AND P1, PT, R2, 0x2, PT ;    /* 0x0000000200007c0c */
+        /*0080*/               @P1 BRA 0xa0 ;                            /* 0x0000000000001947 */
+        /*0090*/                   FMUL R3, R3, 0.5 ;                    /* 0x3f00000003037820 */
+        /*00a0*/                   IADD3 R2, R2, 0x1, RZ ;               /* 0x0000000102027810 */
+        /*00b0*/                   ISETP.NE.AND P2, PT, R2, 0x8, PT ;    /* 0x0000000802007c0c */
+        /*00c0*/               @P2 BRA 0x50 ;                            /* 0x0000000000002947 */
+        /*00d0*/                   STG.E desc[UR4][R4.64], R3 ;          /* 0x0000000304007986 */
+        /*00e0*/                   EXIT ;                                /* 0x000000000000794d */
+        /*00f0*/                   BRA 0xf0;                             /* 0xfffffffc00fc7947 */
+"""
+
+
+def test_parser_blocks_loop_and_counts():
+    (f,) = sass_cost.parse_sass(LISTING)
+    assert f.name == "toy_kernel"
+    assert len(f.instrs) == 16
+    # leaders: entry, after @P0 EXIT, loop header 0x50 (back-edge target), after @P1 BRA, its
+    # target 0xa0, after @P2 BRA, after EXIT (the trap loop)
+    assert sorted(f.blocks) == [0x0, 0x40, 0x50, 0x90, 0xA0, 0xD0, 0xF0]
+    assert f.blocks[0x0].succ == [0x40]  # a predicated EXIT falls through
+    assert sorted(f.blocks[0x50].succ) == [0x90, 0xA0]
+    assert 0xF0 not in f.reachable  # the trap loop after EXIT is never entered
+    assert len(f.loops) == 1  # its self-loop is not a loop of the kernel
+    (lp,) = f.loops
+    assert (lp.header, lp.latch, lp.blocks, lp.depth) == (0x50, 0xA0, [0x50, 0x90, 0xA0], 1)
+    # 8 iterations in each of 3 programs: 4 + 1 + 2 instructions outside the loop per program, 4 + 1 + 3 inside
+    c = sass_cost.warp_counts(f, [8 * 3], programs=3)
+    assert c.instructions == 3 * (4 + 1 + 2) + 24 * (4 + 1 + 3)
+    assert c.bar_sync == 24
+    with pytest.raises(ValueError, match="1 SASS loops, got 2 trip counts"):
+        sass_cost.warp_counts(f, [1, 2])
+
+
+def test_parser_reads_nvdisasm_labels_and_lines():
+    text = """
+.text.k:
+\t//## File "/a/k.py", line 7
+        /*0000*/                   MOV R2, RZ ;
+.L_x_0:
+\t//## File "/a/common.py", line 40 inlined at "/a/k.py", line 9
+        /*0010*/                   FADD R3, R3, 1 ;
+        /*0020*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0030*/                   ISETP.NE.AND P2, PT, R2, 0x8, PT ;
+        /*0040*/               @P2 BRA `(.L_x_0) ;
+        /*0050*/                   EXIT ;
+"""
+    (f,) = sass_cost.parse_sass(text)
+    assert f.name == "k"
+    assert [(lp.header, lp.latch) for lp in f.loops] == [(0x10, 0x10)]
+    assert f.instrs[1].line == ("/a/k.py", 9)  # the kernel-level line of inlined code
+
+
+TTGIR = (
+    (
+        "module {\n  tt.func public @k(%x_ptr: !tt.ptr<f32> {tt.divisibility = 16 : i32} loc(#loc), "
+        "%n: i32 loc(#loc), %m: i32 loc(#loc)) attributes {noinline = false} {"
+    )
+    + """
+    %c0_i32 = arith.constant 0 : i32 loc(#loc1)
+    %c1_i32 = arith.constant 1 : i32 loc(#loc1)
+    %c2_i32 = arith.constant 2 : i32 loc(#loc1)
+    %pid = tt.get_program_id x : i32 loc(#loc2)
+    %lo = arith.muli %pid, %c2_i32 : i32 loc(#loc3)
+    %hi = arith.minsi %n, %m : i32 loc(#loc3)
+    %v = tt.load %x_ptr : !tt.ptr<f32> loc(#loc4)
+    scf.for %i = %lo to %hi step %c1_i32  : i32 {
+      scf.for %j = %c0_i32 to %i step %c2_i32  : i32 {
+        %p = tt.addptr %x_ptr, %j : !tt.ptr<f32>, i32 loc(#loc5)
+        tt.store %p, %v : !tt.ptr<f32> loc(#loc6)
+      } loc(#loc7)
+    } loc(#loc8)
+    tt.return loc(#loc9)
+  } loc(#loc)
+} loc(#loc)
+"""
+)
+
+
+def test_ir_trip_counts_per_program():
+    ir = sass_cost.ttgir_loops(TTGIR)
+    names, _, loops = ir
+    assert names == ["x_ptr", "n", "m"]
+    assert [lp.depth for lp in loops] == [1, 2]
+    counts, entries = sass_cost.loop_iterations(ir, {"x_ptr": 0, "n": 7, "m": 9}, (3,))
+    # program p runs i = 2p .. 6, the inner loop ceil(i / 2) times
+    outer = sum(max(0, 7 - 2 * p) for p in range(3))
+    inner = sum((i + 1) // 2 for p in range(3) for i in range(2 * p, 7))
+    assert counts == [outer, inner]
+    assert entries == [3, outer]
+    assert sass_cost.pointer_access(TTGIR) == {"x_ptr": "rw"}
+
+
+def test_loop_matching_refuses_different_nesting():
+    (f,) = sass_cost.parse_sass(LISTING)
+    ir = sass_cost.ttgir_loops(TTGIR)
+    with pytest.raises(ValueError, match="differs from the Triton IR"):
+        sass_cost.match_loops(f.loops, ir[2], "toy")
+
+
+def test_resident_warps():
+    # 32 registers, 8 warps: 8 CTAs by the 64-warp limit; 128 registers: 2 CTAs by registers
+    assert sass_cost.resident_warps(90, 32, 8, 0) == (8, 64)
+    assert sass_cost.resident_warps(90, 128, 8, 0) == (2, 16)
+    assert sass_cost.resident_warps(80, 255, 8, 0) == (1, 8)
+    # shared memory: 100 KB per CTA fits twice on sm_90 (228 KB), once on sm_80 (164 KB)
+    assert sass_cost.resident_warps(90, 32, 4, 100 * 1024)[0] == 2
+    assert sass_cost.resident_warps(80, 32, 4, 100 * 1024)[0] == 1
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_cost_json_structure_no_spills(tmp_path):
+    out = tmp_path / "cost.json"
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check_kernels.py"), "--cost", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    names = {"ssim_loss_fwd_bwd", "ssim_loss_fwd_bwd_both_grads", "dssim_l1_fwd_bwd", "ms_ssim_loss_fwd_bwd"}
+    assert set(report["calls"]) == names
+    assert report["spills"] == 0
+    for arch in ("sm_80", "sm_90"):
+        calls = report["arch"][arch]["calls"]
+        assert set(calls) == names
+        for name, c in calls.items():
+            for key in ("warp_instructions_per_pixel", "bar_per_pixel", "dram_bytes_per_pixel", "estimate_us"):
+                assert c[key] > 0, (arch, name, key)
+            assert c["min_warps_per_sm"] >= 1
+            triton_kernels = [k for k in c["kernels"] if not k.get("glue")]
+            assert triton_kernels, (arch, name)
+            for k in triton_kernels:
+                assert k["spill_bytes"] == 0 and k["shared_bytes"] <= {"sm_80": 166912, "sm_90": 232448}[arch]
+        # reading both images once is the least any call can move: 8 B per pixel-channel
+        assert calls["ssim_loss_fwd_bwd"]["dram_bytes_per_pixel"] >= 8
+        # a second gradient costs more than one
+        both, one = calls["ssim_loss_fwd_bwd_both_grads"], calls["ssim_loss_fwd_bwd"]
+        assert both["dram_bytes_per_pixel"] > one["dram_bytes_per_pixel"]
