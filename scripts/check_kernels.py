@@ -206,6 +206,14 @@ class Launch(NamedTuple):
     compile: Dict[int, tuple]  # arch -> (signature, constexprs, attrs, options)
 
 
+class _TensorInfo(NamedTuple):
+    nbytes: int  # bytes of the tensor's elements (at most its storage)
+
+    @staticmethod
+    def of(t) -> "_TensorInfo":
+        return _TensorInfo(min(t.numel() * t.element_size(), t.untyped_storage().nbytes()))
+
+
 class Glue(NamedTuple):
     op: str
     elements: int  # elements read + written
@@ -246,7 +254,9 @@ def _record_calls(archs):
             per_arch[a] = (signature, constexprs, attrs, options)
         if callable(grid):
             grid = grid(bound)
-        current.append(Launch(self, tuple(int(g) for g in grid), dict(bound), per_arch))
+        # tensors as their sizes only: a reference held here would make autograd copy the gradient
+        args_info = {n: _TensorInfo.of(v) if isinstance(v, torch.Tensor) else v for n, v in bound.items()}
+        current.append(Launch(self, tuple(int(g) for g in grid), args_info, per_arch))
         return None
 
     view_like = ("empty", "view", "expand", "as_strided", "alias", "detach", "unsqueeze", "squeeze", "permute")
@@ -262,7 +272,7 @@ def _record_calls(archs):
                 in_ptrs = {t.untyped_storage().data_ptr() for t in ins}
                 new = [t for t in outs if t.untyped_storage().data_ptr() not in in_ptrs]
                 inplace = name.endswith("_") and not name.endswith("__")
-                if new or inplace:
+                if new or inplace:  # a kernel (not a view or an allocation)
                     uniq = {t.untyped_storage().data_ptr(): t for t in ins + outs}.values()  # in-place: once
                     el = sum(t.numel() for t in uniq)
                     nb = sum(min(t.numel() * t.element_size(), t.untyped_storage().nbytes()) for t in uniq)
@@ -396,9 +406,9 @@ def cost_main(archs, json_path=None) -> int:
                 read = written = scratch = 0
                 for n, mode in c["access"].items():
                     t = it.args.get(n)
-                    if not hasattr(t, "untyped_storage"):
+                    if not isinstance(t, _TensorInfo):
                         continue
-                    nb = min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+                    nb = t.nbytes
                     if mode == "rw":
                         scratch += nb  # written and read back by the same program: assumed cached
                     elif mode == "r":
