@@ -385,7 +385,6 @@ def cost_main(archs, json_path=None) -> int:
                         use=use,
                         func=func,
                         ir=ir,
-                        match=sass_cost.match_loops(func.loops, ir[2], it.fn.fn.__name__),
                         access=sass_cost.pointer_access(k.asm["ttgir"]),
                         seconds=time.perf_counter() - t0,
                     )
@@ -400,8 +399,9 @@ def cost_main(archs, json_path=None) -> int:
                 ints = {
                     n: int(v) for n, v in it.args.items() if isinstance(v, (int, bool)) and not isinstance(v, float)
                 }
-                iters, _ = sass_cost.loop_iterations(ir, {n: ints.get(n) for n in ir[0]}, it.grid)
-                counts = sass_cost.warp_counts(func, [iters[j] for j in c["match"]], programs)
+                iters, entries = sass_cost.loop_iterations(ir, {n: ints.get(n) for n in ir[0]}, it.grid)
+                trips, matched = sass_cost.loop_trips(func, ir[2], iters, entries)
+                counts = sass_cost.warp_counts(func, trips, programs)
                 wi = counts.instructions * warps
                 read = written = scratch = 0
                 for n, mode in c["access"].items():
@@ -441,7 +441,8 @@ def cost_main(archs, json_path=None) -> int:
                         resident_warps=res_warps,
                         sass_instructions=len(func.instrs),
                         loops=len(func.loops),
-                        loop_iterations_per_program=[iters[j] / programs for j in c["match"]],
+                        loop_iterations_per_program=[t / programs for t in trips],
+                        loops_matched_by=matched,
                         warp_instructions=wi,
                         bar_sync=counts.bar_sync,
                         dram_read_bytes=read,

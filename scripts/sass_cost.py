@@ -10,8 +10,8 @@ Trip counts come from the Triton IR of the same compile (:func:`ttgir_loops`,
 arguments and program ids by integer ``arith`` ops, which are evaluated per program at the real
 launch arguments (``tl.static_range`` loops are unrolled before that IR, so they are straight code
 in both). The SASS loops are matched to the ``scf.for`` loops by their nesting (pre-order of the
-loop trees); :func:`match_loops` refuses when the two trees differ in shape (e.g. a loop that
-ptxas unrolled into a main and a remainder loop) rather than guess.
+loop trees) or, when the trees differ (a loop ptxas unrolled into a main and a remainder loop),
+by the source line of each SASS loop's back-edge branch (:func:`loop_trips`).
 
 Counting rules (what a block costs, see :func:`warp_counts`): a block inside loops runs as many
 times as its innermost loop's body, a block outside loops once per program; blocks not reachable
@@ -292,6 +292,28 @@ _SCALAR_TYPE = re.compile(r":\s*(i1|i8|i16|i32|i64|index)\s+loc\(|:\s*(i1|i8|i16
 _FUNC_ARGS = re.compile(r"%([\w.]+):\s*(?:!tt\.ptr<[^>]*>|i\d+|f\d+|bf16|index)")
 
 
+_LOC_DEF = re.compile(r"^(#loc\d*)\s*=\s*loc\((.*)\)\s*$")
+
+
+def _loc_line(text: str, locs: Dict[str, str], depth: int = 0) -> Optional[int]:
+    """Kernel-level source line of a location: ``"file":L:C`` directly, through a name
+    (``"x"(#loc3)``), or the outermost call site of an inlined one (``callsite(#a at #b)``)."""
+    if depth > 50:
+        return None
+    m = re.search(r"loc\((.*)\)", text)
+    body = m.group(1) if m else text
+    cs = re.match(r"\s*callsite\((.*)\s+at\s+(#loc\d*|.*)\)\s*$", body)
+    if cs:
+        return _loc_line(cs.group(2), locs, depth + 1)
+    fl = re.match(r'\s*"[^"]*":(\d+):\d+', body)
+    if fl:
+        return int(fl.group(1))
+    ref = re.search(r"(#loc\d*)", body)
+    if ref and ref.group(1) in locs:
+        return _loc_line(locs[ref.group(1)], locs, depth + 1)
+    return None
+
+
 @dataclass
 class IrLoop:
     lb: str
@@ -301,6 +323,7 @@ class IrLoop:
     body: List  # ops and nested IrLoops / IrIfs, in order
     depth: int = 1
     line: int = 0  # index in pre-order
+    src_line: Optional[int] = None  # kernel-level source line of the ``for`` statement
 
 
 @dataclass
@@ -320,6 +343,7 @@ def ttgir_loops(text: str) -> Tuple[List[str], List, List[IrLoop]]:
     the single ``tt.func`` in a TTIR / TTGIR listing. Ops are kept as ``(result, opname, rest)``
     for the scalar integer ops :func:`loop_iterations` evaluates, tensors are dropped."""
     lines = text.splitlines()
+    locs = {m.group(1): m.group(2) for m in map(_LOC_DEF.match, lines) if m}
     start = next(k for k, ln in enumerate(lines) if "tt.func public" in ln)
     header = lines[start][: lines[start].find(") attributes")] if ") attributes" in lines[start] else lines[start]
     args = _FUNC_ARGS.findall(header[header.find("(") :])
@@ -337,6 +361,8 @@ def ttgir_loops(text: str) -> Tuple[List[str], List, List[IrLoop]]:
             if s.startswith("} else {"):
                 stack[-1] = ("else", node, node.other)
                 continue
+            if kind == "for":
+                node.src_line = _loc_line(s, locs)
             stack.pop()
             continue
         m = _FOR.match(ln)
@@ -606,6 +632,62 @@ def pointer_access(text: str) -> Dict[str, str]:
                 access[v[1:]] = "".join(sorted(set(old + kind), reverse=True)).replace("wr", "rw")
             work.extend(defs.get(v, []))
     return access
+
+
+def _own_size(f: Function, i: int, skip_line: Optional[int] = None) -> int:
+    """Instructions of SASS loop ``i``'s own blocks (nested loops excluded), leaving out those
+    of source line ``skip_line`` (the loop's own control: counter, compare, branch)."""
+    return sum(
+        1
+        for b in f.loops[i].blocks
+        if f.innermost_loop(b) == i
+        for ins in f.blocks[b].instrs
+        if skip_line is None or ins.line is None or ins.line[1] != skip_line
+    )
+
+
+def loop_trips(
+    f: Function, ir_loops: Sequence[IrLoop], counts: Sequence[float], entries: Sequence[float]
+) -> Tuple[List[float], str]:
+    """Body executions of every SASS loop of ``f`` from those of the IR loops (``counts``, over
+    ``entries`` entries), and how they were matched: "nesting" when both loop trees have the same
+    shape (one to one, in pre-order), else "lines": each SASS loop goes to the ``scf.for`` whose
+    ``for`` line its back-edge branch carries (``nvdisasm -gi`` line info). Several SASS loops on
+    one ``scf.for`` are a loop ptxas unrolled ``u`` times plus its remainder loop(s): the largest
+    runs ``(n - e (u - 1) / 2) / u`` times for ``n`` iterations over ``e`` entries (``u`` = the
+    ratio of its body instructions to the others', loop control left out), the remainder loops
+    the expected ``e (u - 1) / 2`` (an approximation: the IR gives totals, not each entry's n)."""
+    if loop_shape(f.loops) == [lp.depth for lp in ir_loops]:
+        return [float(counts[i]) for i in range(len(f.loops))], "nesting"
+    by_line: Dict[int, List[int]] = {}
+    for j, lp in enumerate(ir_loops):
+        if lp.src_line is not None:
+            by_line.setdefault(lp.src_line, []).append(j)
+    groups: Dict[int, List[int]] = {}
+    for i, lp in enumerate(f.loops):
+        line = f.blocks[lp.latch].instrs[-1].line
+        cands = by_line.get(line[1]) if line else None
+        if not cands or len(cands) != 1:
+            raise ValueError(
+                f"{f.name}: SASS loop nesting {loop_shape(f.loops)} differs from the Triton IR's scf.for nesting "
+                f"{[lp.depth for lp in ir_loops]}, and SASS loop {i} (back edge at {lp.latch:#x}, source line "
+                f"{line[1] if line else '?'}) names no single scf.for; trip counts cannot be matched"
+            )
+        groups.setdefault(cands[0], []).append(i)
+    trips = [0.0] * len(f.loops)
+    for j, members in groups.items():
+        if len(members) == 1:
+            trips[members[0]] = float(counts[j])
+            continue
+        sizes = {i: _own_size(f, i, ir_loops[j].src_line) for i in members}
+        main = max(members, key=lambda i: sizes[i])
+        rest = [i for i in members if i != main]
+        u = max(1, round(sizes[main] / max(1, max(sizes[i] for i in rest))))
+        rem = entries[j] * (u - 1) / 2
+        trips[main] = max(0.0, (counts[j] - rem) / u)
+        for i in rest:
+            trips[i] = min(float(counts[j]), rem) / len(rest)
+    return trips, "lines"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -127,6 +127,62 @@ def test_loop_matching_refuses_different_nesting():
         sass_cost.match_loops(f.loops, ir[2], "toy")
 
 
+UNROLLED = """
+.text.k:
+\t//## File "/a/k.py", line 9
+        /*0000*/                   MOV R2, RZ ;
+.L_x_0:
+\t//## File "/a/k.py", line 11
+        /*0010*/                   LDG.E R4, desc[UR4][R6.64] ;
+        /*0020*/                   LDG.E R5, desc[UR4][R6.64+0x4] ;
+        /*0030*/                   FADD R3, R3, R4 ;
+        /*0040*/                   FADD R3, R3, R5 ;
+\t//## File "/a/k.py", line 10
+        /*0050*/                   IADD3 R2, R2, 0x2, RZ ;
+        /*0060*/                   ISETP.LT.AND P0, PT, R2, R8, PT ;
+        /*0070*/               @P0 BRA `(.L_x_0) ;
+.L_x_1:
+\t//## File "/a/k.py", line 11
+        /*0080*/                   LDG.E R4, desc[UR4][R6.64] ;
+        /*0090*/                   FADD R3, R3, R4 ;
+\t//## File "/a/k.py", line 10
+        /*00a0*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*00b0*/                   ISETP.LT.AND P0, PT, R2, R9, PT ;
+        /*00c0*/               @P0 BRA `(.L_x_1) ;
+        /*00d0*/                   EXIT ;
+"""
+
+UNROLLED_IR = (
+    "module {\n  tt.func public @k(%x_ptr: !tt.ptr<f32> loc(#loc), %n: i32 loc(#loc)) attributes {noinline = false} {\n"
+    "    %c0_i32 = arith.constant 0 : i32 loc(#loc1)\n"
+    "    %c1_i32 = arith.constant 1 : i32 loc(#loc1)\n"
+    "    scf.for %i = %c0_i32 to %n step %c1_i32  : i32 {\n"
+    "      %v = tt.load %x_ptr : !tt.ptr<f32> loc(#loc2)\n"
+    "    } loc(#loc3)\n"
+    "    tt.return loc(#loc1)\n"
+    "  } loc(#loc)\n"
+    "} loc(#loc)\n"
+    '#loc3 = loc("/a/k.py":10:4)\n'
+)
+
+
+def test_unrolled_loop_matched_by_line():
+    """ptxas unrolled the loop twice (main loop of 2 bodies + remainder): the SASS has two loops
+    where the IR has one; both carry the ``for`` line on their back edge."""
+    (f,) = sass_cost.parse_sass(UNROLLED)
+    ir = sass_cost.ttgir_loops(UNROLLED_IR)
+    assert [lp.src_line for lp in ir[2]] == [10]
+    with pytest.raises(ValueError, match="differs from the Triton IR"):
+        sass_cost.match_loops(f.loops, ir[2], "k")
+    counts, entries = sass_cost.loop_iterations(ir, {"x_ptr": 0, "n": 7}, (3,))
+    assert (counts, entries) == ([21.0], [3.0])
+    trips, how = sass_cost.loop_trips(f, ir[2], counts, entries)
+    # unroll factor 2 from the bodies (4 against 2 instructions, loop control left out): the main
+    # loop runs (21 - 3 * 1 / 2) / 2 times, the remainder the expected 3 * 1 / 2
+    assert how == "lines"
+    assert trips == [9.75, 1.5]
+
+
 def test_resident_warps():
     # 32 registers, 8 warps: 8 CTAs by the 64-warp limit; 128 registers: 2 CTAs by registers
     assert sass_cost.resident_warps(90, 32, 8, 0) == (8, 64)
