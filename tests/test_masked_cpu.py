@@ -62,7 +62,7 @@ def test_masked_dssim_l1_equals_oracle(padding, dtype):
     assert rel(gx, tgx) <= tol_g and rel(gy, tgy) <= tol_g
 
 
-@pytest.mark.parametrize("shape", ["B1HW", "11HW", "BCHW", "HW", "bool"])
+@pytest.mark.parametrize("shape", ["B1HW", "11HW", "1CHW", "BCHW", "HW", "bool"])
 @pytest.mark.parametrize("padding", ["same", "valid", "reflect"])
 def test_every_mask_shape_equals_oracle(shape, padding):
     x, y = _pair(31, 40, torch.float32, b=2)
@@ -70,6 +70,7 @@ def test_every_mask_shape_equals_oracle(shape, padding):
     m = {
         "B1HW": base[:, :1],
         "11HW": base[:1, :1],
+        "1CHW": base[:1],
         "BCHW": base,
         "HW": base[0, 0],
         "bool": base[:, :1] > 0.5,
