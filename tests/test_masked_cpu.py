@@ -185,3 +185,15 @@ def test_compiles_fullgraph_with_the_kernel_ops():
         assert counter.frame_count == 1
         assert any(op in str(n.target) for g in counter.graphs for n in g.graph.nodes), op
         assert abs(value.item() - ref.item()) <= 1e-7 and rel(grad, ref_grad) <= 1e-6
+
+
+@pytest.mark.parametrize("which", ["x", "y"])
+def test_one_image_needing_a_gradient(which):
+    x, y = _pair(26, 29, torch.float64)
+    m = soft_mask(26, 29, seed=6)[None, None]
+    _, gx, gy = _grads(lambda a, b: get("cpu").masked_dssim_l1(a, b, m, _cfg("same"), LAM), x, y)
+    a = x.clone().requires_grad_(which == "x")
+    b = y.clone().requires_grad_(which == "y")
+    v = get("cpu").masked_dssim_l1(a, b, m, _cfg("same"), LAM).sum()
+    (g,) = torch.autograd.grad(v, a if which == "x" else b)
+    assert rel(g, gx if which == "x" else gy) <= 1e-12
