@@ -1,15 +1,23 @@
 #!/usr/bin/env python
-"""Compile every Triton kernel of splatloss ahead of time for sm_80 and sm_90 -- no GPU needed.
+"""Compile the Triton kernels of splatloss ahead of time for sm_80 and sm_90 -- no GPU needed.
 
-For each kernel, at the constexpr values, warp counts and register ceiling (``maxnreg``) the launchers really use
-(``splatloss.backends.triton._common.geometry`` on CUDA), this runs
-``triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", arch, 32))``,
-then reads the cubin's resource usage with the cuobjdump bundled with Triton
+The kernels compiled are exactly those the public API launches: a table of calls (every window
+size with the heaviest kernels; at the default window every path -- map and cs, paddings, dtypes,
+layouts, one gradient of either image, the gradient without autograd, MS-SSIM, frames narrower
+than a program; the cost model's 1080p calls, see :func:`aot_calls`) runs on CPU tensors with each
+Triton launch intercepted and specialised by Triton's own binder for the target architecture
+(integer arguments equal to 1 or divisible by 16, pointer alignment, constexprs, ``num_warps``,
+``maxnreg``), the package planning CUDA launches; nothing executes. Each variant is compiled with
+``triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", arch, 32))``
+and the cubin's resource usage read with the cuobjdump bundled with Triton
 (``--dump-resource-usage``): registers per thread, stack / local bytes (register spills land
 there) and static shared memory, plus the shared memory Triton itself allocates
-(``metadata.shared``). It prints one row per kernel and architecture and exits non-zero when any
-kernel fails to compile, spills (stack or local bytes > 0), or needs more shared memory per block
-than the architecture allows.
+(``metadata.shared``). It prints one row per call, kernel variant and architecture and exits
+non-zero when any kernel fails to compile, spills (stack or local bytes > 0), or needs more shared
+memory per block than the architecture allows.
+
+``--cost [--json FILE]`` counts what the loss calls' kernels issue instead (docs/triton.md, "The
+static cost model"; the SASS analysis is ``scripts/sass_cost.py``).
 
 The interpreter (``TRITON_INTERPRET=1``, the correctness tests) accepts things the compiler
 rejects; this script is the other half of the proof. Run: ``python scripts/check_kernels.py``.
@@ -36,10 +44,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import importlib  # noqa: E402
 
-# the package re-exports functions named like its modules (ms_ssim, dssim_l1): import the modules
+# the package re-exports functions named like its modules: import the module by name
 _common = importlib.import_module("splatloss.backends.triton._common")
-ms_ssim_mod = importlib.import_module("splatloss.backends.triton.ms_ssim")
-ssim_mod = importlib.import_module("splatloss.backends.triton.ssim")
 
 #: Max shared memory per block (bytes, opt-in): A100 (sm_80) 163 KB, H100 (sm_90) 227 KB.
 SHARED_LIMIT = {80: 166912, 90: 232448}
@@ -47,120 +53,6 @@ SHARED_LIMIT = {80: 166912, 90: 232448}
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-
-class Case(NamedTuple):
-    label: str
-    fn: object
-    constexprs: Dict[str, object]
-    dtype: str  # element type of the image pointers ("fp32", "fp16", "bf16")
-    warps: int
-
-
-def _signature(fn, constexprs: Dict[str, object], dtype: str) -> Dict[str, str]:
-    """Types of every argument: image pointers in ``dtype``, other pointers fp32, c1/c2 fp32,
-    all other scalars i32 (Triton's own type for Python ints below 2**31)."""
-    sig = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name in ("x_ptr", "y_ptr", "gx_ptr", "gy_ptr", "in_ptr", "out_ptr"):
-            sig[name] = "*" + dtype
-        elif name.endswith("_ptr"):
-            sig[name] = "*fp32"
-        elif name in ("c1", "c2", "shift"):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-    return sig
-
-
-def cases(quick: bool = False) -> List[Case]:
-    """The configurations the launchers use on CUDA (see the module docstring)."""
-    out: List[Case] = []
-    windows = range(3, _common.MAX_WINDOW + 1, 2)
-    if quick:
-        windows = (11,)
-
-    def fwd(label, K, padding, mode, dtype="fp32", F=None, l1=False):
-        kp = triton.next_power_of_2(K)
-        lanes = _common.cuda_lanes(kp)
-        F = lanes if F is None else F
-        pad = 0 if padding == "valid" else K // 2
-        const = dict(
-            K=K,
-            KP=kp,
-            PAD=pad,
-            REFLECT=padding == "reflect",
-            F=F,
-            BW=lanes,
-            WRITE_MAP=mode != "stats",
-            WRITE_CS=mode == "map_cs",
-            HAS_L1=l1,
-        )
-        out.append(Case(label, ssim_mod._ssim_fwd_kernel, const, dtype, _common.cuda_warps(kp)))
-
-    def bwd(
-        label,
-        K,
-        padding,
-        dtype="fp32",
-        F=None,
-        upstream_map=False,
-        cs=True,
-        l1=False,
-        need1=True,
-        need2=True,
-        sums=False,
-    ):
-        kp = triton.next_power_of_2(K)
-        lanes = _common.cuda_lanes(kp)
-        F = lanes if F is None else F
-        pad = 0 if padding == "valid" else K // 2
-        const = dict(
-            K=K,
-            KP=kp,
-            PAD=pad,
-            REFLECT=padding == "reflect",
-            F=F,
-            BW=lanes,
-            UPSTREAM_MAP=upstream_map,
-            HAS_CS=cs,
-            HAS_L1=l1,
-            NEED1=need1,
-            NEED2=need2,
-            WRITE_SUMS=sums,
-        )
-        out.append(Case(label, ssim_mod._ssim_bwd_kernel, const, dtype, _common.cuda_warps(kp)))
-
-    # every window size, heaviest flags
-    for K in windows:
-        fwd(f"ssim fwd stats reflect K={K}", K, "reflect", "stats", l1=True)
-        bwd(f"ssim bwd all-flags reflect K={K}", K, "reflect", upstream_map=True, l1=True, sums=True)
-    if not quick:
-        # the paths of the public API at the default window
-        fwd("ssim_stats fwd valid fp16", 11, "valid", "stats", "fp16")
-        fwd("ssim_map fwd valid +cs fp32", 11, "valid", "map_cs")
-        fwd("ssim_map fwd same bf16", 11, "same", "map", "bf16")
-        # channel packing: every frame width below the lane count (one compile per width)
-        for F in (1, 2, 4, 8, 16, 32, 64):
-            fwd(f"ssim_stats fwd packed F={F}", 11, "same", "stats", F=F)
-        for F in (16, 32, 64):
-            bwd(f"ssim_stats bwd packed F={F}", 11, "same", F=F)
-        fwd("ssim_stats fwd K=31 packed F=32", 31, "same", "stats", F=32)
-        bwd("ssim_stats bwd K=31 packed F=32", 31, "same", F=32)
-        bwd("ssim_stats bwd valid fp16", 11, "valid", "fp16")
-        bwd("ssim_map bwd same +cs bf16", 11, "same", "bf16", upstream_map=True)
-        bwd("ssim_map bwd valid no-cs", 11, "valid", upstream_map=True, cs=False)
-        bwd("mean_and_grad bwd same", 11, "same", cs=False, need2=False, sums=True)
-        bwd("dssim_l1 bwd same", 11, "same", cs=False, l1=True)
-        bwd("ssim_stats bwd img2 only", 11, "same", need1=False)
-        for dtype in ("fp32", "fp16", "bf16"):
-            c = dict(BLOCK=ms_ssim_mod.BLOCK)
-            out.append(Case(f"downsample fwd {dtype}", ms_ssim_mod._down_fwd_kernel, c, dtype, ms_ssim_mod.WARPS))
-            out.append(Case(f"downsample bwd {dtype}", ms_ssim_mod._down_bwd_kernel, c, dtype, ms_ssim_mod.WARPS))
-        fwd("dssim_l1 fwd same fp16", 11, "same", "stats", "fp16", l1=True)
-    return out
 
 
 def resource_usage(cubin: bytes) -> Dict[str, int]:
@@ -220,8 +112,101 @@ class Glue(NamedTuple):
     nbytes: int  # bytes read + written
 
 
-def _record_calls(archs):
-    """Run the four loss calls on CPU tensors of COST_SHAPE with every Triton launch intercepted:
+class Call(NamedTuple):
+    """A call of the public API to record: ``run(x, y)`` returns what to backpropagate from (None:
+    nothing), on a pair of ``shape`` and ``dtype`` in ``layout`` ("contiguous", "channels_last",
+    or "hwc": an ``(H, W, C)`` render seen as ``(1, C, H, W)``), with gradients of x / y."""
+
+    run: object
+    shape: tuple
+    dtype: str = "float32"
+    grads: tuple = (True, False)
+    layout: str = "contiguous"
+
+
+def cost_calls() -> Dict[str, Call]:
+    """The calls of the cost model (see docs/triton.md)."""
+    import splatloss
+
+    def loss_ssim(x, y):
+        return 1 - splatloss.ssim(x, y, padding="same", backend="triton")
+
+    def loss_dssim_l1(x, y):
+        return splatloss.dssim_l1(x, y, 0.2, padding="same", backend="triton")
+
+    def loss_ms_ssim(x, y):
+        return 1 - splatloss.ms_ssim(x, y, tau=0.01, backend="triton")
+
+    return {
+        "ssim_loss_fwd_bwd": Call(loss_ssim, COST_SHAPE),
+        "ssim_loss_fwd_bwd_both_grads": Call(loss_ssim, COST_SHAPE, grads=(True, True)),
+        "dssim_l1_fwd_bwd": Call(loss_dssim_l1, COST_SHAPE),
+        "ms_ssim_loss_fwd_bwd": Call(loss_ms_ssim, COST_SHAPE),
+    }
+
+
+def aot_calls(quick: bool = False) -> Dict[str, Call]:
+    """The calls whose launched kernels the default check compiles: every window size with the
+    heaviest kernels (the fused loss with "reflect", both gradients), and at the default window
+    every path of the public API -- map and cs, paddings, dtypes, layouts, one gradient of either
+    image, the gradient without autograd, MS-SSIM, frames narrower than a program (several
+    channels per program) -- plus the cost model's 1080p calls."""
+    import splatloss
+
+    T = "triton"
+    small = (2, 3, 48, 160)
+    out: Dict[str, Call] = {}
+    windows = (11,) if quick else range(3, _common.MAX_WINDOW + 1, 2)
+    for K in windows:
+        out[f"dssim_l1 reflect K={K} both grads"] = Call(
+            lambda x, y, K=K: splatloss.dssim_l1(x, y, padding="reflect", window_size=K, backend=T),
+            small,
+            grads=(True, True),
+        )
+    if quick:
+        return out
+
+    def map_cs(padding, K=11):
+        def run(x, y):
+            s, cs = splatloss.ssim_map(x, y, padding=padding, window_size=K, return_cs=True, backend=T)
+            return (s * cs).mean()
+
+        return run
+
+    def loss(padding="same", K=11, **kw):
+        return lambda x, y: 1 - splatloss.ssim(x, y, padding=padding, window_size=K, backend=T, **kw)
+
+    for K in (11, 31):
+        out[f"ssim_map +cs reflect K={K} both grads"] = Call(map_cs("reflect", K), small, grads=(True, True))
+    out["ssim_map valid no-cs"] = Call(
+        lambda x, y: splatloss.ssim_map(x, y, padding="valid", backend=T).mean(), small, grads=(True, True)
+    )
+    out["ssim_map same +cs bf16"] = Call(map_cs("same"), small, "bfloat16", grads=(True, True))
+    out["ssim valid fp16"] = Call(loss("valid"), small, "float16", grads=(True, True))
+    out["ssim same channels-last"] = Call(loss(), small, layout="channels_last")
+    out["ssim same hwc render"] = Call(loss(), (1, 3, 48, 160), layout="hwc")
+    out["ssim same img2 only"] = Call(loss(), small, grads=(False, True))
+    out["mean_and_grad same"] = Call(
+        lambda x, y: splatloss.dssim_with_gradient(x, y, padding="same", backend=T) and None,
+        small,
+        grads=(False, False),
+    )
+    for W in (8, 24, 64):  # 8, 32 and 64 columns per channel in a program of 128 lanes
+        out[f"ssim same width {W}"] = Call(loss(), (2, 3, 24, W))
+    out["ssim same K=31 width 32"] = Call(loss(K=31), (2, 3, 40, 32))
+    for dtype in ("float32", "float16", "bfloat16"):
+        out[f"ms_ssim loss {dtype}"] = Call(
+            lambda x, y: 1 - splatloss.ms_ssim(x, y, tau=0.01, backend=T), (1, 3, 176, 200), dtype
+        )
+    out["dssim_l1 same fp16"] = Call(
+        lambda x, y: splatloss.dssim_l1(x, y, padding="same", backend=T), small, "float16", grads=(True, True)
+    )
+    out.update({f"ssim 1080p: {k}": v for k, v in cost_calls().items()})
+    return out
+
+
+def _record_calls(archs, calls: Dict[str, Call]):
+    """Run ``calls`` on CPU tensors with every Triton launch intercepted:
     the launch is bound and specialised by Triton's own binder for each architecture (which
     integers are 1 or multiples of 16, pointer alignment, constexprs, num_warps, maxnreg) and
     recorded, nothing runs. The package is told to plan CUDA launches (its CUDA geometry) and
@@ -231,8 +216,6 @@ def _record_calls(archs):
     from torch.utils._python_dispatch import TorchDispatchMode
     from triton.compiler import make_backend
     from triton.runtime.jit import JITFunction, create_function_from_signature
-
-    import splatloss
 
     if not hasattr(_common, "FORCE_CUDA_GEOMETRY"):
         raise RuntimeError(
@@ -279,21 +262,6 @@ def _record_calls(archs):
                     current.append(Glue(name, el, nb))
             return out
 
-    def loss_ssim(x, y):
-        return 1 - splatloss.ssim(x, y, padding="same", backend="triton")
-
-    def loss_dssim_l1(x, y):
-        return splatloss.dssim_l1(x, y, 0.2, padding="same", backend="triton")
-
-    def loss_ms_ssim(x, y):
-        return 1 - splatloss.ms_ssim(x, y, tau=0.01, backend="triton")
-
-    calls = {
-        "ssim_loss_fwd_bwd": (loss_ssim, False),
-        "ssim_loss_fwd_bwd_both_grads": (loss_ssim, True),
-        "dssim_l1_fwd_bwd": (loss_dssim_l1, False),
-        "ms_ssim_loss_fwd_bwd": (loss_ms_ssim, False),
-    }
     recorded = {}
     saved = (JITFunction.run, _common.FORCE_CUDA_GEOMETRY, os.environ.get("TRITON_INTERPRET"))
     JITFunction.run = run
@@ -301,14 +269,15 @@ def _record_calls(archs):
     os.environ["TRITON_INTERPRET"] = "1"  # only so that the input check accepts CPU tensors
     try:
         gen = torch.Generator().manual_seed(0)
-        for name, (loss, both) in calls.items():
-            x = torch.rand(COST_SHAPE, generator=gen).requires_grad_(True)
-            y = torch.rand(COST_SHAPE, generator=gen).requires_grad_(both)
+        for name, call in calls.items():
+            (x, xa), (y, ya) = (_image(call, gen, g) for g in call.grads)
             for _ in range(2):  # the second call: caches (window taps) warm, as in a training loop
                 x.grad = y.grad = None
                 current.clear()
                 with GlueMode():
-                    loss(x, y).backward()
+                    out = call.run(xa, ya)
+                    if out is not None:
+                        out.backward()
             recorded[name] = list(current)
     finally:
         JITFunction.run = saved[0]
@@ -318,6 +287,21 @@ def _record_calls(archs):
         else:
             os.environ["TRITON_INTERPRET"] = saved[2]
     return recorded
+
+
+def _image(call: Call, gen, grad: bool):
+    import torch
+
+    B, C, H, W = call.shape
+    dtype = getattr(torch, call.dtype)
+    if call.layout == "hwc":  # (leaf, what the call gets)
+        leaf = torch.rand((H, W, C), generator=gen).to(dtype).requires_grad_(grad)
+        return leaf, leaf.permute(2, 0, 1)[None]
+    t = torch.rand(call.shape, generator=gen).to(dtype)
+    if call.layout == "channels_last":
+        t = t.contiguous(memory_format=torch.channels_last)
+    t.requires_grad_(grad)
+    return t, t
 
 
 def _disasm(cubin: bytes) -> str:
@@ -343,7 +327,7 @@ def cost_main(archs, json_path=None) -> int:
 
     import sass_cost
 
-    recorded = _record_calls(archs)
+    recorded = _record_calls(archs, cost_calls())
     compiled: Dict[str, dict] = {}
     failures: List[str] = []
     report = {"shape": list(COST_SHAPE), "dtype": "float32", "machines": {}, "arch": {}, "spills": 0}
@@ -516,41 +500,57 @@ def main(argv=None) -> int:
         ap.error("--json needs --cost")
 
     failures = []
-    header = f"{'kernel':<40} {'sm':>3} {'warps':>5} {'regs':>5} {'spill B':>7} {'smem B':>7} {'limit':>7} {'s':>5}"
+    header = (
+        f"{'call':<40} {'kernel':<20} {'sm':>3} {'warps':>5} {'regs':>5} {'spill B':>7} {'smem B':>7} "
+        f"{'limit':>7} {'s':>5}"
+    )
     print(header)
     print("-" * len(header))
-    for case in cases(args.quick):
-        for arch in args.arch:
-            t0 = time.perf_counter()
-            try:
-                src = ASTSource(
-                    fn=case.fn, signature=_signature(case.fn, case.constexprs, case.dtype), constexprs=case.constexprs
-                )
-                k = triton.compile(
-                    src,
-                    target=GPUTarget("cuda", arch, 32),
-                    options={"num_warps": case.warps, "maxnreg": _common.MAXNREG},
-                )
-                use = resource_usage(k.asm["cubin"])
-            except Exception as exc:  # a compile error is a failure of this check, reported per case
-                failures.append(f"{case.label} sm_{arch}: compile failed: {type(exc).__name__}: {exc}")
-                print(f"{case.label:<40} {arch:>3} {case.warps:>5}  COMPILE FAILED ({type(exc).__name__})")
+    compiled: Dict[str, tuple] = {}
+    for label, items in _record_calls(args.arch, aot_calls(args.quick)).items():
+        seen = set()
+        for it in items:
+            if isinstance(it, Glue):
                 continue
-            spill = use.get("STACK", 0) + use.get("LOCAL", 0)
-            smem = max(int(k.metadata.shared), use.get("SHARED", 0))
-            dt = time.perf_counter() - t0
-            flag = ""
-            if spill > 0:
-                failures.append(f"{case.label} sm_{arch}: {spill} B of stack/local (register spills)")
-                flag = "  SPILL"
-            if smem > SHARED_LIMIT[arch]:
-                failures.append(f"{case.label} sm_{arch}: {smem} B shared > {SHARED_LIMIT[arch]}")
-                flag += "  SMEM"
-            print(
-                f"{case.label:<40} {arch:>3} {case.warps:>5} {use['REG']:>5} {spill:>7} {smem:>7} "
-                f"{SHARED_LIMIT[arch]:>7} {dt:>5.1f}{flag}",
-                flush=True,
-            )
+            for arch in args.arch:
+                key = _compile_key(it, arch)
+                if key in seen:
+                    continue
+                seen.add(key)
+                name = it.fn.fn.__name__.strip("_")[:20]
+                t0 = time.perf_counter()
+                if key not in compiled:
+                    sig, const, attrs, opts = it.compile[arch]
+                    try:
+                        k = triton.compile(
+                            ASTSource(it.fn, sig, const, attrs),
+                            target=GPUTarget("cuda", arch, 32),
+                            options=opts.__dict__,
+                        )
+                        compiled[key] = (k, resource_usage(k.asm["cubin"]))
+                    except Exception as exc:  # a compile error is a failure of this check, reported per case
+                        compiled[key] = (None, f"{type(exc).__name__}: {exc}")
+                k, use = compiled[key]
+                if k is None:
+                    failures.append(f"{label} {name} sm_{arch}: compile failed: {use}")
+                    print(f"{label:<40} {name:<20} {arch:>3}  COMPILE FAILED")
+                    continue
+                warps = k.metadata.num_warps
+                spill = use.get("STACK", 0) + use.get("LOCAL", 0)
+                smem = max(int(k.metadata.shared), use.get("SHARED", 0))
+                dt = time.perf_counter() - t0
+                flag = ""
+                if spill > 0:
+                    failures.append(f"{label} {name} sm_{arch}: {spill} B of stack/local (register spills)")
+                    flag = "  SPILL"
+                if smem > SHARED_LIMIT[arch]:
+                    failures.append(f"{label} {name} sm_{arch}: {smem} B shared > {SHARED_LIMIT[arch]}")
+                    flag += "  SMEM"
+                print(
+                    f"{label:<40} {name:<20} {arch:>3} {warps:>5} {use['REG']:>5} {spill:>7} {smem:>7} "
+                    f"{SHARED_LIMIT[arch]:>7} {dt:>5.1f}{flag}",
+                    flush=True,
+                )
     if failures:
         print(f"\n{len(failures)} problem(s):")
         for f in failures:

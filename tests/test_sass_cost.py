@@ -229,3 +229,53 @@ def test_cost_json_structure_no_spills(tmp_path):
         # a second gradient costs more than one
         both, one = calls["ssim_loss_fwd_bwd_both_grads"], calls["ssim_loss_fwd_bwd"]
         assert both["dram_bytes_per_pixel"] > one["dram_bytes_per_pixel"]
+
+
+RECORD = """
+import json, sys
+sys.path.insert(0, "scripts")
+import check_kernels as ck
+import splatloss
+
+calls = {"ssim": ck.Call(lambda x, y: 1 - splatloss.ssim(x, y, padding="same", backend="triton"), (1, 3, 48, 64))}
+out = []
+for item in ck._record_calls([90], calls)["ssim"]:
+    if isinstance(item, ck.Glue):
+        out.append({"glue": item.op})
+        continue
+    sig, const, attrs, opts = item.compile[90]
+    names = list(item.fn.arg_names)
+    dns = {p.name for p in item.fn.params if p.do_not_specialize or p.is_constexpr}
+    out.append({
+        "grid": list(item.grid),
+        "num_warps": opts.num_warps,
+        "ones": [n for n, v in item.args.items() if type(v) is int and v == 1 and n not in dns],
+        "sixteens": [n for n, v in item.args.items() if type(v) is int and v and v % 16 == 0 and n not in dns],
+        "constexpr": [n for n, t in sig.items() if t == "constexpr"],
+        "divisible": [names[k[0]] for k, a in attrs.items() if ["tt.divisibility", 16] in a],
+    })
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.triton
+def test_launches_recorded_with_tritons_specialisation():
+    """The recorder binds each launch with Triton's own binder: integer arguments equal to 1
+    become constexprs and multiples of 16 get the divisibility attribute (unless the kernel marks
+    them do_not_specialize), as a real launch would compile them; nothing executes."""
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-c", RECORD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    items = json.loads(proc.stdout.strip().splitlines()[-1])
+    launches = [i for i in items if "grid" in i]
+    assert len(launches) >= 2  # a forward and a backward kernel
+    for lc in launches:
+        assert lc["grid"][0] >= 1 and lc["num_warps"] >= 1
+        assert set(lc["ones"]) <= set(lc["constexpr"])
+        assert set(lc["sixteens"]) <= set(lc["divisible"])
+    glue = [i["glue"] for i in items if "glue" in i]
+    assert not any(g in ("view", "expand", "empty", "detach") for g in glue)
