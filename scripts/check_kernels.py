@@ -201,7 +201,7 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
     out["dssim_l1 same fp16"] = Call(
         lambda x, y: splatloss.dssim_l1(x, y, padding="same", backend=T), small, "float16", grads=(True, True)
     )
-    out.update({f"ssim 1080p: {k}": v for k, v in cost_calls().items()})
+    out.update({f"1080p {k}": v for k, v in cost_calls().items()})
     return out
 
 
