@@ -432,13 +432,7 @@ def dssim_l1(
     if m is None:
         per_image = impl.dssim_l1(x, y, cfg, lam)  # [B]
     else:
-        acc = accumulation_dtype(x.dtype)
-        mf = m.expand(x.shape)
-        den = mf.sum(dim=(1, 2, 3))
-        num = (mf * (x.to(acc) - y.to(acc)).abs()).sum(dim=(1, 2, 3))
-        l1 = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
-        s, _ = impl.masked_ssim_stats(x, y, m, cfg)
-        per_image = (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
+        per_image = impl.masked_dssim_l1(x, y, m, cfg, lam)  # [B]
     return _reduce(per_image, reduction, unbatched)
 
 

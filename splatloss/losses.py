@@ -462,15 +462,15 @@ class PhotometricLoss(nn.Module):
         per_term: Dict[str, torch.Tensor] = {}  # name -> [B]
         kw = _cfg_kwargs(self.cfg)
 
-        fused_pair = mask is None and w["l1"] > 0 and w["dssim"] > 0
+        fused_pair = w["l1"] > 0 and w["dssim"] > 0
         if fused_pair:
-            # 3DGS pair in one call (the backend's fused L1 + D-SSIM when it has one):
+            # 3DGS pair in one call (the backend's fused L1 + D-SSIM when it has one, masked too):
             # w_l1 L1 + w_d D = (w_l1 + w_d) * dssim_l1(lam = w_d / (w_l1 + w_d)).
             scale = w["l1"] + w["dssim"]
             lam = w["dssim"] / scale
-            pair = scale * functional.dssim_l1(x, y, lam, reduction="none", backend=self.backend, **kw)
+            pair = scale * functional.dssim_l1(x, y, lam, reduction="none", backend=self.backend, mask=mask, **kw)
             with torch.no_grad():  # the separate values, for logging only
-                l1_val = (x.to(acc) - y.to(acc)).abs().mean(dim=(1, 2, 3))
+                l1_val = _weighted_mean((x.to(acc) - y.to(acc)).abs(), mask, (1, 2, 3))
                 d_val = (pair.detach() / scale - (1 - lam) * l1_val) / lam
             total = pair
             logged = {"l1": l1_val, "dssim": d_val}

@@ -90,6 +90,17 @@ class Backend(abc.ABC):
         """Masked ``(ssim_mean, cs_mean)``, each ``[B, C]`` (an empty channel counts as 1)."""
         return masked.masked_ssim_stats(img1, img2, mask, cfg)
 
+    def masked_dssim_l1(self, img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig, lam: float) -> Tensor:
+        """Masked ``(1 - lam) * L1 + lam * (1 - SSIM)`` per image ``[B]``: ``L1 = sum m |x - y| / sum m``
+        over channels and pixels (0 when the mask is empty) and the masked SSIM of :meth:`masked_ssim_stats`."""
+        acc = accumulation_dtype(img1.dtype)
+        mf = mask.to(acc).expand(img1.shape)
+        den = mf.sum(dim=(1, 2, 3))
+        num = (mf * (img1.to(acc) - img2.to(acc)).abs()).sum(dim=(1, 2, 3))
+        l1 = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
+        s, _ = self.masked_ssim_stats(img1, img2, mask, cfg)
+        return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
+
     def ssim_mean_and_grad(
         self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, upstream: Tensor
     ) -> Tuple[Tensor, Tensor]:
