@@ -176,7 +176,7 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
     def loss(padding="same", K=11, **kw):
         return lambda x, y: 1 - splatloss.ssim(x, y, padding=padding, window_size=K, backend=T, **kw)
 
-    for K in (11, 31):
+    for K in (3, 11, 31):
         out[f"ssim_map +cs reflect K={K} both grads"] = Call(map_cs("reflect", K), small, grads=(True, True))
     out["ssim_map valid no-cs"] = Call(
         lambda x, y: splatloss.ssim_map(x, y, padding="valid", backend=T).mean(), small, grads=(True, True)
@@ -191,7 +191,7 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
         small,
         grads=(False, False),
     )
-    for W in (8, 24, 64):  # 8, 32 and 64 columns per channel in a program of 128 lanes
+    for W in (8, 16, 24, 64):  # 8, 16, 32 and 64 columns per channel in a program of 128 lanes
         out[f"ssim same width {W}"] = Call(loss(), (2, 3, 24, W))
     out["ssim same K=31 width 32"] = Call(loss(K=31), (2, 3, 40, 32))
     for dtype in ("float32", "float16", "bfloat16"):
