@@ -279,3 +279,62 @@ def test_launches_recorded_with_tritons_specialisation():
         assert set(lc["sixteens"]) <= set(lc["divisible"])
     glue = [i["glue"] for i in items if "glue" in i]
     assert not any(g in ("view", "expand", "empty", "detach") for g in glue)
+
+
+NESTED = """
+import json
+import sys
+sys.path.insert(0, "scripts")
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import check_kernels as ck
+import sass_cost
+
+
+@triton.jit
+def nested(x_ptr, n, m, B: tl.constexpr):
+    acc = tl.zeros([B], tl.float32)
+    for i in range(0, n):
+        for j in range(i, m):
+            acc += tl.load(x_ptr + j * B + tl.arange(0, B))
+        acc = acc * 0.5
+    tl.store(x_ptr + tl.arange(0, B), acc)
+
+
+sig = {"x_ptr": "*fp32", "n": "i32", "m": "i32", "B": "constexpr"}
+k = triton.compile(ASTSource(nested, sig, {"B": 128}), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+f = sass_cost.parse_sass(ck._disasm(k.asm["cubin"]))[0]
+ir = sass_cost.ttgir_loops(k.asm["ttgir"])
+counts, entries = sass_cost.loop_iterations(ir, {"x_ptr": 0, "n": 10, "m": 20}, (2,))
+trips, how = sass_cost.loop_trips(f, ir[2], counts, entries)
+lines = [f.blocks[lp.latch].instrs[-1].line[1] for lp in f.loops]
+print(json.dumps([counts, entries, trips, how, lines, [lp.src_line for lp in ir[2]]]))
+"""
+
+
+@pytest.mark.triton
+def test_trip_counts_on_real_ptxas_output(tmp_path):
+    """A kernel with a nested loop compiled for sm_90: the IR's trip counts are exact, and every
+    SASS loop (ptxas may unroll the inner loop into a main and a remainder loop) gets a trip count
+    through its back edge's source line."""
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED)
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    counts, entries, trips, how, lines, ir_lines = json.loads(proc.stdout.strip().splitlines()[-1])
+    outer_total = 2 * 10
+    inner_total = 2 * sum(20 - i for i in range(10))  # j = i .. 19 in each of 2 programs
+    assert counts == [outer_total, inner_total] and entries == [2, outer_total]
+    outer_line, inner_line = ir_lines
+    outer = [t for t, ln in zip(trips, lines) if ln == outer_line]
+    inner = [t for t, ln in zip(trips, lines) if ln == inner_line]
+    assert outer == [outer_total]
+    assert len(outer) + len(inner) == len(trips)
+    if how == "nesting":
+        assert inner == [inner_total]
+    else:  # unrolled: fewer main-loop iterations than the IR's, never more in all
+        assert 0 < sum(inner) <= inner_total
