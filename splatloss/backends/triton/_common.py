@@ -221,7 +221,8 @@ def _local_shift(
 ):
     """The moment shift of each lane [BW]: the mean of ``(x + y) / 2`` over the finite pixels of
     three rows (first, middle, last of the ``n_rows`` from ``r0``) at the lanes' columns ``cols``
-    (where ``ok``), one number per channel (per group of ``F`` lanes), 0 if none is finite.
+    (where ``ok``), one number per channel (per group of ``F`` lanes; a scalar when the program
+    holds one channel), 0 if none is finite.
 
     Why local: the shift must be near the pixels' values for the moments of ``x - shift`` to
     avoid fp32 cancellation (``_ssim_cs``); ``data_range / 2`` is far from a dark image's values
@@ -240,10 +241,16 @@ def _local_shift(
         good = ok & (xv - xv == 0.0) & (yv - yv == 0.0)
         tot += tl.where(good, 0.5 * xv + 0.5 * yv, 0.0)
         cnt += tl.where(good, 1.0, 0.0)
-    tot_g = tl.sum(tl.reshape(tot, [G, F]), axis=1)
-    cnt_g = tl.sum(tl.reshape(cnt, [G, F]), axis=1)
-    s_g = tl.where(cnt_g > 0.0, tot_g / tl.maximum(cnt_g, 1.0), 0.0)
-    return tl.reshape(tl.broadcast_to(s_g[:, None], [G, F]), [BW])
+    if G == 1:  # one channel per program: a scalar (no per-lane copy, no layout conversion)
+        tot_s = tl.sum(tot, axis=0)
+        cnt_s = tl.sum(cnt, axis=0)
+        res = tl.where(cnt_s > 0.0, tot_s / tl.maximum(cnt_s, 1.0), 0.0)
+    else:
+        tot_g = tl.sum(tl.reshape(tot, [G, F]), axis=1)
+        cnt_g = tl.sum(tl.reshape(cnt, [G, F]), axis=1)
+        s_g = tl.where(cnt_g > 0.0, tot_g / tl.maximum(cnt_g, 1.0), 0.0)
+        res = tl.reshape(tl.broadcast_to(s_g[:, None], [G, F]), [BW])
+    return res
 
 
 @triton.jit
@@ -269,12 +276,13 @@ def _row_moments(
     KP: tl.constexpr,
     REFLECT: tl.constexpr,
     L1: tl.constexpr,
+    SCALAR_SHIFT: tl.constexpr,
 ):
-    """Horizontal pass of padded input row ``r``: window sums of x', y', x'^2, y'^2, x'y' (``x' = x -
-    shift``, ``shift`` [BW] from :func:`_local_shift`; a zero-padded sample is ``x = 0``, i.e.
-    ``x' = -shift``; taps past K load nothing, so a NaN pixel only reaches its true footprint)
-    for the lanes
-    whose windows start at padded columns ``cols0`` [BW] (bases ``x_base`` / ``y_base`` [BW]).
+    """Horizontal pass of padded input row ``r``: window sums of x', y', x'^2, y'^2, x'y'
+    (``x' = x - shift``, ``shift`` from :func:`_local_shift`: a scalar with ``SCALAR_SHIFT``, else
+    [BW]; a zero-padded sample is ``x = 0``, i.e. ``x' = -shift``; taps past K load nothing, so a
+    NaN pixel only reaches its true footprint) for the lanes whose windows start at padded columns
+    ``cols0`` [BW] (bases ``x_base`` / ``y_base`` [BW]).
 
     The K taps of every lane are one ``[KP, BW]`` load (tap ``a`` in row ``a``, rows >= K masked):
     each thread reads its own lanes' taps (L1 hits after the first) and reduces them in registers.
@@ -292,7 +300,10 @@ def _row_moments(
     ok = (rr >= 0) & (rr < H) & (taps < K)[:, None] & (c >= 0) & (c < W) & lane_ok[None, :]
     c64 = c.to(tl.int64)
     r64 = rr.to(tl.int64)
-    sh = shift[None, :]
+    if SCALAR_SHIFT:
+        sh = shift
+    else:
+        sh = shift[None, :]
     xv = tl.load(x_ptr + (x_base + r64 * sx_h)[None, :] + c64 * sx_w, mask=ok, other=0.0).to(tl.float32) - sh
     yv = tl.load(y_ptr + (y_base + r64 * sy_h)[None, :] + c64 * sy_w, mask=ok, other=0.0).to(tl.float32) - sh
     wx = w * xv

@@ -179,6 +179,7 @@ def _ssim_fwd_kernel(
             KP,
             REFLECT,
             HAS_L1,
+            F == BW,
         )
         if HAS_L1:
             acc_l1 += tl.where(row_own, l1_row, 0.0)
@@ -338,6 +339,7 @@ def _ssim_bwd_kernel(
             KP,
             REFLECT,
             False,
+            F == BW,
         )
         mslot = mring + (i % KP) * BW + ar
         tl.store(mslot, h1)
