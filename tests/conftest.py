@@ -69,6 +69,15 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def pytest_collection_modifyitems(config, items):
+    """With a CUDA device every Triton test runs the compiled kernels: mark it ``gpu`` too, so that
+    ``./dev test -m gpu`` is the whole GPU check (the conformance cases and the Triton-only tests)."""
+    if has_cuda():
+        for item in items:
+            if item.get_closest_marker("triton") is not None:
+                item.add_marker(pytest.mark.gpu)
+
+
 def device_for(name: str) -> torch.device:
     """Triton runs on CUDA where a GPU exists (else in the interpreter on the CPU); "cpu" is the CPU."""
     if name == "triton" and has_cuda():
