@@ -37,6 +37,15 @@ __all__ = ["masked_ssim_map", "masked_ssim_stats", "masked_stats_backward", "wei
 Tensor = torch.Tensor
 
 
+def plane_shift(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The mean of ``(x + y) / 2`` over the finite pixels of each plane, ``[B, C, 1, 1]``, detached."""
+    with torch.no_grad():
+        z = 0.5 * (x + y)
+        finite = torch.isfinite(z)
+        total = torch.where(finite, z, torch.zeros_like(z)).sum(dim=(-2, -1), keepdim=True)
+        return total / finite.sum(dim=(-2, -1), keepdim=True).clamp_min(1).to(z.dtype)
+
+
 def _pad(t: Tensor, padding: str, lo: int, hi: int, value: float) -> Tensor:
     if padding == "valid":
         return t
@@ -63,7 +72,7 @@ def masked_ssim_map(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig) -
     k = cfg.window_size
     lo, hi = k // 2, k - 1 - k // 2
     # per-plane shift against float32 cancellation; constant of the computation (no gradient)
-    s = (0.5 * (x.mean(dim=(-2, -1), keepdim=True) + y.mean(dim=(-2, -1), keepdim=True))).detach()
+    s = plane_shift(x, y)  # over the finite pixels: a NaN pixel poisons only its footprint
     X, Y = _pad(x, cfg.padding, lo, hi, 0.0) - s, _pad(y, cfg.padding, lo, hi, 0.0) - s
     M = _pad(m, cfg.padding, lo, hi, 1.0)
     w = cfg.window_1d(acc, x.device)
@@ -96,7 +105,7 @@ def _stats(x: Tensor, y: Tensor, m: Tensor, w: Tensor, padding: str, c1: float, 
     ``W``, the shifted means, the SSIM algebra's parts, the centre weights and their sums."""
     k = w.shape[0]
     lo, hi = k // 2, k - 1 - k // 2
-    s = 0.5 * (x.mean(dim=(-2, -1), keepdim=True) + y.mean(dim=(-2, -1), keepdim=True))
+    s = plane_shift(x, y)  # over the finite pixels: a NaN pixel reaches only its footprint
     X, Y = _pad(x, padding, lo, hi, 0.0) - s, _pad(y, padding, lo, hi, 0.0) - s
     M = _pad(m, padding, lo, hi, 1.0)
     stacked = torch.cat([M, M * X, M * Y, M * X * X, M * Y * Y, M * X * Y], dim=1)

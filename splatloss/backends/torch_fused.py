@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from ..config import SSIMConfig, accumulation_dtype
 from .base import Backend
+from .masked import plane_shift
 
 __all__ = ["TorchBackend", "BACKEND", "ssim_map", "ssim_stats", "ssim_mean_and_grad"]
 
@@ -110,8 +111,10 @@ def _shift(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     On a flat JPEG photograph this took the float32 gradient from 7.3e-5 to 5e-7 of float64.
     It is a constant of the computation (no gradient flows through it: SSIM does not depend on it),
     and 0 for a black image, where tiny ``C1`` / ``C2`` would turn any rounding into huge partials.
+    Pixels where ``x + y`` is not finite are left out of the mean (0 if none is left): a NaN or Inf
+    pixel then reaches only its own window footprint, not every pixel of its plane.
     """
-    return (0.5 * (x.mean(dim=(-2, -1), keepdim=True) + y.mean(dim=(-2, -1), keepdim=True))).detach()
+    return plane_shift(x, y)
 
 
 def _moments(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, padding: str, s: torch.Tensor):

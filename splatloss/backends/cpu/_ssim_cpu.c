@@ -125,13 +125,18 @@ typedef struct {
     REAL shift;        /* subtracted from every sample, padding included (see the top) */
 } img_t;
 
-/* The plane's shift: the mean of (x + y) / 2 over its middle row, in double. It depends on the
- * plane only, so every strip of a plane (and every thread count) uses the same one. */
+/* The plane's shift: the mean of (x + y) / 2 over the finite pixels of its middle row, in double
+ * (0 if none is finite: a NaN or Inf pixel then reaches only its window footprint). It depends on
+ * the plane only, so every strip of a plane (and every thread count) uses the same one. */
 static REAL plane_shift(const REAL *x, const REAL *y, int H, int W) {
     const REAL *a = x + (size_t)(H / 2) * W, *b = y + (size_t)(H / 2) * W;
     double s = 0;
-    for (int j = 0; j < W; j++) s += (double)a[j] + (double)b[j];
-    return (REAL)(s / (2.0 * W));
+    int n = 0;
+    for (int j = 0; j < W; j++) {
+        const double v = (double)a[j] + (double)b[j];
+        if (v - v == 0) { s += v; n++; }  /* finite: inf - inf and nan - nan are nan */
+    }
+    return n ? (REAL)(s / (2.0 * n)) : (REAL)0;
 }
 
 typedef struct {

@@ -1,0 +1,34 @@
+"""A NaN or Inf pixel reaches only the gradients within its window footprint, on every backend,
+masked or not: the moment shift (one number per plane, or per Triton program) is taken over the
+finite pixels, so it cannot carry the bad value to the whole plane."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import splatloss
+from conftest import backend_params, device_for
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "masked"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("backend", backend_params())
+def test_bad_pixel_reaches_only_its_footprint(backend, bad, masked):
+    k = 7
+    dev = device_for(backend)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(2, 1, 1, 24, 24, generator=g)
+    x[0, 0, 12, 11] = bad  # on the middle row: the row the cpu kernel's shift reads
+    kw = {"mask": torch.ones(1, 1, 24, 24, device=dev)} if masked else {}
+    counts = {}
+    for name in ("reference", backend):
+        xr = x.clone().to(dev if name == backend else "cpu").requires_grad_(True)
+        yr = y.clone().to(xr.device).requires_grad_(True)
+        m = {k_: v.to(xr.device) for k_, v in kw.items()}
+        value = splatloss.ssim(xr, yr, window_size=k, padding="same", backend=name, **m)
+        gx, gy = torch.autograd.grad(value, (xr, yr))
+        counts[name] = (int((~torch.isfinite(gx)).sum()), int((~torch.isfinite(gy)).sum()))
+    footprint = (2 * k - 1) ** 2
+    assert counts["reference"] == (footprint, footprint)
+    assert counts[backend] == counts["reference"], counts
