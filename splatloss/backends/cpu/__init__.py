@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from ... import multiscale
-from ...config import SSIMConfig, accumulation_dtype
+from ...config import SSIMConfig
 from .. import masked, torch_fused
 from ..base import Backend, _compile_time_constant
 from . import functions
@@ -105,14 +105,8 @@ class CPUBackend(Backend):
     def masked_dssim_l1(self, img1, img2, mask, cfg: SSIMConfig, lam):
         """Masked ``(1 - lam) * L1 + lam * (1 - SSIM)`` per image ``[B]`` (``L1 = sum m |x - y| / sum m``
         over channels and pixels, 0 for an empty mask), fused in the kernel for "valid" and "same"."""
-        if _torch_ops_only(img1, img2):  # the composition functional.dssim_l1 runs on other backends
-            acc = accumulation_dtype(img1.dtype)
-            mf = mask.to(acc).expand(img1.shape)
-            den = mf.sum(dim=(1, 2, 3))
-            num = (mf * (img1.to(acc) - img2.to(acc)).abs()).sum(dim=(1, 2, 3))
-            l1 = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
-            s, _ = masked.masked_ssim_stats(img1, img2, mask, cfg)
-            return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
+        if _torch_ops_only(img1, img2):  # the shared composition, as on the other backends
+            return super().masked_dssim_l1(img1, img2, mask, cfg, lam)
         return functions.masked_dssim_l1(img1, img2, mask, cfg, lam)
 
     def ssim_mean_and_grad(self, img1, img2, cfg: SSIMConfig, upstream):
