@@ -1,4 +1,5 @@
-"""torch.compile(fullgraph=True) of the public API on the CPU, on the very first call.
+"""torch.compile(fullgraph=True) of the public API on the first call: the CPU backends, and Triton
+(in the interpreter).
 
 Everything runs in one fresh interpreter (a subprocess), where the compiled call is the first call
 of the process: no eager call has chosen a backend, built the C kernel or imported anything before
@@ -27,6 +28,7 @@ _SCRIPT = textwrap.dedent(
     torch.manual_seed(0)
     small = (torch.rand(2, 3, 24, 28), torch.rand(2, 3, 24, 28))
     big = (torch.rand(1, 2, 161, 166), torch.rand(1, 2, 161, 166))
+    tiny = (torch.rand(1, 3, 20, 23), torch.rand(1, 3, 20, 23))  # Triton in the interpreter: slow
     cases = {
         "ssim": (lambda a, b: splatloss.ssim(a, b), small),
         "ssim_map": (lambda a, b: splatloss.ssim_map(a, b, padding="same").square().mean(), small),
@@ -37,6 +39,14 @@ _SCRIPT = textwrap.dedent(
         "MSSSIMLoss": (splatloss.MSSSIMLoss(), big),
         "PhotometricLoss": (splatloss.PhotometricLoss(l1=0.8, dssim=0.2, padding="same"), small),
         "torch backend": (lambda a, b: splatloss.dssim_l1(a, b, 0.2, backend="torch"), small),
+        "triton ssim": (lambda a, b: splatloss.ssim(a, b, backend="triton"), tiny),
+        "triton dssim_l1": (lambda a, b: splatloss.dssim_l1(a, b, 0.2, padding="same", backend="triton"), tiny),
+        "triton ms_ssim": (
+            lambda a, b: splatloss.ms_ssim(a, b, weights=(0.5, 0.5), padding="same", backend="triton"), tiny
+        ),
+        "triton PhotometricLoss": (
+            splatloss.PhotometricLoss(l1=0.8, dssim=0.2, padding="same", backend="triton"), tiny
+        ),
     }
     out = {}
     for name in sys.argv[1:]:
@@ -60,8 +70,8 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def _run(names):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def _run(names, **extra_env):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **extra_env)
     proc = subprocess.run([sys.executable, "-c", _SCRIPT, *names], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     import json
@@ -95,4 +105,17 @@ def test_public_api_compiles_fullgraph_on_the_first_call_and_equals_eager():
         # Same kernels as eager: measured 0 for every value and for the SSIM / L1 gradients; the MS-SSIM
         # gradients 1.2e-7 to 2.3e-7 of their scale (AOTAutograd decomposes the weighted product's
         # backward into other float32 ops).
+        assert r["value"] <= 1e-7 and r["grad"] <= 1e-6, (name, r)
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_triton_backend_compiles_fullgraph_on_the_first_call_and_equals_eager():
+    # The Triton kernels in the interpreter (no CUDA here); on a GPU the same custom ops run compiled.
+    names = ["triton ssim", "triton dssim_l1", "triton ms_ssim", "triton PhotometricLoss"]
+    res = _run(names, TRITON_INTERPRET="1")
+    for name in names:
+        r = res[name]
+        assert r["graphs"] == 1, (name, r)
+        assert any("triton" in op for op in r["ops"]), (name, r)  # the kernels as custom-op nodes
         assert r["value"] <= 1e-7 and r["grad"] <= 1e-6, (name, r)
