@@ -101,6 +101,18 @@ def backend_params(names=CONFORMING, slow_triton=False):
     return out
 
 
+def backend_cases(cases, fast_triton=None, names=CONFORMING):
+    """pytest params for ``(backend, *case)`` over ``names`` x ``cases``. Triton in the interpreter is
+    marked ``slow`` for every case but ``fast_triton``: the one the fast tier keeps for that test."""
+    out = []
+    for name in names:
+        for case in cases:
+            case = case if isinstance(case, tuple) else (case,)
+            (p,) = backend_params([name], slow_triton=case != fast_triton)
+            out.append(pytest.param(name, *case, marks=p.marks, id="-".join(map(str, (name, *case)))))
+    return out
+
+
 def side(name: str, big: int, small: int) -> int:
     """Image side for a backend: ``small`` for Triton in the interpreter (slow), else ``big``."""
     return small if name == "triton" and not has_cuda() else big
@@ -146,7 +158,9 @@ def grads(out_terms, inputs):
     return torch.autograd.grad(out_terms, inputs)
 
 
-@pytest.fixture(params=backend_params())
+@pytest.fixture(params=backend_params(slow_triton=True))
 def backend(request):
-    """Every conforming backend that can run here."""
+    """Every conforming backend that can run here; Triton in the interpreter is marked ``slow``. A
+    test that is the fast tier's Triton case of its entry point parametrizes ``backend`` itself, with
+    ``backend_params()`` or ``backend_cases(..., fast_triton=...)``."""
     return request.param

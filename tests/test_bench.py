@@ -74,6 +74,7 @@ def test_bench_smoke_writes_json_and_plot(tmp_path):
     assert len(rows) == 1 and rows[0].count("|") == 11
 
 
+@pytest.mark.slow
 def test_bench_rejects_unknown_library():
     proc = subprocess.run([sys.executable, str(BENCH), "--libs", "nope"], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0

@@ -117,6 +117,7 @@ def test_loss_options_reach_the_loss():
     assert float(loss(x, y)) == pytest.approx(float(expect), rel=1e-6, abs=0)
 
 
+@pytest.mark.slow
 def test_targets_exist_and_trainer_configs_build(tmp_path):
     cfg = _compose([])
     get_method(cfg.data.scene._target_)
@@ -173,6 +174,7 @@ def test_launcher_configs(choice, target):
     assert get_class(cfg.hydra.launcher._target_).__name__ == target
 
 
+@pytest.mark.slow
 def test_loss_configs_share_one_ssim_block():
     shared = OmegaConf.load(os.path.join(CONFIG_DIR, "loss", "_ssim.yaml"))
     assert set(shared.keys()) == SSIM_KEYS - {"padding"}

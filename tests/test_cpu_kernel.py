@@ -97,6 +97,7 @@ _NO_COMPILER = textwrap.dedent(
 
 
 @pytest.mark.parametrize("how", ["empty PATH", "CC missing"])
+@pytest.mark.slow
 def test_without_a_compiler_auto_runs_torch_warns_once_and_cpu_is_an_error(tmp_path, how):
     """A real environment without a compiler (a subprocess): no compiler on the PATH, or $CC naming
     one that does not exist ($CC, when set, is the only compiler tried)."""
@@ -110,6 +111,7 @@ def test_without_a_compiler_auto_runs_torch_warns_once_and_cpu_is_an_error(tmp_p
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_cached_library_is_reused_and_keyed_by_source(tmp_path, monkeypatch):
     monkeypatch.setenv("SPLATLOSS_CACHE_DIR", str(tmp_path))
     cc = build.compiler()

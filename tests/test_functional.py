@@ -201,6 +201,7 @@ def test_triton_missing_is_an_error(monkeypatch):
     assert backends.available()["triton"] is False
 
 
+@pytest.mark.slow
 def test_import_splatloss_imports_no_heavy_dependency():
     code = (
         "import sys, splatloss, splatloss.losses, splatloss.compat, splatloss.backends;"

@@ -143,6 +143,7 @@ def test_a_wrong_triton_backend_fails_the_run(tmp_path):
         ((), "no CUDA device here (or --device cpu): the full check needs a GPU; run --self-test"),
     ],
 )
+@pytest.mark.slow
 def test_full_check_without_cuda_is_a_clear_error(tmp_path, args, message):
     proc, r = _run(tmp_path, *args, timeout=120)
     assert proc.returncode != 0 and r is None

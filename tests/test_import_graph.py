@@ -187,6 +187,7 @@ def test_the_checker_sees_function_level_relative_imports_and_cycles(tmp_path):
     "statement",
     ["import splatloss", "import splatloss, torch; splatloss.ssim(torch.rand(1, 1, 12, 12), torch.rand(1, 1, 12, 12))"],
 )
+@pytest.mark.slow
 def test_import_splatloss_imports_no_heavy_optional_dependency(statement):
     heavy = ("triton", "lightning", "pytorch_lightning", "hydra", "omegaconf", "gsplat", "numba")
     code = f"import sys; {statement}; print([m for m in {heavy!r} if m in sys.modules])"

@@ -7,6 +7,7 @@ import pytest
 
 
 @pytest.mark.parametrize("missing", ["lightning", "hydra"])
+@pytest.mark.slow
 def test_lightning_without_train_extra_names_the_install_command(missing):
     # sys.modules[name] = None makes `import name` raise ImportError, as if the package were absent.
     code = f"import sys; sys.modules[{missing!r}] = None\nimport splatloss.lightning"
@@ -17,6 +18,7 @@ def test_lightning_without_train_extra_names_the_install_command(missing):
     assert missing in last and "pip install 'splatloss[train]'" in last
 
 
+@pytest.mark.slow
 def test_core_import_stays_light():
     code = "import sys, splatloss; print(sorted(m for m in ('lightning', 'hydra', 'gsplat') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

@@ -74,7 +74,7 @@ def _scale_terms(a, b, scales=5):
 
 
 @pytest.mark.parametrize("case", ["inverted", "coarse_inverted"])
-@pytest.mark.parametrize("backend", ["torch", "reference"])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("reference", marks=pytest.mark.slow)])
 def test_msssim_loss_gradient_alive_where_scales_go_negative(case, backend):
     if case == "inverted":
         a = to_torch(photo("astronaut", 100, 100, 163, 167), torch.float32)

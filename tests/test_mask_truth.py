@@ -24,6 +24,7 @@ def test_all_ones_equals_skimage(pair):
     assert abs(got - skimage_ssim(a, b)) < 1e-12
 
 
+@pytest.mark.slow
 def test_all_ones_ms_ssim_equals_tf():
     a = photo("coffee", 20, 30, 171, 165)
     b = distort(a, seed=5)
@@ -77,6 +78,7 @@ def test_masked_lp_and_gaussian_l1(pair):
     assert masked_l1_gaussian(x, y, torch.zeros(37, 45)).item() == 0.0
 
 
+@pytest.mark.slow
 def test_gradcheck_oracle():
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(1, 2, 13, 12, dtype=torch.float64, generator=gen, requires_grad=True)

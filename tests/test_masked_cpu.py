@@ -110,7 +110,7 @@ def test_all_ones_mask_equals_unmasked_kernel(padding):
     assert rel(a[1], b[1]) <= 1e-5 and rel(a[2], b[2]) <= 1e-5
 
 
-@pytest.mark.parametrize("padding", ["same", "valid"])
+@pytest.mark.parametrize("padding", [pytest.param("same", marks=pytest.mark.slow), "valid"])
 def test_threads_and_column_tiles_do_not_change_the_result(padding):
     # 2600 columns: the backward sweeps 1024-column tiles (library.BWD_TILE) above 2.5 tiles.
     a = np.tile(photo("astronaut", 100, 0, 24, 512), (1, 6, 1))[:, :2600]
@@ -157,6 +157,7 @@ def test_double_backward_runs_the_torch_ops_adjoint():
     assert rel(first, g) <= 1e-10 and rel(second, gg) <= 1e-8
 
 
+@pytest.mark.slow
 def test_gradcheck_float64():
     x, y = _pair(14, 15, torch.float64, c=2)
     m = soft_mask(14, 15, seed=3)[None, None]
@@ -167,6 +168,7 @@ def test_gradcheck_float64():
         assert torch.autograd.gradcheck(lambda a, b: get("cpu").masked_ssim_stats(a, b, m, cfg), (xr, yr))
 
 
+@pytest.mark.slow
 def test_compiles_fullgraph_with_the_kernel_ops():
     from torch._dynamo.testing import CompileCounterWithBackend
 

@@ -16,10 +16,13 @@ from PIL import Image
 from skimage import data
 
 import splatloss
+from conftest import backend_params
 from splatloss import backends, compat
 from splatloss.config import SSIMConfig
 
 BACKENDS = ("reference", "torch", "cpu", "triton")
+# every backend as pytest params: Triton marked triton, and slow where it runs in the interpreter
+CASES = list(BACKENDS[:3]) + backend_params(["triton"], slow_triton=True)
 
 
 def _flat_jpeg_pair():
@@ -46,7 +49,7 @@ def _relerr(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("padding", ["valid", "same"])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", CASES)
 def test_fp32_flat_photograph_matches_float64(backend, padding):
     """fp32 value within 2e-5 and both gradients within 3e-5 (normwise) of float64.
 
@@ -84,7 +87,7 @@ def _pair(seed: int, size: int = 20):
     )
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", CASES)
 def test_huge_data_range(backend):
     """ssim(x * 1e10, y * 1e10, data_range=1e10) = ssim(x, y): the C kernel formed 1 / (B1 B2) in
     fp32 (B1 ~ B2 ~ 1e19, product overflows) and returned NaN. Measured after: 3.2e-10 (reference),
@@ -95,7 +98,7 @@ def test_huge_data_range(backend):
     assert abs(float(value) - truth) < 1e-6, (float(value), truth)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", CASES)
 def test_tiny_constants_on_black(backend):
     """Two black images with C1 = C2 = 1e-20 are identical: SSIM 1 (was inf on the C kernel, whose
     B1 B2 = 1e-40 is below fp32's normal range)."""
@@ -104,7 +107,7 @@ def test_tiny_constants_on_black(backend):
     assert float(value) == 1.0
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", CASES)
 def test_extreme_constants_gradients(backend):
     """The gradients at those extremes are finite and equal the float64 ones (scale-invariance:
     d ssim / d(x * 1e10) = 1e-10 d ssim / dx; identical images: the gradient is 0)."""
@@ -138,7 +141,7 @@ def test_sigma_that_underflows_is_refused():
     assert torch.equal(w, torch.eye(11, dtype=torch.float64)[5])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", list(BACKENDS[:3]) + backend_params(["triton"]))
 def test_zero_channels_same_error_everywhere(backend):
     z = torch.rand(1, 0, 16, 16)
     for fn in (splatloss.ssim, splatloss.ssim_map, splatloss.dssim, splatloss.dssim_l1):

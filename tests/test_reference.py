@@ -71,9 +71,9 @@ def test_tf_numpy_truth_is_sane():
 
 MS_CROPS = [
     ("astronaut", 100, 100, 161, 161),  # the smallest size 5 scales accept
-    ("coffee", 80, 150, 163, 171),  # odd at every scale
-    ("chelsea", 20, 30, 176, 192),  # even
-    ("astronaut", 200, 180, 187, 165),
+    pytest.param("coffee", 80, 150, 163, 171, marks=pytest.mark.slow),  # odd at every scale
+    pytest.param("chelsea", 20, 30, 176, 192, marks=pytest.mark.slow),  # even
+    pytest.param("astronaut", 200, 180, 187, 165, marks=pytest.mark.slow),
 ]
 
 

@@ -8,6 +8,7 @@ import pytest
 
 
 @pytest.mark.parametrize("missing", ["gsplat", "skimage", "numba"])
+@pytest.mark.slow
 def test_import_without_train_extra_names_the_install_command(missing):
     # A None entry in sys.modules makes `import <missing>` fail exactly like an absent package.
     code = f"import sys; sys.modules[{missing!r}] = None\nimport splatloss.splat"

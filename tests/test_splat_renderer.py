@@ -98,7 +98,12 @@ COMPOSITORS = ["torch", "numba"]
 
 @pytest.mark.parametrize("compositor", COMPOSITORS)
 @pytest.mark.parametrize(
-    "tile_size,groups,bg", [(8, 4, (0.0, 0.0, 0.0)), (4, 1, (0.2, 0.5, 1.0)), (16, 3, (1.0, 1.0, 1.0))]
+    "tile_size,groups,bg",
+    [
+        (8, 4, (0.0, 0.0, 0.0)),
+        pytest.param(4, 1, (0.2, 0.5, 1.0), marks=pytest.mark.slow),
+        pytest.param(16, 3, (1.0, 1.0, 1.0), marks=pytest.mark.slow),
+    ],
 )
 def test_render_matches_per_pixel_loop(tile_size, groups, bg, compositor):
     # Include opaque, large Gaussians so some pixels terminate early (T <= 1e-4) and alphas clamp.
@@ -160,6 +165,7 @@ def test_composite_gradcheck_float64():
 
 
 @pytest.mark.parametrize("compositor", COMPOSITORS)
+@pytest.mark.slow
 def test_render_gradients_match_finite_differences_float64(compositor):
     gs = _scene(n=12, seed=6, opacity=(0.2, 0.8), scale=(-1.6, -1.0), dtype=torch.float64)
     view = _view(w=16, h=12, dtype=torch.float64)

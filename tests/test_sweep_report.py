@@ -129,6 +129,7 @@ def test_a_traceback_without_a_log_record_still_names_the_exception(tmp_path):
     assert sweep_report.log_error(str(_run(tmp_path, "1", ["loss=l1"], log="[t][n][INFO] - fine\n"))) is None
 
 
+@pytest.mark.slow
 def test_no_finished_run_writes_the_failures_and_exits_1(tmp_path):
     root = tmp_path / "multirun"
     _run(root, "0", ["loss=l1"], log=CONFIG_LOG)

@@ -8,6 +8,7 @@ import math
 import os
 
 import matplotlib.image as mpimg
+import pytest
 from omegaconf import OmegaConf, open_dict
 from test_train import make_cfg
 
@@ -26,6 +27,7 @@ def _events(out_dir):
     return acc
 
 
+@pytest.mark.slow
 def test_tensorboard_logger_records_loss_terms_weights_step_time_and_held_out_images(tmp_path):
     cfg = make_cfg(
         tmp_path,

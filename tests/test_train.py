@@ -69,6 +69,7 @@ def test_tiny_run_trains_and_writes_everything(tmp_path):
     assert not [f for f in os.listdir(tmp_path) + os.listdir(tmp_path / "checkpoints") if f.startswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_exactly(tmp_path):
     # Densify every 3 steps so the number of Gaussians changes before and after the checkpoint the
     # resumed run starts from; checkpoints every 4 steps, the crash at step 10 leaves step 8's.

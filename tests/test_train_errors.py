@@ -162,6 +162,7 @@ def test_gpu_trainer_without_a_gpu_names_the_trainers_that_run(tmp_path):
     assert _nothing_trained(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton backend runs where CUDA is present")
 def test_triton_loss_on_a_cpu_machine_stops_with_one_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -19,6 +19,7 @@ def _rows(out_dir):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_every_logged_loss_is_the_weighted_sum_of_the_terms_logged_beside_it(tmp_path):
     # A schedule makes the weights change every step, so a term or weight from another step shows.
     cfg = make_cfg(
@@ -122,6 +123,7 @@ def test_held_out_metrics_log_both_ssims_papers_quote(tmp_path):
     assert values[1] - values[0] > 1e-3 and values[2] - values[1] > 1e-3, values
 
 
+@pytest.mark.slow
 def test_metrics_json_names_every_ssim_convention(tmp_path):
     cfg = make_cfg(tmp_path, ["loss=dssim_l1", "trainer.max_steps=10", "export_ply=false"])
     train(cfg)
@@ -132,6 +134,7 @@ def test_metrics_json_names_every_ssim_convention(tmp_path):
     assert len({m["ssim"], m["ssim_3dgs"], m["ssim_skimage"]}) == 3, m
 
 
+@pytest.mark.slow
 def test_progress_bar_shows_loss_and_step_time_not_the_logger_version(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)  # output to a file (pytest's capture): one wide line
     cfg = make_cfg(tmp_path, ["loss=dssim_l1", "trainer.max_steps=10", "export_ply=false"])

@@ -13,6 +13,7 @@ from splatloss.lightning import HeldOutMetrics
 from splatloss.train import train
 
 
+@pytest.mark.slow
 def test_validation_during_training_renders_to_its_own_step_folder(tmp_path):
     cfg = make_cfg(
         tmp_path,
@@ -66,6 +67,7 @@ def test_render_file_names_have_one_extension(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_eval_every_n_steps_evaluates_during_training(tmp_path):
     cfg = make_cfg(tmp_path, ["loss=l1", "trainer.max_steps=12", "eval_every_n_steps=4", "export_ply=false"])
     with open_dict(cfg):  # the tiny test config drops the logger; put the default CSV logger back

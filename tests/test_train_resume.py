@@ -20,6 +20,7 @@ def _strict(path):
     return json.loads(path.read_text(), parse_constant=refuse)
 
 
+@pytest.mark.slow
 def test_resumed_run_reports_whole_run_steps_and_seconds(tmp_path):
     common = ["loss=l1", "trainer.max_steps=12", "export_ply=false", "callbacks.checkpoint.every_n_train_steps=4"]
     cut = make_cfg(tmp_path, common + ["+callbacks.stop._target_=test_train.StopAt", "+callbacks.stop.step=10"])
@@ -35,6 +36,7 @@ def test_resumed_run_reports_whole_run_steps_and_seconds(tmp_path):
     assert metrics["train_seconds"] == on_disk["train_seconds"]
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_keeps_its_metrics(tmp_path):
     common = ["loss=l1", "trainer.max_steps=10", "export_ply=false"]
     train(make_cfg(tmp_path, common))
@@ -47,6 +49,7 @@ def test_resuming_a_finished_run_keeps_its_metrics(tmp_path):
         assert again[key] == first[key], key
 
 
+@pytest.mark.slow
 def test_one_checkpoint_file_per_save(tmp_path):
     train(
         make_cfg(
@@ -57,6 +60,7 @@ def test_one_checkpoint_file_per_save(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.ckpt"]
 
 
+@pytest.mark.slow
 def test_resume_latest_continues_the_newest_run_folder(tmp_path):
     common = ["loss=l1", "export_ply=false"]
     older, newer = tmp_path / "outputs" / "2026-01-01" / "10-00-00", tmp_path / "outputs" / "2026-01-02" / "09-00-00"
@@ -86,6 +90,7 @@ class SendSignal(L.Callback):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.slow
 def test_signal_saves_a_checkpoint_marks_the_run_and_prints_the_resume_command(tmp_path, capsys, signum):
     common = ["loss=l1", "trainer.max_steps=12", "export_ply=false"]
     cfg = make_cfg(tmp_path, common)

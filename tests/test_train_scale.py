@@ -83,6 +83,7 @@ def test_multirun_and_sweep_report(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+@pytest.mark.slow
 def test_sweep_report_errors(tmp_path):
     proc = subprocess.run([sys.executable, REPORT, str(tmp_path / "nope")], capture_output=True, text=True)
     assert proc.returncode != 0 and "is not a directory" in proc.stderr

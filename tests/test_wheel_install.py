@@ -55,6 +55,7 @@ def _env(target):
     return env
 
 
+@pytest.mark.slow
 def test_wheel_contains_the_configs(installed):
     wheel, _ = installed
     names = set(zipfile.ZipFile(wheel).namelist())

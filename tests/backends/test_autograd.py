@@ -11,7 +11,7 @@ from splatloss.config import SSIMConfig
 
 F64 = backend_params([n for n in ("torch", "cpu", "triton") if torch.float64 in DTYPES[n]])
 SECOND = backend_params(SECOND_ORDER)
-WITH_REF = backend_params() + ["reference"]
+WITH_REF = backend_params(slow_triton=True) + ["reference"]
 
 
 def _pair(shape, dtype=torch.float32, seed=0, device="cpu"):
@@ -21,6 +21,7 @@ def _pair(shape, dtype=torch.float32, seed=0, device="cpu"):
 
 @pytest.mark.parametrize("padding", ["valid", "same", "reflect"])
 @pytest.mark.parametrize("backend", F64)
+@pytest.mark.slow
 def test_gradcheck_float64_map(backend, padding):
     cfg = SSIMConfig(padding=padding, window_size=5, sigma=1.0)
     x, y = _pair((1, 2, 7, 8), torch.float64, seed=3)
@@ -31,6 +32,7 @@ def test_gradcheck_float64_map(backend, padding):
 
 @pytest.mark.parametrize("padding", ["valid", "same", "reflect"])
 @pytest.mark.parametrize("backend", SECOND)
+@pytest.mark.slow
 def test_gradcheck_and_gradgradcheck_float64_stats(backend, padding):
     cfg = SSIMConfig(padding=padding, window_size=5, sigma=1.0)
     x, y = _pair((2, 1, 7, 8), torch.float64, seed=3)
@@ -42,6 +44,7 @@ def test_gradcheck_and_gradgradcheck_float64_stats(backend, padding):
 
 
 @pytest.mark.parametrize("backend", SECOND)
+@pytest.mark.slow
 def test_gradcheck_and_gradgradcheck_of_the_public_losses(backend):
     x, y = _pair((1, 1, 21, 19), torch.float64, seed=4)
     kw = dict(window_size=3, sigma=0.8, weights=(0.3, 0.4, 0.3), tau=0.01, backend=backend)
@@ -189,7 +192,7 @@ def test_torch_func_grad_vmap_jvp(backend):
     torch.testing.assert_close(tm, (gm * t).sum())
 
 
-@pytest.mark.parametrize("backend", backend_params(["triton"]))
+@pytest.mark.parametrize("backend", backend_params(["triton"], slow_triton=True))
 def test_triton_torch_compile_traces_without_graph_breaks(backend):
     cfg = SSIMConfig(padding="same")
     x, y = make_pair((1, 2, 20, 23), seed=7, device=device_for(backend))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import splatloss
-from conftest import CONFORMING, TOL, assert_rel, device_for, make_pair
+from conftest import CONFORMING, TOL, assert_rel, backend_cases, device_for, make_pair
 from splatloss.config import MS_SSIM_WEIGHTS, SSIMConfig
 
 ENTRY_POINTS = ("ssim_map", "ssim_stats", "ms_ssim", "dssim_l1", "ssim_mean_and_grad")
@@ -32,7 +32,9 @@ def test_auto_picks_the_cpu_kernel_for_cpu_tensors_and_explains_why():
     assert isinstance(why, str) and "cpu" in why
 
 
-@pytest.mark.parametrize("entry", ["ssim_map", "ssim", "ms_ssim", "dssim_l1"])
+@pytest.mark.parametrize(
+    "backend,entry", backend_cases(["ssim_map", "ssim", "ms_ssim", "dssim_l1"], fast_triton=("ssim_map",))
+)
 def test_public_api_runs_the_named_backend(backend, entry):
     """splatloss.<entry>(backend=name) gives what the backend object computes (bitwise: one path)."""
     dev = device_for(backend)

@@ -51,7 +51,8 @@ def test_half_precision_stats_values_and_both_gradients(backend, padding, dtype)
 
 
 @pytest.mark.parametrize("dtype", LOWP, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("backend", backend_params() + ["reference"])
+@pytest.mark.parametrize("backend", backend_params(slow_triton=True) + ["reference"])
+@pytest.mark.slow
 def test_half_precision_within_1e3_of_fp32(backend, dtype):
     """The public functions on fp16 / bf16 inputs: within 1e-3 of the fp32 result (measured 7e-6 fp16,
     5.7e-5 bf16, all input rounding), and equal to the fp32 result on the rounded values (measured exact)."""
@@ -105,7 +106,7 @@ def _layouts(x, y):
     return {name: (f(x), f(y)) for name, f in forms.items()}
 
 
-@pytest.mark.parametrize("backend", backend_params() + ["reference"])
+@pytest.mark.parametrize("backend", backend_params(slow_triton=True) + ["reference"])
 def test_layouts_give_the_contiguous_result(backend):
     """channels-last, transposed storage, interleaved / strided slices and an HWC view: the values and
     the gradient of the contiguous input (torch / cpu: atol 2e-6 / 2e-7; triton: bitwise), and the

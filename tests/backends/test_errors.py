@@ -28,6 +28,7 @@ def test_triton_refuses_float64_through_the_public_api(entry):
         getattr(splatloss, entry)(x, y, backend="triton", **kw)
 
 
+@pytest.mark.slow  # runs the kernels, forward and backward, in the interpreter where no GPU is present
 def test_triton_backend_object_errors_name_what_was_expected():
     x, y = make_pair((1, 1, 20, 20), device=_dev())
     tri = _tri()

@@ -47,6 +47,7 @@ def test_dssim_l1_values_and_both_gradients(backend, padding, dtype):
             assert bool(((a - b).abs() <= tol).all())
 
 
+@pytest.mark.parametrize("backend", backend_params())
 def test_dssim_l1_through_the_public_api(backend):
     x64, y64 = make_pair((1, 3, 24, 26), torch.float64, seed=1)
     dev = device_for(backend)
@@ -60,7 +61,7 @@ def test_dssim_l1_through_the_public_api(backend):
     assert_rel(g, gr, TOL[backend]["grads"], "grad")
 
 
-@pytest.mark.parametrize("backend", backend_params() + ["reference"])
+@pytest.mark.parametrize("backend", backend_params(slow_triton=True) + ["reference"])
 def test_dssim_with_gradient_uses_no_graph_and_matches_autograd(backend):
     """Value and gradient without a graph, against autograd through dssim on the same backend, and
     against the float64 reference; a given buffer is filled in place."""

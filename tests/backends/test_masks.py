@@ -10,7 +10,7 @@ from _mask_truth import masked_l1_gaussian, masked_lp, masked_ms_ssim, masked_ss
 from _truth import distort, photo, to_torch
 
 import splatloss
-from conftest import backend_params, device_for, rel
+from conftest import backend_cases, backend_params, device_for, rel
 
 NAMES = ("reference",) + tuple(p.values[0] for p in backend_params())
 # Bars from the issue: values 2e-5 absolute, gradients 1e-4 normwise (max-norm relative) for fp32 inputs.
@@ -33,8 +33,9 @@ def _both_grads(fn, x, y):
     return v.detach(), gx, gy
 
 
-@pytest.mark.parametrize("name", backend_params(NAMES))
-@pytest.mark.parametrize("padding", ["same", "reflect", "valid"])
+@pytest.mark.parametrize(
+    "name,padding", backend_cases(["same", "reflect", "valid"], fast_triton=("same",), names=NAMES)
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_masked_ssim_equals_oracle(name, padding, dtype):
     if name == "triton" and dtype == torch.float64:
@@ -67,7 +68,11 @@ def test_all_ones_mask_equals_unmasked(name, padding):
     assert rel(gxa, gxb) <= tol_g and rel(gya, gyb) <= tol_g
 
 
-@pytest.mark.parametrize("name", backend_params(NAMES, slow_triton=True))
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) for n in ("reference", "torch")]
+    + backend_params(NAMES[2:], slow_triton=True),
+)
 def test_masked_ms_ssim_equals_oracle(name):
     dev = device_for(name)
     x, y = _photo(163, 167, torch.float32, dev)
@@ -79,8 +84,8 @@ def test_masked_ms_ssim_equals_oracle(name):
     assert rel(gx, tgx) <= GRAD_TOL and rel(gy, tgy) <= GRAD_TOL
 
 
-@pytest.mark.parametrize("name", backend_params(NAMES))
-@pytest.mark.parametrize("padding", ["same", "valid"])
+@pytest.mark.parametrize("name", backend_params(NAMES, slow_triton=True))
+@pytest.mark.parametrize("padding", ["same", pytest.param("valid", marks=pytest.mark.slow)])
 def test_photometric_every_term_masked(name, padding):
     dev = device_for(name)
     x, y = _photo(35, 38, torch.float64 if name != "triton" else torch.float32, dev)
@@ -116,9 +121,8 @@ def test_unmasked_gaussian_l1_is_the_all_ones_value():
     assert torch.allclose(plain, masked_l1_gaussian(x, y, None, l1_sigma=loss.l1_sigma, padding="same"), rtol=1e-12)
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param("reference", marks=pytest.mark.slow), "torch", pytest.param("cpu", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("name", ["reference", "torch", "cpu"])
+@pytest.mark.slow
 def test_gradcheck_float64(name):
     g = torch.Generator().manual_seed(0)
     x = torch.rand(1, 2, 12, 13, dtype=torch.float64, generator=g, requires_grad=True)

@@ -6,7 +6,18 @@ import pytest
 import torch
 
 import splatloss
-from conftest import FP64, TOL, assert_rel, backend_params, device_for, has_cuda, make_pair, photo_pair, rel
+from conftest import (
+    FP64,
+    TOL,
+    assert_rel,
+    backend_cases,
+    backend_params,
+    device_for,
+    has_cuda,
+    make_pair,
+    photo_pair,
+    rel,
+)
 from splatloss import reference
 
 
@@ -15,11 +26,13 @@ def _f64(t):
 
 
 def _big(params):
-    """Full-size MS-SSIM cases; Triton in the interpreter runs the first only, marked slow."""
+    """Full-size MS-SSIM cases; Triton in the interpreter runs the first only, marked slow. The fast
+    tier keeps the first case of each other backend."""
     out = []
     for b in backend_params(slow_triton=True):
-        for p in params[:1] if b.values[0] == "triton" and not has_cuda() else params:
-            out.append(pytest.param(*b.values, *p, marks=b.marks))
+        for i, p in enumerate(params[:1] if b.values[0] == "triton" and not has_cuda() else params):
+            marks = list(b.marks) + ([pytest.mark.slow] if i else [])
+            out.append(pytest.param(*b.values, *p, marks=marks))
     return out
 
 
@@ -47,7 +60,7 @@ def test_ms_ssim_163x171_values_and_both_gradients(backend, padding, tau):
         assert bool((a != 0).all()), f"{what}: a row or column dropped by the pyramid"
 
 
-@pytest.mark.parametrize("padding", ["valid", "same", "reflect"])
+@pytest.mark.parametrize("backend,padding", backend_cases(["valid", "same", "reflect"], fast_triton=("same",)))
 def test_small_ms_ssim_three_scales_values_and_both_gradients(backend, padding):
     """A 3-tap window over three scales on a small odd-sized pair: every backend, every padding."""
     x, y = make_pair((2, 3, 23, 21), seed=6, device=device_for(backend))

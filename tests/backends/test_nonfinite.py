@@ -13,7 +13,7 @@ from conftest import backend_params, device_for
 
 @pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "masked"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
-@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("backend", backend_params(slow_triton=True))
 def test_bad_pixel_reaches_only_its_footprint(backend, bad, masked):
     k = 7
     dev = device_for(backend)

@@ -16,6 +16,7 @@ from conftest import (
     PADDINGS,
     TOL,
     assert_rel,
+    backend_cases,
     backend_params,
     device_for,
     make_pair,
@@ -33,11 +34,9 @@ def _get(name):
     return splatloss.backends.get(name)
 
 
-@pytest.mark.parametrize("padding", PADDINGS)
 @pytest.mark.parametrize(
-    "backend,channels",
-    [pytest.param(*b.values, c, marks=b.marks) for b in backend_params() for c in (1, 5)]
-    + [pytest.param(*b.values, 3, marks=b.marks) for b in backend_params(slow_triton=True)],
+    "backend,channels,padding",
+    backend_cases([(c, p) for c in (1, 5) for p in PADDINGS]) + backend_cases([(3, p) for p in PADDINGS]),
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_ssim_map_and_cs_map_values_and_both_gradients(backend, dtype, channels, padding):
@@ -175,7 +174,7 @@ def test_tiny_images_and_borders(backend, shape, padding, window_size):
 
 
 @pytest.mark.parametrize("what", ["ssim", "ssim-same", "ms_ssim", "ms_ssim-tau"])
-@pytest.mark.parametrize("backend", backend_params() + ["reference"])
+@pytest.mark.parametrize("backend", backend_params(slow_triton=True) + ["reference"])
 def test_every_pixel_gets_a_finite_gradient_at_odd_sizes(backend, what):
     """165x167 (odd at every pyramid scale for MS-SSIM): no row or column dropped by a border."""
     dev = device_for(backend)
@@ -195,6 +194,7 @@ def test_every_pixel_gets_a_finite_gradient_at_odd_sizes(backend, what):
     assert bool(torch.isfinite(gx).all()) and bool(torch.isfinite(gy).all())
 
 
+@pytest.mark.parametrize("backend", backend_params())
 def test_photograph_matches_scikit_image(backend):
     """A real photograph and a plausible rendering of it: ``ssim`` equals scikit-image's."""
     from _truth import skimage_ssim
