@@ -259,6 +259,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.triton
+@pytest.mark.slow
 def test_launches_recorded_with_tritons_specialisation():
     """The recorder binds each launch with Triton's own binder: integer arguments equal to 1
     become constexprs and multiples of 16 get the divisibility attribute (unless the kernel marks
@@ -314,6 +315,7 @@ print(json.dumps([counts, entries, trips, how, lines, [lp.src_line for lp in ir[
 
 
 @pytest.mark.triton
+@pytest.mark.slow
 def test_trip_counts_on_real_ptxas_output(tmp_path):
     """A kernel with a nested loop compiled for sm_90: the IR's trip counts are exact, and every
     SASS loop (ptxas may unroll the inner loop into a main and a remainder loop) gets a trip count

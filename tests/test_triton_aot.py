@@ -29,7 +29,7 @@ def test_check_kernels_compiles_everything_without_spills():
         env=env,
         capture_output=True,
         text=True,
-        timeout=1500,  # a cold Triton cache: about 7 min on a loaded 2-core machine
+        timeout=1500,  # a cold Triton cache: about 19 min on a 2-core machine with a test run beside it
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     # One row per compiled kernel: call, kernel, sm, warps, regs, spill B, smem B, limit, seconds.

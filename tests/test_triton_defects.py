@@ -96,6 +96,7 @@ def test_fake_gradient_strides_match_the_real_ones(op):
     assert real[1].stride() == x.stride()
 
 
+@pytest.mark.slow
 def test_size_arguments_are_not_specialised():
     # compiled (not interpreted) kernels: sizes equal to 1 or multiples of 16 must not select new
     # variants; checked in a fresh interpreter-free process, where triton.jit keeps the flags
@@ -113,20 +114,33 @@ def test_size_arguments_are_not_specialised():
     assert out.split() == [sizes, sizes]
 
 
-@pytest.mark.parametrize("cuda_geometry", [False, True], ids=["interpreter-geometry", "cuda-geometry-8-rows"])
-@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-@pytest.mark.parametrize("window_size", [7, 11])
-def test_nan_or_inf_pixel_reaches_only_its_footprint(monkeypatch, window_size, bad, cuda_geometry):
+def _footprint_cases():
+    """(window_size, bad, geometry, row): one case in the fast tier, the rest slow."""
+    out = []
+    for window_size in (7, 11):
+        for bad in (float("nan"), float("inf")):
+            for geom in ("interpreter-geometry", "cuda-geometry-8-rows"):
+                for row in ("middle-row", "top-row"):
+                    fast = (window_size, bad, geom, row) == (7, float("inf"), "interpreter-geometry", "middle-row")
+                    marks = () if fast else (pytest.mark.slow,)
+                    case = (window_size, bad, geom, row)
+                    out.append(pytest.param(*case, marks=marks, id="-".join(map(str, case))))
+    return out
+
+
+@pytest.mark.parametrize("window_size,bad,geometry,row", _footprint_cases())
+def test_nan_or_inf_pixel_reaches_only_its_footprint(monkeypatch, window_size, bad, geometry, row):
     # A bad pixel reaches the gradients within window_size - 1 of it: (2K - 1)^2 entries away from
     # the border (the reference's autograd count). Ring slots of weight 0 used to be multiplied
-    # (0 * NaN = NaN): 195 / 462 entries at K = 7 / 11. The pixel sits on a row the moment shift
-    # samples (the middle row of the image, and of an 8-row chunk), so the shift must skip it.
-    if cuda_geometry:
+    # (0 * NaN = NaN): 195 / 462 entries at K = 7 / 11. The middle-row pixel sits on a row the
+    # moment shift samples (the middle row of the image, and of an 8-row chunk), so the shift must
+    # skip it; the top-row pixel is the row that zero-padded rows above the image are read from.
+    if geometry == "cuda-geometry-8-rows":
         monkeypatch.setattr(_common, "FORCE_CUDA_GEOMETRY", True)
         monkeypatch.setattr(_common, "CUDA_ROWS", 8)
     g = torch.Generator().manual_seed(0)
     x, y = torch.rand(2, 1, 1, 24, 24, generator=g)
-    x[0, 0, 11, 12] = bad
+    x[0, 0, 11 if row == "middle-row" else 0, 12] = bad
     counts = {}
     for backend in ("reference", "triton"):
         xr, yr = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
@@ -134,8 +148,11 @@ def test_nan_or_inf_pixel_reaches_only_its_footprint(monkeypatch, window_size, b
             splatloss.ssim(xr, yr, window_size=window_size, padding="same", backend=backend), (xr, yr)
         )
         counts[backend] = (int((~torch.isfinite(gx)).sum()), int((~torch.isfinite(gy)).sum()))
-    footprint = (2 * window_size - 1) ** 2
-    assert counts["reference"] == (footprint, footprint)
+    if row == "middle-row":
+        footprint = (2 * window_size - 1) ** 2
+        assert counts["reference"] == (footprint, footprint)
+    else:  # rows 0..K - 1 below the pixel: (2K - 1) K entries
+        assert counts["reference"] == ((2 * window_size - 1) * window_size,) * 2
     assert counts["triton"] == counts["reference"]
 
 
@@ -153,6 +170,7 @@ def _photo_pair_in(name: str, lo: float, hi: float):
     return to_torch(lo + (hi - lo) * a).float(), to_torch(lo + (hi - lo) * b).float()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lo,hi", [(0.0, 0.01), (0.99, 1.0)], ids=["dark", "bright"])
 @pytest.mark.parametrize("name", ["astronaut", "camera"])
 def test_gradients_on_dark_and_bright_photographs_match_float64(name, lo, hi):

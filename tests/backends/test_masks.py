@@ -61,11 +61,22 @@ def test_all_ones_mask_equals_unmasked(name, padding):
     ones = torch.ones(29, 33, device=dev, dtype=torch.bool)
     a, gxa, gya = _both_grads(lambda p, q: splatloss.ssim(p, q, mask=ones, padding=padding, backend=name), x, y)
     b, gxb, gyb = _both_grads(lambda p, q: splatloss.ssim(p, q, padding=padding, backend=name), x, y)
-    # float64: round-off (measured ~1e-15 values, ~1e-13 gradients); Triton fp32 against the fp32
-    # masked composition: each within its fp32 error of float64 (measured <= 1e-7 values, <= 9e-6 gradients)
-    tol_v, tol_g = (1e-12, 1e-10) if dtype == torch.float64 else (1e-6, 1e-5)
-    assert abs(a.item() - b.item()) <= tol_v
-    assert rel(gxa, gxb) <= tol_g and rel(gya, gyb) <= tol_g
+    if dtype == torch.float64:  # round-off (measured ~1e-15 values, ~1e-13 gradients)
+        assert abs(a.item() - b.item()) <= 1e-12
+        assert rel(gxa, gxb) <= 1e-10 and rel(gya, gyb) <= 1e-10
+        return
+    # Triton computes in fp32, the masked path through its map kernels and the unmasked one through
+    # its mean kernels: two roundings of one float64 value. Each must meet the backend's bar against
+    # float64 (values 1e-6, gradients 1e-5; measured <= 1e-7 and <= 7.3e-6), so they agree within the
+    # sum of the two (measured <= 1e-5 between them).
+    t, gxt, gyt = _both_grads(
+        lambda p, q: splatloss.ssim(p, q, padding=padding, backend="reference"), x.cpu().double(), y.cpu().double()
+    )
+    for what, v, gx, gy in (("masked", a, gxa, gya), ("unmasked", b, gxb, gyb)):
+        assert abs(v.item() - t.item()) <= 1e-6, what
+        assert rel(gx, gxt) <= 1e-5 and rel(gy, gyt) <= 1e-5, what
+    assert abs(a.item() - b.item()) <= 2e-6
+    assert rel(gxa, gxb) <= 2e-5 and rel(gya, gyb) <= 2e-5
 
 
 @pytest.mark.parametrize(

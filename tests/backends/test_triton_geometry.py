@@ -24,6 +24,9 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
         ((1, 3, 70, 40), "valid", 11),  # lanes packed 4 (fwd) / 2 (bwd) channels per program, 3 row chunks
         ((1, 1, 20, 150), "reflect", 11),  # two column strips per row, mirrored borders at strip edges
         ((1, 1, 36, 45), "reflect", 31),  # 32-deep tap tiles, 64-lane programs, 2 strips x 2 chunks
+        ((1, 2, 40, 300), "same", 11),  # interior strips (unmasked rows) between edge strips, padded rows
+        ((1, 1, 34, 300), "valid", 5),  # interior strips, a short last strip
+        ((1, 1, 34, 290), "reflect", 9),  # interior strips beside mirrored edge strips
     ],
 )
 def test_cuda_launch_geometry(monkeypatch, shape, padding, window_size):
@@ -51,3 +54,47 @@ def test_cuda_launch_geometry(monkeypatch, shape, padding, window_size):
     assert_rel(gx, gx6, tol["grads"], "grad img1")
     assert_rel(gy, gy6, tol["grads"], "grad img2")
     assert_rel(tri.ssim_map(x, y, cfg), reference.ssim_map(x6.detach(), y6.detach(), cfg), tol["map"], "ssim map")
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "hwc"])
+def test_cuda_geometry_fused_loss(monkeypatch, layout):
+    """The fused D-SSIM + L1 loss (L1 ownership across strips and chunks) on interior and edge
+    strips, on a contiguous pair and on an (H, W, C) render seen as (1, C, H, W) (column stride 3:
+    the unmasked pass with strided taps), against float64."""
+    tri_common = importlib.import_module("splatloss.backends.triton._common")
+    monkeypatch.setattr(tri_common, "FORCE_CUDA_GEOMETRY", True)
+    monkeypatch.setattr(tri_common, "CUDA_ROWS", 32)
+    dev = device_for("triton")
+    x, y = make_pair((1, 3, 40, 300), seed=5, device=dev)
+    if layout == "hwc":
+        x, y = (t[0].permute(1, 2, 0).contiguous().permute(2, 0, 1)[None] for t in (x, y))
+    xr, yr = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+    loss = splatloss.dssim_l1(xr, yr, 0.2, padding="same", backend="triton")
+    gx, gy = torch.autograd.grad(loss, [xr, yr])
+    x6, y6 = x.double().cpu().requires_grad_(True), y.double().cpu().requires_grad_(True)
+    loss6 = splatloss.dssim_l1(x6, y6, 0.2, padding="same", backend="reference")
+    gx6, gy6 = torch.autograd.grad(loss6, [x6, y6])
+    tol = TOL["triton"]
+    assert_rel(loss.detach().reshape(1), loss6.detach().reshape(1), tol["values"], "loss")
+    assert_rel(gx, gx6, tol["grads"], "grad img1")
+    assert_rel(gy, gy6, tol["grads"], "grad img2")
+
+
+def test_cuda_geometry_map_backward_on_interior_strips(monkeypatch):
+    """The SSIM map's backward (a map-sized upstream gradient, both images) on interior and edge
+    strips of the CUDA geometry, against float64."""
+    tri_common = importlib.import_module("splatloss.backends.triton._common")
+    monkeypatch.setattr(tri_common, "FORCE_CUDA_GEOMETRY", True)
+    monkeypatch.setattr(tri_common, "CUDA_ROWS", 32)
+    tri = splatloss.backends.get("triton")
+    dev = device_for("triton")
+    cfg = SSIMConfig(padding="same")
+    x, y = make_pair((1, 1, 36, 300), seed=6, device=dev)
+    up = torch.randn((1, 1, 36, 300), generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    xr, yr = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+    gx, gy = torch.autograd.grad((tri.ssim_map(xr, yr, cfg) * up.float().to(dev)).sum(), [xr, yr])
+    x6, y6 = x.double().cpu().requires_grad_(True), y.double().cpu().requires_grad_(True)
+    gx6, gy6 = torch.autograd.grad((reference.ssim_map(x6, y6, cfg) * up).sum(), [x6, y6])
+    tol = TOL["triton"]
+    assert_rel(gx, gx6, tol["grads"], "grad img1")
+    assert_rel(gy, gy6, tol["grads"], "grad img2")

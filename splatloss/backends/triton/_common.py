@@ -4,24 +4,28 @@ How a program filters
 ---------------------
 A program owns a strip of ``F`` map (or gradient) columns of one image channel -- or, when a whole
 row fits in ``F``, ``G = BW // F`` channel rows side by side ("lanes": one column of one channel
-per lane, ``BW`` lanes) -- and streams down ``ROWS`` rows of it. Per input row it does the
-horizontal pass of the five statistics (x, y, x^2, y^2, xy) with one ``[KP, BW]`` load of the K taps
-(exact fp32 products and sums), pushes the result into a ring of the last ``KP >= K`` rows, and
-the vertical pass is a weighted sum over the ring. Both passes are K-tap 1-D filters: separable,
-about 2 * 5 * K multiply-adds per pixel-channel for the moments.
+per lane, ``BW`` lanes) -- and streams down ``ROWS`` rows of it. Both passes are K-tap 1-D
+filters: separable, about 2 * 4 * K multiply-adds per pixel-channel for the moments (x, y,
+x^2 + y^2, xy: the two squares only enter SSIM as their sum).
 
-The rings and the row of partial derivatives that the backward's horizontal adjoint must read at
-shifted columns live in a per-program scratch area in global memory (a few tens of KB, written
-and read back by the same CTA between barriers, so it stays in L1/L2): Triton has no shared-memory
-API, register tensors cannot be shifted, and rings held in registers spilled at K = 11 (check
-scripts/check_kernels.py).
+Column kernels (up to ``COLUMN_TAPS`` taps): one lane per thread. Per input row each thread sums
+its own K taps in registers (the loads of neighbouring threads overlap: L1 hits), and the
+vertical pass adds the row into the ``K - 1`` open map rows held as per-thread pending sums
+(:func:`_push`): no cross-thread reduction, no barrier in the forward. The backward's horizontal
+adjoint needs the partial derivatives of the neighbouring columns: they go through a scratch row
+in global memory (written and read back by the same CTA around one barrier, so it stays in L1),
+as Triton has no shared-memory API.
+
+Ring kernels (wider windows, whose pending sums would not fit in registers): the horizontal pass
+is one ``[KP, BW]`` load of the K taps, the result goes into a ring of the last ``KP >= K`` rows
+in the per-program scratch, and the vertical pass is a weighted sum over the ring.
 
 The adjoint
 -----------
 The gradient at input pixel ``q`` gathers, through the window, the partial derivatives of every
 map value that used ``q`` (DESIGN.md): ``g[q] = sum_p P[p] w[q - p + pad]`` over map positions
 ``p`` (``P`` is zero off the map), i.e. the partials convolved with the window, horizontally
-(through the scratch row) then vertically (through a ring). With "reflect" padding a padded
+(through the scratch row) then vertically (pending sums, or a ring). With "reflect" padding a padded
 sample is a copy of an input pixel, so ``q`` also gathers through its mirror images ``-q`` and
 ``2 (n - 1) - q`` (extra taps at the borders only).
 """
@@ -63,19 +67,22 @@ class Geometry(NamedTuple):
 CUDA_ROWS = 128
 FORCE_CUDA_GEOMETRY = False
 
-#: Register ceiling passed to every launch (and to scripts/check_kernels.py). Without it ptxas
-#: chose 128 registers plus a 4-byte spill for several backward variants at sm_80; with it they
-#: take 150-255 registers and spill nothing (one 256-thread CTA per SM for the ring kernels).
+#: Register ceilings passed to the launches (and seen by scripts/check_kernels.py). Column kernels
+#: (``K <= COLUMN_TAPS``): 128 registers, so that four 4-warp CTAs (16 warps, 8-warp programs: two)
+#: are resident per SM; their pending sums fit without spilling at sm_80 and sm_90 (checked for
+#: every launched variant by scripts/check_kernels.py). Everything else: 255, without which ptxas
+#: chose 128 registers plus a 4-byte spill for several ring-kernel backward variants at sm_80.
+COLUMN_MAXNREG = 128
 MAXNREG = 255
 
 
-def launch_options(num_warps: int, hip: Optional[bool] = None) -> dict:
-    """Keyword options of a kernel launch: ``num_warps``, and the register ceiling only on NVIDIA
-    (Triton's HIP backend rejects ``maxnreg``). ``hip`` defaults to whether torch was built for
+def launch_options(num_warps: int, hip: Optional[bool] = None, maxnreg: int = MAXNREG) -> dict:
+    """Keyword options of a kernel launch: ``num_warps``, and the register ceiling ``maxnreg`` only
+    on NVIDIA (Triton's HIP backend rejects it). ``hip`` defaults to whether torch was built for
     ROCm."""
     if hip is None:
         hip = torch.version.hip is not None
-    return {"num_warps": num_warps} if hip else {"num_warps": num_warps, "maxnreg": MAXNREG}
+    return {"num_warps": num_warps} if hip else {"num_warps": num_warps, "maxnreg": maxnreg}
 
 
 def device_guard(t: torch.Tensor):
@@ -87,30 +94,53 @@ def device_guard(t: torch.Tensor):
     return contextlib.nullcontext()
 
 
-def cuda_lanes(kp: int) -> int:
-    """Lanes (columns) per program on CUDA: 128, or 64 for 32-deep tap tiles (K = 17..31)."""
-    return 128 if kp <= 16 else 64
+#: Windows up to this many taps run the column kernels: one image column per thread, taps unrolled
+#: into registers, the vertical sums as pending per-thread sums (registers grow with K: at 13+ taps
+#: the heaviest backward variants spilled). Wider windows run the ring kernels (``[KP, lanes]``
+#: tiles through an L1-resident scratch ring), whose registers do not grow with K.
+COLUMN_TAPS = tl.constexpr(11)
 
 
-def cuda_warps(kp: int) -> int:
-    """Warps per program: each thread holds ``KP * lanes / (32 * warps)`` values of every
-    ``[KP, lanes]`` tap / ring tile, kept at <= 8 so that no kernel spills (check_kernels.py)."""
-    return max(4, (kp * cuda_lanes(kp)) // (8 * 32))
+def cuda_lanes(window_size: int) -> int:
+    """Lanes (columns) per program on CUDA: 128, or 64 for the ring kernels' 32-deep tap tiles
+    (K = 17..31)."""
+    return 128 if triton.next_power_of_2(window_size) <= 16 else 64
 
 
-def geometry(frame: int, rows: int, window_size: int, bc: int, device: torch.device) -> Geometry:
+def cuda_warps(window_size: int) -> int:
+    """Warps per program: one thread per lane for the column kernels; for the ring kernels each
+    thread holds ``KP * lanes / (32 * warps)`` <= 8 values of every ``[KP, lanes]`` tile, so that
+    no kernel spills (scripts/check_kernels.py)."""
+    lanes = cuda_lanes(window_size)
+    if window_size <= COLUMN_TAPS.value:
+        return lanes // 32
+    return max(4, (triton.next_power_of_2(window_size) * lanes) // (8 * 32))
+
+
+def geometry(frame: int, rows: int, window_size: int, bc: int, device: torch.device, halo: bool = False) -> Geometry:
     """Geometry for rows of ``frame`` lanes of work (map width, or image width + K - 1 halo).
 
     On CUDA: 128 lanes (64 for windows of 17..31 taps), 128 rows per program; rows of at most
-    half the lanes are packed several channels per program (MS-SSIM's coarse scales). In the
+    half the lanes are packed several channels per program (MS-SSIM's coarse scales). ``halo``
+    (the backward, whose programs recompute ``K - 1`` columns of their neighbours): the column
+    kernels take 256 lanes and 8 warps, so that the recomputed halo is 4 %, not 8 %, of the work. In the
     interpreter programs run one after the other at a cost per operation, not per element: one
     program takes every row and column (up to 2048 lanes) of as many channels as fit.
     """
     kp = triton.next_power_of_2(window_size)
     need = triton.next_power_of_2(max(frame, 1))
     if device.type == "cuda" or FORCE_CUDA_GEOMETRY:
-        lanes = cuda_lanes(kp)
-        return Geometry(bw=lanes, f=min(lanes, need), rows=CUDA_ROWS, kp=kp, warps=cuda_warps(kp))
+        lanes = cuda_lanes(window_size)
+        warps = cuda_warps(window_size)
+        if halo and window_size <= COLUMN_TAPS.value:
+            lanes, warps = 2 * lanes, 2 * warps
+        return Geometry(
+            bw=lanes,
+            f=min(lanes, need),
+            rows=CUDA_ROWS,
+            kp=kp,
+            warps=warps,
+        )
     f = min(need, 2048)
     bw = f * min(triton.next_power_of_2(bc), max(1, 2048 // f))
     return Geometry(bw=bw, f=f, rows=max(rows, 1), kp=kp, warps=4)
@@ -372,30 +402,41 @@ def _ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift):
     a1 = 2.0 * m1 * m2 + c1
     a2 = 2.0 * (e12 - mu1 * mu2) + c2
     b1 = m1 * m1 + m2 * m2 + c1
-    b2 = (e11 - mu1 * mu1) + (e22 - mu2 * mu2) + c2
+    if e22 is None:  # e11 holds E[x'^2] + E[y'^2]
+        b2 = (e11 - mu1 * mu1 - mu2 * mu2) + c2
+    else:
+        b2 = (e11 - mu1 * mu1) + (e22 - mu2 * mu2) + c2
     cs = a2 / b2
     ssim = (a1 / b1) * cs
     return ssim, cs
 
 
 @triton.jit
-def _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift):
-    """Partial derivatives of ``gs * SSIM + gc * cs`` w.r.t. the shifted moments (mu1, mu2,
-    E[x'^2] = E[y'^2] (shared), E[x'y']), ``x' = x - shift``; ``m = mu + shift`` the true means.
+def _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, HAS_CS: tl.constexpr):
+    """Partial derivatives of ``gs * SSIM + gc * cs`` (``gc`` only with ``HAS_CS``) w.r.t. the
+    shifted moments (mu1, mu2, E[x'^2] = E[y'^2] (shared), E[x'y']), ``x' = x - shift``;
+    ``m = mu + shift`` the true means. Returns them and (SSIM, cs).
 
-    With ``S = A1 A2 / (B1 B2)``, ``A1 = 2 m1 m2 + C1``, ``B1 = m1^2 + m2^2 + C1``,
-    ``A2 = 2 (E[x'y'] - mu1 mu2) + C2``, ``B2 = E[x'^2] - mu1^2 + E[y'^2] - mu2^2 + C2``:
-    dS/dmu1 = 2 (m2 A2 - mu2 A1) / (B1 B2) + 2 S (mu1 / B2 - m1 / B1), dS/dE[x'^2] = -S / B2,
-    dS/dE[x'y'] = 2 A1 / (B1 B2) (evaluated as ``2 (m2 / B1) cs - 2 (mu2 / B2) l`` etc. with
-    ``l = A1 / B1``, ``cs = A2 / B2``); for ``cs = A2 / B2``: dcs/dmu1 = 2 (mu1 cs - mu2) / B2,
-    dcs/dE[x'^2] = -cs / B2, dcs/dE[x'y'] = 2 / B2. Returns them and (SSIM, cs).
-    """
+    With ``S = l cs``, ``l = A1 / B1``, ``cs = A2 / B2``, ``A1 = 2 m1 m2 + C1``,
+    ``B1 = m1^2 + m2^2 + C1``, ``A2 = 2 (E[x'y'] - mu1 mu2) + C2``,
+    ``B2 = E[x'^2] - mu1^2 + E[y'^2] - mu2^2 + C2``:
+
+    * d/dE[x'^2] = -(gs S + gc cs) / B2 (``p_sq``), d/dE[x'y'] = 2 (gs l + gc) / B2 (``p_xy``);
+    * d/dmu1 = gs (2 cs / B1) (m2 - l m1) - 2 p_sq mu1 - p_xy mu2 (the luminance term, through
+      m1, then the variance and covariance terms, through mu1: ``A2`` and ``B2`` depend on mu1 as
+      on E[x'^2] and E[x'y'] times ``-2 mu1`` and ``-mu2``); d/dmu2 likewise.
+
+    ``m2 - l m1`` is one fused multiply-add, rounded once: it is where the two luminance terms
+    cancel."""
     m1 = mu1 + shift
     m2 = mu2 + shift
     a1 = 2.0 * m1 * m2 + c1
     a2 = 2.0 * (e12 - mu1 * mu2) + c2
     b1 = m1 * m1 + m2 * m2 + c1
-    b2 = (e11 - mu1 * mu1) + (e22 - mu2 * mu2) + c2
+    if e22 is None:  # e11 holds E[x'^2] + E[y'^2]
+        b2 = (e11 - mu1 * mu1 - mu2 * mu2) + c2
+    else:
+        b2 = (e11 - mu1 * mu1) + (e22 - mu2 * mu2) + c2
     # Divide by B1 and B2 one at a time, never by their product: with data_range = 1e10 both are
     # ~1e20 (the product overflows fp32), with C1 = C2 = 1e-20 on black both are 1e-20 (1 / (B1 B2)
     # overflows, A1 A2 underflows). Every factor below stays within a few orders of 1 / data_range.
@@ -404,12 +445,209 @@ def _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift):
     lum = a1 * inv_b1
     cs = a2 * inv_b2
     ssim = lum * cs
-    p_mu1 = gs * (2.0 * (m2 * inv_b1 * cs - mu2 * inv_b2 * lum) + 2.0 * ssim * (mu1 * inv_b2 - m1 * inv_b1)) + gc * (
-        2.0 * (mu1 * cs - mu2) * inv_b2
-    )
-    p_mu2 = gs * (2.0 * (m1 * inv_b1 * cs - mu1 * inv_b2 * lum) + 2.0 * ssim * (mu2 * inv_b2 - m2 * inv_b1)) + gc * (
-        2.0 * (mu2 * cs - mu1) * inv_b2
-    )
-    p_sq = -(gs * ssim + gc * cs) * inv_b2
-    p_xy = 2.0 * inv_b2 * (gs * lum + gc)
+    if HAS_CS:
+        p_sq = -(gs * ssim + gc * cs) * inv_b2
+        p_xy = 2.0 * inv_b2 * (gs * lum + gc)
+    else:
+        p_sq = -(gs * ssim) * inv_b2
+        p_xy = 2.0 * inv_b2 * (gs * lum)
+    k_l = 2.0 * gs * cs * inv_b1
+    p_mu1 = k_l * (m2 - lum * m1) - 2.0 * p_sq * mu1 - p_xy * mu2
+    p_mu2 = k_l * (m1 - lum * m2) - 2.0 * p_sq * mu2 - p_xy * mu1
     return p_mu1, p_mu2, p_sq, p_xy, ssim, cs
+
+
+# ------------------------------------------------------------------------------------------------
+# Column-per-thread device functions (one image column per lane, taps unrolled, sums in registers)
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _taps(w_ptr, K: tl.constexpr):
+    """The K window taps as a tuple of scalars, loaded once per program (uniform registers)."""
+    t = ()
+    for a in tl.static_range(K):
+        t = t + (tl.load(w_ptr + a),)
+    return t
+
+
+@triton.jit
+def _tap(h1, h2, h11, h12, l1, xv, yv, w, ok, l1_own, l1_last, a: tl.constexpr, PAD: tl.constexpr, L1: tl.constexpr):
+    """Add tap ``a`` (shifted samples ``xv``, ``yv``, weight ``w``) to a lane's horizontal sums:
+    the sample's products first (``x'^2 + y'^2`` and ``x'y'``, two multiplies and a fused
+    multiply-add), then one fused multiply-add per sum."""
+    sq = xv * xv + yv * yv
+    xy = xv * yv
+    h1 += w * xv
+    h2 += w * yv
+    h11 += w * sq
+    h12 += w * xy
+    if L1:
+        if PAD > 0:
+            if a == PAD:
+                l1 += tl.where(ok & l1_own, tl.abs(xv - yv), 0.0)
+        elif a == 0:
+            l1 += tl.where(ok & l1_own, tl.abs(xv - yv), 0.0)
+        else:
+            l1 += tl.where(ok & l1_own & l1_last, tl.abs(xv - yv), 0.0)
+    return h1, h2, h11, h12, l1
+
+
+@triton.jit
+def _hmoments(
+    x_ptr,
+    y_ptr,
+    x_lane,
+    y_lane,
+    r,
+    c0,
+    H,
+    W,
+    sx_h,
+    sx_w,
+    sy_h,
+    sy_w,
+    lane_ok,
+    l1_own,
+    l1_last,
+    shift,
+    wt,
+    K: tl.constexpr,
+    PAD: tl.constexpr,
+    REFLECT: tl.constexpr,
+    L1: tl.constexpr,
+    EDGE: tl.constexpr,
+):
+    """Horizontal pass of padded input row ``r`` for the lanes whose windows start at padded column
+    ``c0`` [BW] (element offsets ``x_lane`` / ``y_lane`` of column ``c0`` in row 0): window sums of
+    x', y', x'^2 + y'^2 (only the sum enters SSIM), x'y' (``x' = x - shift``; a zero-padded sample
+    is ``x = 0``, i.e. ``x' = -shift``). Each lane reads its own K
+    taps (neighbouring lanes read the same addresses: L1 hits) and sums them in registers: no
+    cross-lane traffic. With ``L1``, also the sum of ``|x - y|`` over the pixels the lane owns
+    (tap PAD, or with "valid" tap 0 and, for the last map column ``l1_last``, every tap), else 0.
+
+    ``EDGE`` False is the interior of the image: every lane valid and every tap inside the row,
+    so the loads need no mask and no clamp (tap ``a`` is the lane's first address plus ``a``
+    columns: an immediate offset when columns are contiguous). ``EDGE`` True masks each tap (zero
+    padding) or mirrors it ("reflect"). A row outside the image (zero padding) is read clamped to
+    the nearest row and its samples scaled by 0 (``x' = 0 * x - shift``, the multiply fused into
+    the shift): no row test enters the tap loop. (A NaN / Inf in that border row gives the padded
+    row NaN, in map rows whose windows hold the border row anyway.)"""
+    rr = r
+    if REFLECT:  # padded position i holds input -i, or 2 (n - 1) - i past the end (no edge repeat)
+        rr = tl.where(rr < 0, -rr, rr)
+        rr = tl.where(rr >= H, 2 * (H - 1) - rr, rr)
+        rowf = 1.0
+    else:
+        rowf = tl.where((rr >= 0) & (rr < H), 1.0, 0.0)
+        rr = tl.minimum(tl.maximum(rr, 0), H - 1)
+    xrow = x_ptr + x_lane + rr.to(tl.int64) * sx_h  # column c0 of row rr
+    yrow = y_ptr + y_lane + rr.to(tl.int64) * sy_h
+    h1 = tl.zeros(c0.shape, dtype=tl.float32)
+    h2 = tl.zeros(c0.shape, dtype=tl.float32)
+    h11 = tl.zeros(c0.shape, dtype=tl.float32)
+    h12 = tl.zeros(c0.shape, dtype=tl.float32)
+    l1 = tl.zeros(c0.shape, dtype=tl.float32)
+    if EDGE:
+        for a in tl.static_range(K):
+            c = c0 + a
+            if REFLECT:
+                c = tl.where(c < 0, -c, c)
+                c = tl.where(c >= W, 2 * (W - 1) - c, c)
+            ok = lane_ok & (c >= 0) & (c < W)
+            d = (c - c0).to(tl.int64)
+            xv = tl.load(xrow + d * sx_w, mask=ok, other=0.0).to(tl.float32) * rowf - shift
+            yv = tl.load(yrow + d * sy_w, mask=ok, other=0.0).to(tl.float32) * rowf - shift
+            h1, h2, h11, h12, l1 = _tap(h1, h2, h11, h12, l1, xv, yv, wt[a], ok, l1_own, l1_last, a, PAD, L1)
+    else:
+        for a in tl.static_range(K):
+            xv = tl.load(xrow + a * sx_w).to(tl.float32) * rowf - shift
+            yv = tl.load(yrow + a * sy_w).to(tl.float32) * rowf - shift
+            h1, h2, h11, h12, l1 = _tap(h1, h2, h11, h12, l1, xv, yv, wt[a], True, l1_own, l1_last, a, PAD, L1)
+    return h1, h2, h11, h12, l1
+
+
+@triton.jit
+def _push(pending, h, wt, K: tl.constexpr, REVERSED: tl.constexpr):
+    """Add a new row ``h`` [BW] to the ``K - 1`` pending sums (slot j: the row j + 1 steps ahead)
+    and return the row it completes and the pending sums one row on. Slot j (0 = the completed
+    row) takes tap ``K - 1 - j`` (``REVERSED``: the filter) or ``j`` (the adjoint). Each new slot
+    is one fused multiply-add into the slot it moves to; the newest starts as a product."""
+    if REVERSED:
+        done = pending[0] + wt[K - 1] * h
+        out = ()
+        for j in tl.static_range(1, K - 1):
+            out = out + (pending[j] + wt[K - 1 - j] * h,)
+        return done, out + (wt[0] * h,)
+    else:
+        done = pending[0] + wt[0] * h
+        out = ()
+        for j in tl.static_range(1, K - 1):
+            out = out + (pending[j] + wt[j] * h,)
+        return done, out + (wt[K - 1] * h,)
+
+
+@triton.jit
+def _hadjoint_cols(
+    buf,
+    w_ptr,
+    wt,
+    q_c0,
+    W,
+    f,
+    F: tl.constexpr,
+    BW: tl.constexpr,
+    K: tl.constexpr,
+    PAD: tl.constexpr,
+    REFLECT: tl.constexpr,
+):
+    """Horizontal adjoint of one scratch row ``buf`` [BW] of partials, one gradient column per
+    lane. Lane ``l`` is frame column ``f = l % F`` holding map column ``q_c0 - (K - 1) + PAD + f``;
+    gradient column ``q = q_c0 + f`` (lanes ``f < F - (K - 1)``) gathers ``w[a] * frame[f + K - 1 -
+    a]``, plus, under "reflect", the same taps through its mirror images (padded columns ``-q``
+    and ``2 (W - 1) - q``). The direct taps need no mask: for the lanes whose result is kept they
+    stay inside the frame (the other lanes may read the next frame; their results are dropped)."""
+    ar = tl.arange(0, BW)
+    acc = tl.zeros([BW], dtype=tl.float32)
+    for a in tl.static_range(K):
+        v = tl.load(buf + ar + (K - 1 - a))
+        if REFLECT:
+            frame = buf + ar - f
+            q = q_c0 + f
+            idx_l = (K - 1 - a) - 2 * q_c0 - f
+            ok_l = (q >= 1) & (q <= PAD) & (idx_l >= 0) & (idx_l < F)
+            v += tl.load(frame + idx_l, mask=ok_l, other=0.0)
+            idx_r = (K - 1 - a) + 2 * (W - 1) - 2 * q_c0 - f
+            ok_r = (q >= W - 1 - PAD) & (q <= W - 2) & (idx_r >= 0) & (idx_r < F)
+            v += tl.load(frame + idx_r, mask=ok_r, other=0.0)
+        acc += wt[a] * v
+    return acc
+
+
+@triton.jit
+def _vadjoint_taps(w_ptr, wt, p, H, K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr):
+    """Weights with which map row ``p`` enters the K pending gradient rows ``q = p - PAD + j``:
+    tap ``j``, plus, under "reflect", the taps through the mirror images of ``q`` (padded rows
+    ``-q`` and ``2 (H - 1) - q``): ``w[j - 2 q]`` for ``1 <= q <= PAD`` and ``w[2 (H - 1) - 2 q + j]``
+    for ``H - 1 - PAD <= q <= H - 2``. Scalars (one per row, the same for every lane)."""
+    if REFLECT:
+        out = ()
+        for j in tl.static_range(K):
+            q = p - PAD + j
+            t_lo = j - 2 * q
+            t_hi = 2 * (H - 1) - 2 * q + j
+            wj = wt[j]
+            wj += tl.load(
+                w_ptr + t_lo,
+                mask=(q >= 1) & (q <= PAD) & (t_lo >= 0) & (t_lo < K),
+                other=0.0,
+            )
+            wj += tl.load(
+                w_ptr + t_hi,
+                mask=(q >= H - 1 - PAD) & (q <= H - 2) & (t_hi >= 0) & (t_hi < K),
+                other=0.0,
+            )
+            out = out + (wj,)
+        return out
+    else:
+        return wt

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ... import multiscale
+from . import _common
 from ._common import check_inputs, device_guard, functorch_guard, launch_options
 from .ssim import ssim_stats
 
@@ -31,43 +32,62 @@ __all__ = ["downsample2x", "ms_ssim"]
 
 Tensor = torch.Tensor
 
-BLOCK = 1024
 WARPS = 4
 
 
-@triton.jit
-def _down_fwd_kernel(in_ptr, out_ptr, C, H, W, Ho, Wo, N, s_b, s_c, s_h, s_w, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # output elements [B*C*Ho*Wo]
-    ok = offs < N
-    j = offs % Wo
-    rest = offs // Wo
-    i = rest % Ho
-    bc = rest // Ho
-    base = (bc // C) * s_b + (bc % C) * s_c
-    r0 = 2 * i
-    r1 = tl.minimum(2 * i + 1, H - 1)  # odd H: the last row stands in for the missing one
-    c0 = 2 * j
-    c1 = tl.minimum(2 * j + 1, W - 1)
-    v = tl.load(in_ptr + base + r0 * s_h + c0 * s_w, mask=ok, other=0.0).to(tl.float32)
-    v += tl.load(in_ptr + base + r0 * s_h + c1 * s_w, mask=ok, other=0.0).to(tl.float32)
-    v += tl.load(in_ptr + base + r1 * s_h + c0 * s_w, mask=ok, other=0.0).to(tl.float32)
-    v += tl.load(in_ptr + base + r1 * s_h + c1 * s_w, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, 0.25 * v, mask=ok)
+def _tile(width: int, rows: int, device: torch.device) -> tuple:
+    """(rows, columns) of a program's tile: on CUDA one row of one channel, the row's width rounded
+    up to a power of two, 128..1024 columns; in the interpreter (one program at a time, at a cost
+    per operation) as many rows as make about 16k elements."""
+    block = min(1024, max(128, triton.next_power_of_2(width)))
+    if device.type == "cuda" or _common.FORCE_CUDA_GEOMETRY:
+        return 1, block
+    return min(triton.next_power_of_2(rows), max(1, 16384 // block)), block
 
 
-@triton.jit
-def _down_bwd_kernel(g_ptr, out_ptr, C, H, W, Ho, Wo, N, sg_b, sg_c, sg_h, sg_w, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # input elements [B*C*H*W]
-    ok = offs < N
-    c = offs % W
-    rest = offs // W
-    r = rest % H
-    bc = rest // H
-    g = tl.load(g_ptr + (bc // C) * sg_b + (bc % C) * sg_c + (r // 2) * sg_h + (c // 2) * sg_w, mask=ok, other=0.0).to(
-        tl.float32
-    )
-    mult = tl.where((H % 2 == 1) & (r == H - 1), 2.0, 1.0) * tl.where((W % 2 == 1) & (c == W - 1), 2.0, 1.0)
-    tl.store(out_ptr + offs, (0.25 * mult * g).to(out_ptr.dtype.element_ty), mask=ok)
+#: Sizes compiled as plain integers (no variant per image size; see ssim._SIZES).
+_DOWN_SIZES = ("C", "H", "W", "Ho", "Wo", "N_ROWS")
+
+
+@triton.jit(do_not_specialize=_DOWN_SIZES)
+def _down_fwd_kernel(
+    in_ptr, out_ptr, C, H, W, Ho, Wo, N_ROWS, s_b, s_c, s_h, s_w, RB: tl.constexpr, BLOCK: tl.constexpr
+):
+    # a tile of RB output rows (row = bc * Ho + i) x BLOCK columns: divisions per row, none per pixel
+    row = tl.program_id(0) * RB + tl.arange(0, RB)[:, None]  # [RB, 1]
+    i = row % Ho
+    bc = row // Ho
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]  # output columns [1, BLOCK]
+    ok = (row < N_ROWS) & (j < Wo)
+    base = in_ptr + ((bc // C).to(tl.int64) * s_b + (bc % C).to(tl.int64) * s_c)
+    row0 = base + (2 * i).to(tl.int64) * s_h
+    row1 = base + tl.minimum(2 * i + 1, H - 1).to(tl.int64) * s_h  # odd H: the last row stands in
+    c0 = (2 * j).to(tl.int64) * s_w
+    c1 = tl.minimum(2 * j + 1, W - 1).to(tl.int64) * s_w  # odd W: the last column stands in
+    v = tl.load(row0 + c0, mask=ok, other=0.0).to(tl.float32)
+    v += tl.load(row0 + c1, mask=ok, other=0.0).to(tl.float32)
+    v += tl.load(row1 + c0, mask=ok, other=0.0).to(tl.float32)
+    v += tl.load(row1 + c1, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row.to(tl.int64) * Wo + j, 0.25 * v, mask=ok)
+
+
+@triton.jit(do_not_specialize=_DOWN_SIZES)
+def _down_bwd_kernel(
+    g_ptr, out_ptr, C, H, W, Ho, Wo, N_ROWS, sg_b, sg_c, sg_h, sg_w, RB: tl.constexpr, BLOCK: tl.constexpr
+):
+    # a tile of RB input rows (row = bc * H + r) x BLOCK columns; the gradient is written contiguous
+    row = tl.program_id(0) * RB + tl.arange(0, RB)[:, None]  # [RB, 1]
+    r = row % H
+    bc = row // H
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]  # input columns [1, BLOCK]
+    ok = (row < N_ROWS) & (c < W)
+    g_row = g_ptr + ((bc // C).to(tl.int64) * sg_b + (bc % C).to(tl.int64) * sg_c + (r // 2).to(tl.int64) * sg_h)
+    g = tl.load(g_row + (c // 2).to(tl.int64) * sg_w, mask=ok, other=0.0).to(tl.float32)
+    # each input pixel gets a quarter of its block's gradient; the repeated last row / column of an
+    # odd side stands in both rows / columns of its block: twice that
+    scale = tl.where((H % 2 == 1) & (r == H - 1), 0.5, 0.25)
+    g = g * scale * tl.where((W % 2 == 1) & (c == W - 1), 2.0, 1.0)
+    tl.store(out_ptr + row.to(tl.int64) * W + c, g.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @torch.library.custom_op("splatloss::triton_downsample2x", mutates_args=())
@@ -75,10 +95,11 @@ def _down_op(x: Tensor) -> Tensor:
     B, C, H, W = x.shape
     Ho, Wo = (H + 1) // 2, (W + 1) // 2
     out = torch.empty((B, C, Ho, Wo), dtype=torch.float32, device=x.device)
-    n = out.numel()
+    n_rows = B * C * Ho
+    rb, block = _tile(Wo, n_rows, x.device)
     with device_guard(x):
-        _down_fwd_kernel[(triton.cdiv(n, BLOCK),)](
-            x, out, C, H, W, Ho, Wo, n, *x.stride(), BLOCK=BLOCK, **launch_options(WARPS)
+        _down_fwd_kernel[(triton.cdiv(n_rows, rb), triton.cdiv(Wo, block))](
+            x, out, C, H, W, Ho, Wo, n_rows, *x.stride(), RB=rb, BLOCK=block, **launch_options(WARPS)
         )
     return out
 
@@ -93,10 +114,11 @@ def _(x):
 def _down_bwd_op(g: Tensor, x: Tensor) -> Tensor:
     B, C, H, W = x.shape
     out = torch.empty((B, C, H, W), dtype=x.dtype, device=x.device)  # contiguous
-    n = out.numel()
+    n_rows = B * C * H
+    rb, block = _tile(W, n_rows, g.device)
     with device_guard(g):
-        _down_bwd_kernel[(triton.cdiv(n, BLOCK),)](
-            g, out, C, H, W, g.shape[2], g.shape[3], n, *g.stride(), BLOCK=BLOCK, **launch_options(WARPS)
+        _down_bwd_kernel[(triton.cdiv(n_rows, rb), triton.cdiv(W, block))](
+            g, out, C, H, W, g.shape[2], g.shape[3], n_rows, *g.stride(), RB=rb, BLOCK=block, **launch_options(WARPS)
         )
     return out
 
