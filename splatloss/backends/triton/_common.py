@@ -70,7 +70,8 @@ FORCE_CUDA_GEOMETRY = False
 #: Register ceilings passed to the launches (and seen by scripts/check_kernels.py). Column kernels
 #: (``K <= COLUMN_TAPS``): 128 registers, so that four 4-warp CTAs (16 warps, 8-warp programs: two)
 #: are resident per SM; their pending sums fit without spilling at sm_80 and sm_90 (checked for
-#: every launched variant by scripts/check_kernels.py). Everything else: 255, without which ptxas
+#: every launched variant by scripts/check_kernels.py), except the "reflect" backward's (its
+#: mirrored taps: ``ssim._bwd_maxnreg``). Those and the ring kernels: 255, without which ptxas
 #: chose 128 registers plus a 4-byte spill for several ring-kernel backward variants at sm_80.
 COLUMN_MAXNREG = 128
 MAXNREG = 255
