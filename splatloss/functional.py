@@ -298,7 +298,7 @@ def ssim(
     _check_size(x, cfg)
     m = _check_mask(mask, x)
     impl = backends.resolve(backend, x)
-    s, _ = impl.ssim_stats(x, y, cfg) if m is None else impl.masked_ssim_stats(x, y, m, cfg)  # [B, C]
+    s = impl.ssim_mean(x, y, cfg) if m is None else impl.masked_ssim_stats(x, y, m, cfg)[0]  # [B, C]
     return _reduce(s.mean(dim=1), reduction, unbatched)
 
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from .config import accumulation_dtype
 
-__all__ = ["downsample2x", "smooth_positive", "levels", "ms_terms", "combine", "ms_ssim"]
+__all__ = ["downsample2x", "smooth_positive", "levels", "ms_terms", "scale_terms", "combine", "ms_ssim"]
 
 Tensor = torch.Tensor
 Stats = Callable[..., Tuple[Tensor, Tensor]]
@@ -96,11 +96,20 @@ def ms_terms(
 ) -> Tensor:
     """The MS-SSIM terms ``[B, C, M]``: ``stats(*level)`` gives ``(ssim_mean, cs_mean)`` per scale;
     the term is the cs mean at scales ``1..M-1`` and the SSIM mean at the coarsest scale ``M``."""
-    terms = []
-    for j, level in enumerate(levels(images, scales, down, cast)):
-        s, c = stats(*level)  # [B, C] each
-        terms.append(c if j < scales - 1 else s)
-    return torch.stack(terms, dim=-1)
+    return scale_terms(lambda last, *level: stats(*level)[0 if last else 1], images, scales, down, cast)
+
+
+def scale_terms(
+    term: Callable[..., Tensor],
+    images: Sequence[Tensor],
+    scales: int,
+    down: Callable[[Tensor], Tensor] = downsample2x,
+    cast: bool = True,
+) -> Tensor:
+    """:func:`ms_terms` for a backend that computes one term at a time: ``term(last, *level)`` is
+    the ``[B, C]`` SSIM mean of the level when ``last`` (the coarsest scale), its cs mean otherwise."""
+    pyramid = enumerate(levels(images, scales, down, cast))
+    return torch.stack([term(j == scales - 1, *level) for j, level in pyramid], dim=-1)
 
 
 def combine(terms: Tensor, weights: Sequence[float], tau: Optional[float] = None) -> Tensor:

@@ -49,7 +49,9 @@ def test_launchers_enter_the_device_guard(monkeypatch):
     x = torch.rand(1, 1, 12, 12, requires_grad=True)
     y = torch.rand(1, 1, 12, 12)
     splatloss.ssim(x, y, window_size=3, backend="triton").backward()
-    assert len(seen) == 2 and all(d == x.device for d in seen)  # forward and backward launches
+    assert len(seen) == 1  # the loss's forward launch computes its gradient too
+    splatloss.ssim_map(x, y, window_size=3, backend="triton").sum().backward()
+    assert len(seen) == 3 and all(d == x.device for d in seen)  # the map: forward and backward
 
 
 @pytest.mark.parametrize("shape", [(0, 3, 12, 12), (2, 0, 12, 12)])

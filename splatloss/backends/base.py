@@ -47,8 +47,8 @@ def _compile_time_constant(fn: Callable) -> Callable:
 class Backend(abc.ABC):
     """One SSIM implementation; every entry point below works on every backend.
 
-    ``ssim_map`` and ``ssim_stats`` are the backend's own; ``ms_ssim``, ``dssim_l1`` and
-    ``ssim_mean_and_grad`` have shared default compositions built from ``ssim_stats``.
+    ``ssim_map`` and ``ssim_stats`` are the backend's own; ``ssim_mean``, ``ms_ssim``, ``dssim_l1``
+    and ``ssim_mean_and_grad`` have shared default compositions built from ``ssim_stats``.
     """
 
     #: The name ``splatloss.backends.get`` knows this backend by.
@@ -65,6 +65,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def ssim_stats(self, img1: Tensor, img2: Tensor, cfg: SSIMConfig) -> Tuple[Tensor, Tensor]:
         """``(ssim_mean, cs_mean)``, each ``[B, C]``: the maps' means per image and channel."""
+
+    def ssim_mean(self, img1: Tensor, img2: Tensor, cfg: SSIMConfig) -> Tensor:
+        """``ssim_mean`` ``[B, C]`` alone (what :func:`splatloss.ssim` reduces): a backend whose
+        cost depends on which mean gets a gradient overrides it."""
+        return self.ssim_stats(img1, img2, cfg)[0]
 
     def ms_ssim(
         self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, weights: Sequence[float], tau: Optional[float] = None

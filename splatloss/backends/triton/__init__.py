@@ -29,6 +29,9 @@ class TritonBackend(Backend):
     def ssim_stats(self, img1, img2, cfg):
         return _ssim.ssim_stats(img1, img2, cfg)
 
+    def ssim_mean(self, img1, img2, cfg):
+        return _ssim.ssim_term(img1, img2, cfg)
+
     def ms_ssim(self, img1, img2, cfg, weights, tau=None):
         return _ms_ssim.ms_ssim(img1, img2, cfg, weights, tau=tau)
 

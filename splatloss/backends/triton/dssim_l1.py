@@ -1,10 +1,14 @@
 """The 3DGS photometric loss ``(1 - lam) * L1 + lam * (1 - SSIM)`` fused on Triton.
 
-Forward: the SSIM forward kernel in its "stats_l1" mode -- while the taps of each input row are in
-registers for the horizontal pass, each lane also sums ``|x - y|`` over the pixels it owns, so the
-loss costs one read of both images (8 B per pixel-channel, fp32). Backward: one pass of the SSIM
-backward kernel with the L1 term ``l1 * sign(x - y)`` added in registers before the single store
-of each gradient (8 B read + 4 B written per gradient). Nothing but the inputs is saved.
+When an input requires a gradient (training), the forward is one pass of the SSIM backward kernel
+for a unit upstream gradient per image: it recomputes nothing later, sums the SSIM values and
+``|x - y|`` on its way, and adds the L1 term ``l1 * sign(x - y)`` in registers before the single
+store of each gradient (8 B read + 4 B written per gradient, kept in float32 for the backward).
+The backward scales that gradient by the upstream one (one elementwise pass, 8 B).
+
+Without a gradient (evaluation): the SSIM forward kernel in its "stats_l1" mode -- while the taps
+of each input row are in registers for the horizontal pass, each lane also sums ``|x - y|`` over
+the pixels it owns, so the loss costs one read of both images (8 B per pixel-channel, fp32).
 """
 
 from __future__ import annotations
@@ -14,7 +18,16 @@ from typing import Tuple
 import torch
 
 from ._common import check_inputs, functorch_guard, out_size, window_taps
-from .ssim import _fake_grads, launch_bwd, launch_fwd
+from .ssim import (
+    _fake_grads,
+    _fake_unit_grads,
+    launch_bwd,
+    launch_fwd,
+    save_unit_grads,
+    scale_grads,
+    unit_grads_missing,
+    wants_grad,
+)
 
 __all__ = ["dssim_l1"]
 
@@ -28,15 +41,38 @@ def _sizes(img: Tensor, window: Tensor, padding: str) -> Tuple[int, int]:
 
 
 @torch.library.custom_op("splatloss::triton_dssim_l1", mutates_args=())
-def _dssim_l1_op(img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float, lam: float) -> Tensor:
-    s, _, l1 = launch_fwd(img1, img2, window, padding, c1, c2, "stats_l1")
+def _dssim_l1_op(
+    img1: Tensor,
+    img2: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    lam: float,
+    need1: bool,
+    need2: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The loss per image ``[B]``, and for each image that needs one its gradient for a unit
+    upstream gradient (float32; empty where not asked)."""
     n_map, n_img = _sizes(img1, window, padding)
-    return (1.0 - lam) * l1.sum(dim=1) / n_img + lam * (1.0 - s.sum(dim=1) / n_map)  # [B]
+    empty = img1.new_empty(0, dtype=torch.float32)
+    if not (need1 or need2):
+        s, _, l1 = launch_fwd(img1, img2, window, padding, c1, c2, "stats_l1")
+        return (1.0 - lam) * l1.sum(dim=1) / n_img + lam * (1.0 - s.sum(dim=1) / n_map), empty, empty.clone()
+    shape = img1.shape[:2]
+    g_s = torch.full(shape, -lam / n_map, dtype=torch.float32, device=img1.device)
+    w_l1 = torch.full(shape, (1.0 - lam) / n_img, dtype=torch.float32, device=img1.device)
+    gx, gy, s, _, l1 = launch_bwd(
+        img1, img2, window, padding, c1, c2, g_s, None, need1, need2, l1=w_l1, sums=True, grad_dtype=torch.float32
+    )
+    loss = (1.0 - lam) * l1.sum(dim=1) / n_img + lam * (1.0 - s.sum(dim=1) / n_map)
+    return loss, (gx if need1 else empty), (gy if need2 else empty.clone())
 
 
 @_dssim_l1_op.register_fake
-def _(img1, img2, window, padding, c1, c2, lam):
-    return img1.new_empty(img1.shape[:1], dtype=torch.float32)
+def _(img1, img2, window, padding, c1, c2, lam, need1, need2):
+    gx, gy = _fake_unit_grads(img1, img2, need1, need2)
+    return img1.new_empty(img1.shape[:1], dtype=torch.float32), gx, gy
 
 
 @torch.library.custom_op("splatloss::triton_dssim_l1_bwd", mutates_args=())
@@ -67,18 +103,21 @@ def _(g, img1, img2, window, padding, c1, c2, lam, need1, need2):
 
 
 def _save(ctx, inputs, output):
-    img1, img2, window, padding, c1, c2, lam = inputs
-    ctx.save_for_backward(img1, img2, window)  # inputs only: the backward recomputes
+    img1, img2, window, padding, c1, c2, lam, need1, need2 = inputs
+    save_unit_grads(ctx, img1, img2, window, *output[1:])
     ctx.cfg = (padding, c1, c2, lam)
 
 
-def _backward(ctx, g):
-    img1, img2, window = ctx.saved_tensors
+def _backward(ctx, g, _gx, _gy):
     need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
+    none = (None,) * 7
     if not (need1 or need2) or g is None:
-        return None, None, None, None, None, None, None
-    gx, gy = _dssim_l1_bwd_op(g, img1, img2, window, *ctx.cfg, need1, need2)
-    return (gx if need1 else None), (gy if need2 else None), None, None, None, None, None
+        return (None, None) + none
+    if unit_grads_missing(ctx):  # recompute
+        img1, img2, window = ctx.saved_tensors[:3]
+        gx, gy = _dssim_l1_bwd_op(g, img1, img2, window, *ctx.cfg, need1, need2)
+        return (gx if need1 else None), (gy if need2 else None), *none
+    return (*scale_grads(ctx, g, 1), *none)
 
 
 _dssim_l1_op.register_autograd(_backward, setup_context=_save)
@@ -88,7 +127,7 @@ def dssim_l1(img1: Tensor, img2: Tensor, cfg, lam: float) -> Tensor:
     """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)``, shape ``[B]`` float32."""
     check_inputs(img1, img2, cfg)
     with functorch_guard():
-        return _dssim_l1_op(
+        loss, _, _ = _dssim_l1_op(
             img1,
             img2,
             window_taps(cfg, img1.device),
@@ -96,4 +135,7 @@ def dssim_l1(img1: Tensor, img2: Tensor, cfg, lam: float) -> Tensor:
             float(cfg.C1),
             float(cfg.C2),
             float(lam),
+            wants_grad(img1),
+            wants_grad(img2),
         )
+    return loss

@@ -11,7 +11,7 @@ side (it stands in both rows / columns of the block). 4 B read + 1 B-equivalent 
 input pixel-channel forward; 1 B read + 4 B written backward.
 
 The loop over scales, the terms and their product are :mod:`splatloss.multiscale`'s, with
-``ssim.ssim_stats`` per scale (autograd through both) and this fused step as the pyramid, so the
+``ssim.ssim_term`` per scale (autograd through both) and this fused step as the pyramid, so the
 metric's relu clamp and the loss's smooth positive extension (``tau``) are every backend's.
 """
 
@@ -26,7 +26,7 @@ import triton.language as tl
 from ... import multiscale
 from . import _common
 from ._common import check_inputs, device_guard, functorch_guard, launch_options
-from .ssim import ssim_stats
+from .ssim import ssim_term
 
 __all__ = ["downsample2x", "ms_ssim"]
 
@@ -152,6 +152,8 @@ def ms_ssim(img1: Tensor, img2: Tensor, cfg, weights: Sequence[float], tau: Opti
     ``splatloss.functional.ms_ssim``: None = relu-clamped metric, a float = the loss's smooth
     positive extension)."""
     check_inputs(img1, img2, cfg)
-    # the fused step reads any float dtype and writes float32 itself: no cast of the full-size images
-    stats = lambda x, y: ssim_stats(x, y, cfg)  # noqa: E731
-    return multiscale.ms_ssim(stats, img1, img2, weights, tau, down=downsample2x, cast=False)
+    # one term per scale (its gradient computed in the forward when one is needed: ssim_term); the
+    # fused step reads any float dtype and writes float32 itself: no cast of the full-size images
+    term = lambda last, x, y: ssim_term(x, y, cfg, cs=not last)  # noqa: E731
+    terms = multiscale.scale_terms(term, (img1, img2), len(weights), down=downsample2x, cast=False)
+    return multiscale.combine(terms, weights, tau)

@@ -85,7 +85,7 @@ from ._common import (
     window_taps,
 )
 
-__all__ = ["ssim_map", "ssim_stats", "launch_fwd", "launch_bwd"]
+__all__ = ["ssim_map", "ssim_stats", "ssim_term", "launch_fwd", "launch_bwd"]
 
 
 @triton.jit
@@ -534,6 +534,7 @@ def _bwd_columns(
         l1 = tl.load(l1_ptr + sel, mask=sel_ok, other=0.0).to(tl.float32)
     acc_s = zero
     acc_c = zero
+    acc_l = zero
     # pending vertical sums of the moments (slot j: map row j + 1 steps ahead) and of the
     # horizontally adjoined partials (slot j: gradient row j + 1 steps ahead)
     v1 = (zero,) * (K - 1)
@@ -599,6 +600,8 @@ def _bwd_columns(
         if HAS_L1:
             dl = xq - yq
             l1_term = l1 * (tl.where(dl > 0, 1.0, 0.0) - tl.where(dl < 0, 1.0, 0.0))
+            if WRITE_SUMS:
+                acc_l += tl.where(out, tl.abs(dl), 0.0)
         if NEED1:
             g1, a_1 = _push(
                 a_1,
@@ -624,15 +627,14 @@ def _bwd_columns(
                 gy -= l1_term
             tl.store(gy_ptr + o_offs, gy.to(gy_ptr.dtype.element_ty), mask=out)
     if WRITE_SUMS:
+        # per program and channel: the SSIM, cs and (with HAS_L1) |x - y| sums of the pixels it owns
         G: tl.constexpr = BW // F
         gbc = group * G + tl.arange(0, G)
-        offs = 2 * (gbc.to(tl.int64) * (n_chunks * n_strips) + chunk * n_strips + strip)
+        offs = 3 * (gbc.to(tl.int64) * (n_chunks * n_strips) + chunk * n_strips + strip)
         tl.store(sum_ptr + offs, tl.sum(tl.reshape(acc_s, [G, F]), axis=1), mask=gbc < BC)
-        tl.store(
-            sum_ptr + offs + 1,
-            tl.sum(tl.reshape(acc_c, [G, F]), axis=1),
-            mask=gbc < BC,
-        )
+        tl.store(sum_ptr + offs + 1, tl.sum(tl.reshape(acc_c, [G, F]), axis=1), mask=gbc < BC)
+        if HAS_L1:
+            tl.store(sum_ptr + offs + 2, tl.sum(tl.reshape(acc_l, [G, F]), axis=1), mask=gbc < BC)
 
 
 @triton.jit(do_not_specialize=_SIZES)
@@ -760,6 +762,7 @@ def _ssim_bwd_kernel(
             l1 = tl.load(l1_ptr + bc, mask=lane_ok, other=0.0).to(tl.float32)
         acc_s = tl.zeros([BW], dtype=tl.float32)
         acc_c = tl.zeros([BW], dtype=tl.float32)
+        acc_l = tl.zeros([BW], dtype=tl.float32)
         for i in range(0, n_rows + 2 * (K - 1)):
             # 1. padded input row r enters; moments of map row p = r - (K - 1) + PAD
             r = q_r0 - (K - 1) + i
@@ -898,6 +901,8 @@ def _ssim_bwd_kernel(
             if HAS_L1:
                 dl = xq - yq
                 l1_term = l1 * (tl.where(dl > 0, 1.0, 0.0) - tl.where(dl < 0, 1.0, 0.0))
+                if WRITE_SUMS:
+                    acc_l += tl.where(out, tl.abs(dl), 0.0)
             if NEED1:
                 gx = (
                     tl.sum(
@@ -923,15 +928,14 @@ def _ssim_bwd_kernel(
                     gy -= l1_term
                 tl.store(gy_ptr + o_offs, gy.to(gy_ptr.dtype.element_ty), mask=out)
         if WRITE_SUMS:
+            # per program and channel: the SSIM, cs and (with HAS_L1) |x - y| sums of the pixels it owns
             G: tl.constexpr = BW // F
             gbc = group * G + tl.arange(0, G)
-            offs = 2 * (gbc.to(tl.int64) * (n_chunks * n_strips) + chunk * n_strips + strip)
+            offs = 3 * (gbc.to(tl.int64) * (n_chunks * n_strips) + chunk * n_strips + strip)
             tl.store(sum_ptr + offs, tl.sum(tl.reshape(acc_s, [G, F]), axis=1), mask=gbc < BC)
-            tl.store(
-                sum_ptr + offs + 1,
-                tl.sum(tl.reshape(acc_c, [G, F]), axis=1),
-                mask=gbc < BC,
-            )
+            tl.store(sum_ptr + offs + 1, tl.sum(tl.reshape(acc_c, [G, F]), axis=1), mask=gbc < BC)
+            if HAS_L1:
+                tl.store(sum_ptr + offs + 2, tl.sum(tl.reshape(acc_l, [G, F]), axis=1), mask=gbc < BC)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1047,6 +1051,7 @@ def launch_bwd(
     l1=None,
     grad1=None,
     sums: bool = False,
+    grad_dtype=None,
 ):
     """Run the backward kernel.
 
@@ -1054,8 +1059,10 @@ def launch_bwd(
     maps; ``g_cs`` may be None. ``l1``: optional ``[B, C]`` weight of ``sign(x - y)`` added to
     the gradient of img1 (subtracted from img2's). ``grad1``: optional preallocated output for
     img1's gradient (any strides). ``sums``: also return the ``[B, C]`` sums of the SSIM and cs
-    maps, computed in the same pass. Returns ``(grad1 or None, grad2 or None[, ssim_sum,
-    cs_sum])``, the gradients in the input dtype and memory layout.
+    maps, and with ``l1`` of ``|x - y|`` over the image (else None), computed in the same pass.
+    ``grad_dtype``: the gradients' dtype (default: each input's). Returns ``(grad1 or None,
+    grad2 or None[, ssim_sum, cs_sum, abs_diff_sum])``, the gradients in img1's memory layout
+    (img2's when it is the only one).
     """
     B, C, H, W, K, pad, reflect, Ho, Wo = _geometry(img1, window, padding)
     BC = B * C
@@ -1078,13 +1085,13 @@ def launch_bwd(
         g_s = g_s.to(torch.float32).contiguous()
         g_cs = g_cs.to(torch.float32).contiguous() if g_cs is not None else None
         g_strides = (0, 0, 0, 0)
-    gx = (grad1 if grad1 is not None else torch.empty_like(img1)) if need1 else None
+    gx = (grad1 if grad1 is not None else torch.empty_like(img1, dtype=grad_dtype)) if need1 else None
     gy = None
     if need2:
         gy = (
-            torch.empty_like(img2)
+            torch.empty_like(img2, dtype=grad_dtype)
             if gx is None
-            else torch.empty_strided(gx.shape, gx.stride(), dtype=img2.dtype, device=dev)
+            else torch.empty_strided(gx.shape, gx.stride(), dtype=grad_dtype or img2.dtype, device=dev)
         )
     out = gx if gx is not None else gy
     out_strides = out.stride() if out is not None else (0, 0, 0, 0)
@@ -1094,7 +1101,7 @@ def launch_bwd(
     # reads up to K - 1 past a row for lanes it drops), and for the ring kernels 9 rings of KP rows
     per_prog = 8 * geo.bw + (32 if K <= COLUMN_TAPS.value else 9 * geo.kp * geo.bw)
     scratch = torch.empty((n_prog, per_prog), dtype=torch.float32, device=dev)
-    sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
+    sum_buf = torch.empty((BC, n_chunks * n_strips, 3) if sums else (1,), dtype=torch.float32, device=dev)
     with device_guard(img1):
         _ssim_bwd_kernel[(n_prog,)](
             img1,
@@ -1138,7 +1145,8 @@ def launch_bwd(
         )
     if sums:
         per_bc = sum_buf.sum(dim=1)  # fixed order: deterministic
-        return gx, gy, per_bc[:, 0].view(B, C), per_bc[:, 1].view(B, C)
+        abs_sum = per_bc[:, 2].view(B, C) if l1 is not None else None
+        return gx, gy, per_bc[:, 0].view(B, C), per_bc[:, 1].view(B, C), abs_sum
     return gx, gy
 
 
@@ -1299,6 +1307,103 @@ def _map_backward(ctx, g_s, g_cs):
 _map_op.register_autograd(_map_backward, setup_context=_save)
 
 
+def save_unit_grads(ctx, img1: Tensor, img2: Tensor, window: Tensor, gx: Tensor, gy: Tensor) -> None:
+    """setup_context of an op whose forward also returned its gradients for a unit upstream
+    gradient (``gx`` / ``gy``, float32, empty where not computed): keep them with the inputs."""
+    ctx.save_for_backward(img1, img2, window, gx, gy)
+    ctx.mark_non_differentiable(gx, gy)
+    ctx.set_materialize_grads(False)  # no zero-filled upstream gradients for gx / gy (4 B each)
+
+
+def unit_grads_missing(ctx) -> bool:
+    """Whether an input needs a gradient its forward did not compute (it did not need one then)."""
+    gx, gy = ctx.saved_tensors[3:5]
+    return bool((ctx.needs_input_grad[0] and gx.numel() == 0) or (ctx.needs_input_grad[1] and gy.numel() == 0))
+
+
+def scale_grads(ctx, upstream: Tensor, dims: int) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """The backward of such an op: scale the saved unit gradients by ``upstream``, one scalar per
+    leading index (``dims`` of them: per image, or per image and channel), and return them in each
+    input's dtype. One elementwise pass per gradient."""
+    img1, img2, _, gx, gy = ctx.saved_tensors
+    u = upstream.to(torch.float32)
+    u = u.reshape(u.shape + (1,) * (4 - dims))
+    out = []
+    for need, g, img in zip(ctx.needs_input_grad[:2], (gx, gy), (img1, img2)):
+        out.append((g * u).to(img.dtype) if need else None)
+    return out[0], out[1]
+
+
+@torch.library.custom_op("splatloss::triton_ssim_term", mutates_args=())
+def _term_op(
+    img1: Tensor,
+    img2: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    cs: bool,
+    need1: bool,
+    need2: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The ``[B, C]`` mean of the SSIM map (or of the cs map when ``cs``), and, for each image
+    that needs one (``need1`` / ``need2``), the gradient of that mean with respect to it: the
+    backward kernel's pass, which computes every SSIM value on its way to the gradient, run in
+    the forward (8 B read + 4 B written per gradient); the backward then only scales it."""
+    n = _map_numel(img1, window, padding)
+    empty = img1.new_empty(0, dtype=torch.float32)
+    if not (need1 or need2):
+        s, c = launch_fwd(img1, img2, window, padding, c1, c2, "stats")
+        return (c if cs else s) / n, empty, empty.clone()
+    unit = torch.full(img1.shape[:2], 1.0 / n, dtype=torch.float32, device=img1.device)
+    g_s, g_cs = (torch.zeros_like(unit), unit) if cs else (unit, None)
+    gx, gy, s_sum, c_sum, _ = launch_bwd(
+        img1, img2, window, padding, c1, c2, g_s, g_cs, need1, need2, sums=True, grad_dtype=torch.float32
+    )
+    return (c_sum if cs else s_sum) / n, (gx if need1 else empty), (gy if need2 else empty.clone())
+
+
+def _fake_unit_grads(img1: Tensor, img2: Tensor, need1: bool, need2: bool) -> Tuple[Tensor, Tensor]:
+    """float32 gradients in the layouts :func:`launch_bwd` gives them (see :func:`_fake_grads`)."""
+    gx, gy = _fake_grads(img1, img2, need1, need2)
+    return gx.to(torch.float32), gy.to(torch.float32)
+
+
+@_term_op.register_fake
+def _(img1, img2, window, padding, c1, c2, cs, need1, need2):
+    gx, gy = _fake_unit_grads(img1, img2, need1, need2)
+    return img1.new_empty(img1.shape[:2], dtype=torch.float32), gx, gy
+
+
+def _term_save(ctx, inputs, output):
+    img1, img2, window, padding, c1, c2, cs, need1, need2 = inputs
+    save_unit_grads(ctx, img1, img2, window, *output[1:])
+    ctx.cfg = (padding, c1, c2, cs)
+
+
+def _term_backward(ctx, g_t, _gx, _gy):
+    need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
+    none = (None,) * 7
+    if not (need1 or need2) or g_t is None:
+        return (None, None) + none
+    if unit_grads_missing(ctx):  # recompute
+        img1, img2, window = ctx.saved_tensors[:3]
+        padding, c1, c2, cs = ctx.cfg
+        zero = torch.zeros_like(g_t)
+        g_s, g_cs = (zero, g_t) if cs else (g_t, zero)
+        gx, gy = _stats_bwd_op(g_s, g_cs, img1, img2, window, padding, c1, c2, need1, need2)
+        return (gx if need1 else None), (gy if need2 else None), *none
+    return (*scale_grads(ctx, g_t, 2), *none)
+
+
+_term_op.register_autograd(_term_backward, setup_context=_term_save)
+
+
+def wants_grad(t: Tensor) -> bool:
+    """Whether autograd will ask for a gradient of ``t`` (decided in the forward)."""
+    return torch.is_grad_enabled() and t.requires_grad
+
+
 # ------------------------------------------------------------------------------------------------
 # Backend entry points (splatloss/backends/base.py)
 # ------------------------------------------------------------------------------------------------
@@ -1328,6 +1433,28 @@ def ssim_stats(img1: Tensor, img2: Tensor, cfg) -> Tuple[Tensor, Tensor]:
         return _stats_op(img1, img2, *_args(img1, img2, cfg))
 
 
+def ssim_term(img1: Tensor, img2: Tensor, cfg, cs: bool = False) -> Tensor:
+    """The ``[B, C]`` mean of the SSIM map (of the cs map when ``cs``) float32, for a loss.
+
+    When an input requires a gradient, the forward computes the mean's gradient too, in the
+    backward kernel's single pass (its SSIM values summed on the way), and keeps it (float32, 4 B
+    per pixel-channel and input) for the backward, which only scales it by the upstream
+    gradient: one pass over the moments instead of two. Without a gradient to compute it is the
+    forward kernel's pass (8 B read).
+
+    Examples:
+        >>> from splatloss.config import SSIMConfig
+        >>> x = torch.rand(1, 3, 16, 16, requires_grad=True)  # on CPU: the Triton interpreter
+        >>> s = ssim_term(x, x.detach(), SSIMConfig())
+        >>> (1 - s.mean()).backward()
+        >>> bool(torch.allclose(s, torch.ones(1, 3))), x.grad.shape
+        (True, torch.Size([1, 3, 16, 16]))
+    """
+    with functorch_guard():
+        s, _, _ = _term_op(img1, img2, *_args(img1, img2, cfg), bool(cs), wants_grad(img1), wants_grad(img2))
+    return s
+
+
 def ssim_map(img1: Tensor, img2: Tensor, cfg, return_cs: bool = False):
     """SSIM map ``[B, C, H', W']`` float32 (and the cs map when ``return_cs``)."""
     with functorch_guard():
@@ -1344,7 +1471,7 @@ def ssim_mean_and_grad(img1: Tensor, img2: Tensor, cfg, upstream: Tensor) -> Tup
     window, padding, c1, c2 = _args(img1, img2, cfg)
     n = _map_numel(img1, window, padding)
     g = (upstream.to(device=img1.device, dtype=torch.float32) / n).expand(img1.shape[:2])
-    gx, _, s_sum, _ = launch_bwd(
+    gx, _, s_sum, _, _ = launch_bwd(
         img1.detach(),
         img2.detach(),
         window,
