@@ -35,12 +35,17 @@ both image gradients once; optionally adds an L1 term ``l1 * sign(x - y)`` (the 
 photometric loss) and sums the SSIM / cs values it computed on the way (``ssim_mean_and_grad``:
 value and gradient in one pass).
 
-Save or recompute
------------------
-The forward saves only its two inputs (no partial-derivative maps): the backward recomputes the
-moments. With fp32 I/O, saving the four partial maps would cost the forward 16 B of writes per
-pixel-channel and the backward 16 B of reads, against the 8 B the backward re-reads to recompute;
-recomputing also keeps ``torch.no_grad()`` / inference at its 8 B read.
+Save, recompute, or neither
+---------------------------
+A loss (``ssim_term``: the mean SSIM or cs per image and channel, under ``splatloss.ssim``,
+``dssim_l1`` and every MS-SSIM scale) whose input requires a gradient runs the backward kernel in
+its forward, for a unit upstream gradient per (image, channel), summing the SSIM values on the way:
+one pass over the moments, which keeps the finished float32 gradient (4 B per pixel-channel and
+input) for the backward, which only multiplies it by the upstream scalars. Saving the partial
+derivative maps instead (fused-ssim keeps three) would keep 12 B and still need a second pass;
+recomputing in the backward (what ``ssim_map`` does, its upstream being a map) computes the
+moments twice. Without a gradient to compute (``torch.no_grad()``, evaluation) the forward kernel
+runs alone, 8 B read.
 
 Bytes per pixel-channel (fp32 I/O, DRAM traffic; halo re-reads served by L2 and the L1/L2-resident
 scratch not counted, see docs/triton.md for both and for what the static cost model says of saving
@@ -48,7 +53,9 @@ the partial maps instead):
 
 * ``ssim_stats`` forward: reads x, y = 8 B; writes 2 floats per program (negligible).
 * ``ssim_stats`` backward: reads x, y = 8 B; writes grad_x (and grad_y) = 4 B (8 B). 12 B for one
-  gradient, so forward + backward = 20 B (fused-ssim ~80 B, FastCUDASSIM.jl ~44 B).
+  gradient, so forward + backward = 20 B.
+* ``ssim_term`` with a gradient: the backward kernel's 12 B in the forward, then the scaling in the
+  backward reads and writes 4 B each: 20 B (fused-ssim ~52 B, FastCUDASSIM.jl ~44 B).
 * ``ssim_map`` forward: 8 B + 4 B map (+ 4 B cs map); backward adds the upstream map reads: 4 B
   (+ 4 B) on top of the 12 B above.
 """
