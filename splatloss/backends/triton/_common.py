@@ -414,9 +414,10 @@ def _ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift):
 
 @triton.jit
 def _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, HAS_CS: tl.constexpr):
-    """Partial derivatives of ``gs * SSIM + gc * cs`` (``gc`` only with ``HAS_CS``) w.r.t. the
-    shifted moments (mu1, mu2, E[x'^2] = E[y'^2] (shared), E[x'y']), ``x' = x - shift``;
-    ``m = mu + shift`` the true means. Returns them and (SSIM, cs).
+    """Partial derivatives of ``gs * SSIM + gc * cs`` (``gc`` only with ``HAS_CS``; ``HAS_CS == 2``:
+    of ``gc * cs`` alone, ``gs`` ignored and the SSIM value not computed) w.r.t. the shifted
+    moments (mu1, mu2, E[x'^2] = E[y'^2] (shared), E[x'y']), ``x' = x - shift``; ``m = mu +
+    shift`` the true means. Returns them and (SSIM, cs).
 
     With ``S = l cs``, ``l = A1 / B1``, ``cs = A2 / B2``, ``A1 = 2 m1 m2 + C1``,
     ``B1 = m1^2 + m2^2 + C1``, ``A2 = 2 (E[x'y'] - mu1 mu2) + C2``,
@@ -429,11 +430,7 @@ def _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, HAS_CS: tl.constex
 
     ``m2 - l m1`` is one fused multiply-add, rounded once: it is where the two luminance terms
     cancel."""
-    m1 = mu1 + shift
-    m2 = mu2 + shift
-    a1 = 2.0 * m1 * m2 + c1
     a2 = 2.0 * (e12 - mu1 * mu2) + c2
-    b1 = m1 * m1 + m2 * m2 + c1
     if e22 is None:  # e11 holds E[x'^2] + E[y'^2]
         b2 = (e11 - mu1 * mu1 - mu2 * mu2) + c2
     else:
@@ -441,20 +438,31 @@ def _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, HAS_CS: tl.constex
     # Divide by B1 and B2 one at a time, never by their product: with data_range = 1e10 both are
     # ~1e20 (the product overflows fp32), with C1 = C2 = 1e-20 on black both are 1e-20 (1 / (B1 B2)
     # overflows, A1 A2 underflows). Every factor below stays within a few orders of 1 / data_range.
-    inv_b1 = 1.0 / b1
     inv_b2 = 1.0 / b2
-    lum = a1 * inv_b1
     cs = a2 * inv_b2
-    ssim = lum * cs
-    if HAS_CS:
-        p_sq = -(gs * ssim + gc * cs) * inv_b2
-        p_xy = 2.0 * inv_b2 * (gs * lum + gc)
+    if HAS_CS == 2:  # cs alone (MS-SSIM's finer scales): no luminance term
+        ssim = cs  # (not computed)
+        p_sq = -(gc * cs) * inv_b2
+        p_xy = 2.0 * inv_b2 * gc
+        p_mu1 = -2.0 * p_sq * mu1 - p_xy * mu2
+        p_mu2 = -2.0 * p_sq * mu2 - p_xy * mu1
     else:
-        p_sq = -(gs * ssim) * inv_b2
-        p_xy = 2.0 * inv_b2 * (gs * lum)
-    k_l = 2.0 * gs * cs * inv_b1
-    p_mu1 = k_l * (m2 - lum * m1) - 2.0 * p_sq * mu1 - p_xy * mu2
-    p_mu2 = k_l * (m1 - lum * m2) - 2.0 * p_sq * mu2 - p_xy * mu1
+        m1 = mu1 + shift
+        m2 = mu2 + shift
+        a1 = 2.0 * m1 * m2 + c1
+        b1 = m1 * m1 + m2 * m2 + c1
+        inv_b1 = 1.0 / b1
+        lum = a1 * inv_b1
+        ssim = lum * cs
+        if HAS_CS:
+            p_sq = -(gs * ssim + gc * cs) * inv_b2
+            p_xy = 2.0 * inv_b2 * (gs * lum + gc)
+        else:
+            p_sq = -(gs * ssim) * inv_b2
+            p_xy = 2.0 * inv_b2 * (gs * lum)
+        k_l = 2.0 * gs * cs * inv_b1
+        p_mu1 = k_l * (m2 - lum * m1) - 2.0 * p_sq * mu1 - p_xy * mu2
+        p_mu2 = k_l * (m1 - lum * m2) - 2.0 * p_sq * mu2 - p_xy * mu1
     return p_mu1, p_mu2, p_sq, p_xy, ssim, cs
 
 

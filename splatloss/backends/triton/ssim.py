@@ -577,7 +577,8 @@ def _bwd_columns(
         d1, d2, dsq, dxy, ssim, cs = _partials(mu1, mu2, e11, None, e12, gs, gc, c1, c2, shift, HAS_CS)
         if WRITE_SUMS:
             own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
-            acc_s += tl.where(own, ssim, 0.0)
+            if HAS_CS != 2:
+                acc_s += tl.where(own, ssim, 0.0)
             acc_c += tl.where(own, cs, 0.0)
 
         # 3. horizontal adjoint through the scratch row
@@ -835,7 +836,8 @@ def _ssim_bwd_kernel(
             d1, d2, dsq, dxy, ssim, cs = _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, HAS_CS)
             if WRITE_SUMS:
                 own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
-                acc_s += tl.where(own, ssim, 0.0)
+                if HAS_CS != 2:
+                    acc_s += tl.where(own, ssim, 0.0)
                 acc_c += tl.where(own, cs, 0.0)
 
             # 3. horizontal adjoint through the scratch row
@@ -1059,6 +1061,7 @@ def launch_bwd(
     grad1=None,
     sums: bool = False,
     grad_dtype=None,
+    cs_only: bool = False,
 ):
     """Run the backward kernel.
 
@@ -1067,7 +1070,8 @@ def launch_bwd(
     the gradient of img1 (subtracted from img2's). ``grad1``: optional preallocated output for
     img1's gradient (any strides). ``sums``: also return the ``[B, C]`` sums of the SSIM and cs
     maps, and with ``l1`` of ``|x - y|`` over the image (else None), computed in the same pass.
-    ``grad_dtype``: the gradients' dtype (default: each input's). Returns ``(grad1 or None,
+    ``grad_dtype``: the gradients' dtype (default: each input's). ``cs_only``: ``g_s`` is ignored
+    (the kernel forms no luminance term) and the SSIM sum is None. Returns ``(grad1 or None,
     grad2 or None[, ssim_sum, cs_sum, abs_diff_sum])``, the gradients in img1's memory layout
     (img2's when it is the only one).
     """
@@ -1143,7 +1147,7 @@ def launch_bwd(
             F=geo.f,
             BW=geo.bw,
             UPSTREAM_MAP=upstream_map,
-            HAS_CS=g_cs is not None,
+            HAS_CS=2 if cs_only else g_cs is not None,
             HAS_L1=l1 is not None,
             NEED1=need1,
             NEED2=need2,
@@ -1153,7 +1157,8 @@ def launch_bwd(
     if sums:
         per_bc = sum_buf.sum(dim=1)  # fixed order: deterministic
         abs_sum = per_bc[:, 2].view(B, C) if l1 is not None else None
-        return gx, gy, per_bc[:, 0].view(B, C), per_bc[:, 1].view(B, C), abs_sum
+        s_sum = None if cs_only else per_bc[:, 0].view(B, C)
+        return gx, gy, s_sum, per_bc[:, 1].view(B, C), abs_sum
     return gx, gy
 
 
@@ -1363,9 +1368,20 @@ def _term_op(
         s, c = launch_fwd(img1, img2, window, padding, c1, c2, "stats")
         return (c if cs else s) / n, empty, empty.clone()
     unit = torch.full(img1.shape[:2], 1.0 / n, dtype=torch.float32, device=img1.device)
-    g_s, g_cs = (torch.zeros_like(unit), unit) if cs else (unit, None)
     gx, gy, s_sum, c_sum, _ = launch_bwd(
-        img1, img2, window, padding, c1, c2, g_s, g_cs, need1, need2, sums=True, grad_dtype=torch.float32
+        img1,
+        img2,
+        window,
+        padding,
+        c1,
+        c2,
+        unit,
+        unit if cs else None,
+        need1,
+        need2,
+        sums=True,
+        grad_dtype=torch.float32,
+        cs_only=cs,
     )
     return (c_sum if cs else s_sum) / n, (gx if need1 else empty), (gy if need2 else empty.clone())
 
