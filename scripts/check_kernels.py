@@ -113,9 +113,10 @@ class Glue(NamedTuple):
 
 
 class Call(NamedTuple):
-    """A call of the public API to record: ``run(x, y)`` returns what to backpropagate from (None:
-    nothing), on a pair of ``shape`` and ``dtype`` in ``layout`` ("contiguous", "channels_last",
-    or "hwc": an ``(H, W, C)`` render seen as ``(1, C, H, W)``), with gradients of x / y."""
+    """A call of the public API to record: ``run(x, y)`` returns what to backpropagate from (None,
+    or a result without a gradient: nothing), on a pair of ``shape`` and ``dtype`` in ``layout``
+    ("contiguous", "channels_last", or "hwc": an ``(H, W, C)`` render seen as ``(1, C, H, W)``),
+    with gradients of x / y."""
 
     run: object
     shape: tuple
@@ -158,11 +159,14 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
     out: Dict[str, Call] = {}
     windows = (11,) if quick else range(3, _common.MAX_WINDOW + 1, 2)
     for K in windows:
-        out[f"dssim_l1 reflect K={K} both grads"] = Call(
-            lambda x, y, K=K: splatloss.dssim_l1(x, y, padding="reflect", window_size=K, backend=T),
-            small,
-            grads=(True, True),
-        )
+        # with a gradient the loss runs the backward kernel only (its gradient is computed in the
+        # forward); without one (evaluation), the forward kernel
+        for grads, what in (((True, True), "both grads"), ((False, False), "no grad")):
+            out[f"dssim_l1 reflect K={K} {what}"] = Call(
+                lambda x, y, K=K: splatloss.dssim_l1(x, y, padding="reflect", window_size=K, backend=T),
+                small,
+                grads=grads,
+            )
     if quick:
         return out
 
@@ -186,6 +190,10 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
     out["ssim same channels-last"] = Call(loss(), small, layout="channels_last")
     out["ssim same hwc render"] = Call(loss(), (1, 3, 48, 160), layout="hwc")
     out["ssim same img2 only"] = Call(loss(), small, grads=(False, True))
+    out["ssim same no grad"] = Call(loss(), small, grads=(False, False))
+    out["ms_ssim no grad"] = Call(
+        lambda x, y: splatloss.ms_ssim(x, y, backend=T), (1, 3, 176, 200), grads=(False, False)
+    )
     out["mean_and_grad same"] = Call(
         lambda x, y: splatloss.dssim_with_gradient(x, y, padding="same", backend=T) and None,
         small,
@@ -276,7 +284,7 @@ def _record_calls(archs, calls: Dict[str, Call]):
                 current.clear()
                 with GlueMode():
                     out = call.run(xa, ya)
-                    if out is not None:
+                    if out is not None and out.requires_grad:
                         out.backward()
             recorded[name] = list(current)
     finally:
