@@ -21,11 +21,10 @@ from ._common import check_inputs, functorch_guard, out_size, window_taps
 from .ssim import (
     _fake_grads,
     _fake_unit_grads,
+    backward_from_unit_grads,
     launch_bwd,
     launch_fwd,
     save_unit_grads,
-    scale_grads,
-    unit_grads_missing,
     wants_grad,
 )
 
@@ -109,15 +108,10 @@ def _save(ctx, inputs, output):
 
 
 def _backward(ctx, g, _gx, _gy):
-    need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
-    none = (None,) * 7
-    if not (need1 or need2) or g is None:
-        return (None, None) + none
-    if unit_grads_missing(ctx):  # recompute
-        img1, img2, window = ctx.saved_tensors[:3]
-        gx, gy = _dssim_l1_bwd_op(g, img1, img2, window, *ctx.cfg, need1, need2)
-        return (gx if need1 else None), (gy if need2 else None), *none
-    return (*scale_grads(ctx, g, 1), *none)
+    def recompute(img1, img2, window, need1, need2):
+        return _dssim_l1_bwd_op(g, img1, img2, window, *ctx.cfg, need1, need2)
+
+    return backward_from_unit_grads(ctx, g, 1, recompute)
 
 
 _dssim_l1_op.register_autograd(_backward, setup_context=_save)

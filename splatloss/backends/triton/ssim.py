@@ -1327,23 +1327,23 @@ def save_unit_grads(ctx, img1: Tensor, img2: Tensor, window: Tensor, gx: Tensor,
     ctx.set_materialize_grads(False)  # no zero-filled upstream gradients for gx / gy (4 B each)
 
 
-def unit_grads_missing(ctx) -> bool:
-    """Whether an input needs a gradient its forward did not compute (it did not need one then)."""
-    gx, gy = ctx.saved_tensors[3:5]
-    return bool((ctx.needs_input_grad[0] and gx.numel() == 0) or (ctx.needs_input_grad[1] and gy.numel() == 0))
-
-
-def scale_grads(ctx, upstream: Tensor, dims: int) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """The backward of such an op: scale the saved unit gradients by ``upstream``, one scalar per
-    leading index (``dims`` of them: per image, or per image and channel), and return them in each
-    input's dtype. One elementwise pass per gradient."""
-    img1, img2, _, gx, gy = ctx.saved_tensors
+def backward_from_unit_grads(ctx, upstream: Optional[Tensor], dims: int, recompute) -> tuple:
+    """The backward of such an op (nine inputs, the two images first): scale the kept gradients by
+    ``upstream``, one scalar per leading index (``dims`` of them: per image, or per image and
+    channel), one elementwise pass each, and return them in each input's dtype. An input that
+    needs a gradient its forward did not compute (it did not need one then) gets
+    ``recompute(img1, img2, window, need1, need2) -> (gx, gy)``."""
+    need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
+    rest = (None,) * 7
+    if not (need1 or need2) or upstream is None:
+        return (None, None) + rest
+    img1, img2, window, gx, gy = ctx.saved_tensors
+    if (need1 and gx.numel() == 0) or (need2 and gy.numel() == 0):
+        gx, gy = recompute(img1, img2, window, need1, need2)
+        return (gx if need1 else None, gy if need2 else None) + rest
     u = upstream.to(torch.float32)
     u = u.reshape(u.shape + (1,) * (4 - dims))
-    out = []
-    for need, g, img in zip(ctx.needs_input_grad[:2], (gx, gy), (img1, img2)):
-        out.append((g * u).to(img.dtype) if need else None)
-    return out[0], out[1]
+    return ((gx * u).to(img1.dtype) if need1 else None, (gy * u).to(img2.dtype) if need2 else None) + rest
 
 
 @torch.library.custom_op("splatloss::triton_ssim_term", mutates_args=())
@@ -1405,18 +1405,14 @@ def _term_save(ctx, inputs, output):
 
 
 def _term_backward(ctx, g_t, _gx, _gy):
-    need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
-    none = (None,) * 7
-    if not (need1 or need2) or g_t is None:
-        return (None, None) + none
-    if unit_grads_missing(ctx):  # recompute
-        img1, img2, window = ctx.saved_tensors[:3]
-        padding, c1, c2, cs = ctx.cfg
+    padding, c1, c2, cs = ctx.cfg
+
+    def recompute(img1, img2, window, need1, need2):
         zero = torch.zeros_like(g_t)
         g_s, g_cs = (zero, g_t) if cs else (g_t, zero)
-        gx, gy = _stats_bwd_op(g_s, g_cs, img1, img2, window, padding, c1, c2, need1, need2)
-        return (gx if need1 else None), (gy if need2 else None), *none
-    return (*scale_grads(ctx, g_t, 2), *none)
+        return _stats_bwd_op(g_s, g_cs, img1, img2, window, padding, c1, c2, need1, need2)
+
+    return backward_from_unit_grads(ctx, g_t, 2, recompute)
 
 
 _term_op.register_autograd(_term_backward, setup_context=_term_save)
