@@ -415,7 +415,7 @@ def _ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift):
 @triton.jit
 def _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, HAS_CS: tl.constexpr):
     """Partial derivatives of ``gs * SSIM + gc * cs`` (``gc`` only with ``HAS_CS``; ``HAS_CS == 2``:
-    of ``gc * cs`` alone, ``gs`` ignored and the SSIM value not computed) w.r.t. the shifted
+    of ``gc * cs`` alone, ``gs`` ignored, cs returned in the SSIM's place) w.r.t. the shifted
     moments (mu1, mu2, E[x'^2] = E[y'^2] (shared), E[x'y']), ``x' = x - shift``; ``m = mu +
     shift`` the true means. Returns them and (SSIM, cs).
 
@@ -441,7 +441,7 @@ def _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, HAS_CS: tl.constex
     inv_b2 = 1.0 / b2
     cs = a2 * inv_b2
     if HAS_CS == 2:  # cs alone (MS-SSIM's finer scales): no luminance term
-        ssim = cs  # (not computed)
+        ssim = cs  # (the SSIM is not computed: the sums take cs)
         p_sq = -(gc * cs) * inv_b2
         p_xy = 2.0 * inv_b2 * gc
         p_mu1 = -2.0 * p_sq * mu1 - p_xy * mu2

@@ -61,7 +61,7 @@ def _dssim_l1_op(
     shape = img1.shape[:2]
     g_s = torch.full(shape, -lam / n_map, dtype=torch.float32, device=img1.device)
     w_l1 = torch.full(shape, (1.0 - lam) / n_img, dtype=torch.float32, device=img1.device)
-    gx, gy, s, _, l1 = launch_bwd(
+    gx, gy, s, l1 = launch_bwd(
         img1, img2, window, padding, c1, c2, g_s, None, need1, need2, l1=w_l1, sums=True, grad_dtype=torch.float32
     )
     loss = (1.0 - lam) * l1.sum(dim=1) / n_img + lam * (1.0 - s.sum(dim=1) / n_map)

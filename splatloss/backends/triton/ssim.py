@@ -539,8 +539,7 @@ def _bwd_columns(
             gc = 0.0
     if HAS_L1:
         l1 = tl.load(l1_ptr + sel, mask=sel_ok, other=0.0).to(tl.float32)
-    acc_s = zero
-    acc_c = zero
+    acc_s = zero  # the SSIM map's sum (cs in cs-only mode, where _partials returns cs for it)
     acc_l = zero
     # pending vertical sums of the moments (slot j: map row j + 1 steps ahead) and of the
     # horizontally adjoined partials (slot j: gradient row j + 1 steps ahead)
@@ -577,9 +576,7 @@ def _bwd_columns(
         d1, d2, dsq, dxy, ssim, cs = _partials(mu1, mu2, e11, None, e12, gs, gc, c1, c2, shift, HAS_CS)
         if WRITE_SUMS:
             own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
-            if HAS_CS != 2:
-                acc_s += tl.where(own, ssim, 0.0)
-            acc_c += tl.where(own, cs, 0.0)
+            acc_s += tl.where(own, ssim, 0.0)
 
         # 3. horizontal adjoint through the scratch row
         buf = scr + (i % 2) * (4 * BW)
@@ -635,14 +632,16 @@ def _bwd_columns(
                 gy -= l1_term
             tl.store(gy_ptr + o_offs, gy.to(gy_ptr.dtype.element_ty), mask=out)
     if WRITE_SUMS:
-        # per program and channel: the SSIM, cs and (with HAS_L1) |x - y| sums of the pixels it owns
+        # per program and channel: the SSIM (cs) and, with HAS_L1, |x - y| sums of the pixels it owns
+        # (the program's slot from its id again: its group, chunk and strip need not stay live)
         G: tl.constexpr = BW // F
-        gbc = group * G + tl.arange(0, G)
-        offs = 3 * (gbc.to(tl.int64) * (n_chunks * n_strips) + chunk * n_strips + strip)
+        prog = tl.program_id(0)
+        per_group = n_chunks * n_strips
+        gbc = (prog // per_group) * G + tl.arange(0, G)
+        offs = 2 * (gbc.to(tl.int64) * per_group + prog % per_group)
         tl.store(sum_ptr + offs, tl.sum(tl.reshape(acc_s, [G, F]), axis=1), mask=gbc < BC)
-        tl.store(sum_ptr + offs + 1, tl.sum(tl.reshape(acc_c, [G, F]), axis=1), mask=gbc < BC)
         if HAS_L1:
-            tl.store(sum_ptr + offs + 2, tl.sum(tl.reshape(acc_l, [G, F]), axis=1), mask=gbc < BC)
+            tl.store(sum_ptr + offs + 1, tl.sum(tl.reshape(acc_l, [G, F]), axis=1), mask=gbc < BC)
 
 
 @triton.jit(do_not_specialize=_SIZES)
@@ -769,7 +768,6 @@ def _ssim_bwd_kernel(
         if HAS_L1:
             l1 = tl.load(l1_ptr + bc, mask=lane_ok, other=0.0).to(tl.float32)
         acc_s = tl.zeros([BW], dtype=tl.float32)
-        acc_c = tl.zeros([BW], dtype=tl.float32)
         acc_l = tl.zeros([BW], dtype=tl.float32)
         for i in range(0, n_rows + 2 * (K - 1)):
             # 1. padded input row r enters; moments of map row p = r - (K - 1) + PAD
@@ -836,9 +834,7 @@ def _ssim_bwd_kernel(
             d1, d2, dsq, dxy, ssim, cs = _partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, HAS_CS)
             if WRITE_SUMS:
                 own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
-                if HAS_CS != 2:
-                    acc_s += tl.where(own, ssim, 0.0)
-                acc_c += tl.where(own, cs, 0.0)
+                acc_s += tl.where(own, ssim, 0.0)
 
             # 3. horizontal adjoint through the scratch row
             buf = scr + (i % 2) * (4 * BW) + ar
@@ -937,14 +933,16 @@ def _ssim_bwd_kernel(
                     gy -= l1_term
                 tl.store(gy_ptr + o_offs, gy.to(gy_ptr.dtype.element_ty), mask=out)
         if WRITE_SUMS:
-            # per program and channel: the SSIM, cs and (with HAS_L1) |x - y| sums of the pixels it owns
+            # per program and channel: the SSIM (cs) and, with HAS_L1, |x - y| sums of the pixels it owns
+            # (the program's slot from its id again: its group, chunk and strip need not stay live)
             G: tl.constexpr = BW // F
-            gbc = group * G + tl.arange(0, G)
-            offs = 3 * (gbc.to(tl.int64) * (n_chunks * n_strips) + chunk * n_strips + strip)
+            prog = tl.program_id(0)
+            per_group = n_chunks * n_strips
+            gbc = (prog // per_group) * G + tl.arange(0, G)
+            offs = 2 * (gbc.to(tl.int64) * per_group + prog % per_group)
             tl.store(sum_ptr + offs, tl.sum(tl.reshape(acc_s, [G, F]), axis=1), mask=gbc < BC)
-            tl.store(sum_ptr + offs + 1, tl.sum(tl.reshape(acc_c, [G, F]), axis=1), mask=gbc < BC)
             if HAS_L1:
-                tl.store(sum_ptr + offs + 2, tl.sum(tl.reshape(acc_l, [G, F]), axis=1), mask=gbc < BC)
+                tl.store(sum_ptr + offs + 1, tl.sum(tl.reshape(acc_l, [G, F]), axis=1), mask=gbc < BC)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1068,11 +1066,12 @@ def launch_bwd(
     ``g_s`` / ``g_cs``: ``[B, C]`` scalars (already divided by the map size) or ``[B, C, H', W']``
     maps; ``g_cs`` may be None. ``l1``: optional ``[B, C]`` weight of ``sign(x - y)`` added to
     the gradient of img1 (subtracted from img2's). ``grad1``: optional preallocated output for
-    img1's gradient (any strides). ``sums``: also return the ``[B, C]`` sums of the SSIM and cs
-    maps, and with ``l1`` of ``|x - y|`` over the image (else None), computed in the same pass.
+    img1's gradient (any strides). ``sums``: also return the ``[B, C]`` sums of the SSIM map (of
+    the cs map with ``cs_only``), and with ``l1`` of ``|x - y|`` over the image (else None),
+    computed in the same pass.
     ``grad_dtype``: the gradients' dtype (default: each input's). ``cs_only``: ``g_s`` is ignored
-    (the kernel forms no luminance term) and the SSIM sum is None. Returns ``(grad1 or None,
-    grad2 or None[, ssim_sum, cs_sum, abs_diff_sum])``, the gradients in img1's memory layout
+    (the kernel forms no luminance term). Returns ``(grad1 or None, grad2 or None[, map_sum,
+    abs_diff_sum])``, the gradients in img1's memory layout
     (img2's when it is the only one).
     """
     B, C, H, W, K, pad, reflect, Ho, Wo = _geometry(img1, window, padding)
@@ -1112,7 +1111,7 @@ def launch_bwd(
     # reads up to K - 1 past a row for lanes it drops), and for the ring kernels 9 rings of KP rows
     per_prog = 8 * geo.bw + (32 if K <= COLUMN_TAPS.value else 9 * geo.kp * geo.bw)
     scratch = torch.empty((n_prog, per_prog), dtype=torch.float32, device=dev)
-    sum_buf = torch.empty((BC, n_chunks * n_strips, 3) if sums else (1,), dtype=torch.float32, device=dev)
+    sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
     with device_guard(img1):
         _ssim_bwd_kernel[(n_prog,)](
             img1,
@@ -1156,9 +1155,8 @@ def launch_bwd(
         )
     if sums:
         per_bc = sum_buf.sum(dim=1)  # fixed order: deterministic
-        abs_sum = per_bc[:, 2].view(B, C) if l1 is not None else None
-        s_sum = None if cs_only else per_bc[:, 0].view(B, C)
-        return gx, gy, s_sum, per_bc[:, 1].view(B, C), abs_sum
+        abs_sum = per_bc[:, 1].view(B, C) if l1 is not None else None
+        return gx, gy, per_bc[:, 0].view(B, C), abs_sum
     return gx, gy
 
 
@@ -1368,7 +1366,7 @@ def _term_op(
         s, c = launch_fwd(img1, img2, window, padding, c1, c2, "stats")
         return (c if cs else s) / n, empty, empty.clone()
     unit = torch.full(img1.shape[:2], 1.0 / n, dtype=torch.float32, device=img1.device)
-    gx, gy, s_sum, c_sum, _ = launch_bwd(
+    gx, gy, t_sum, _ = launch_bwd(
         img1,
         img2,
         window,
@@ -1383,7 +1381,7 @@ def _term_op(
         grad_dtype=torch.float32,
         cs_only=cs,
     )
-    return (c_sum if cs else s_sum) / n, (gx if need1 else empty), (gy if need2 else empty.clone())
+    return t_sum / n, (gx if need1 else empty), (gy if need2 else empty.clone())
 
 
 def _fake_unit_grads(img1: Tensor, img2: Tensor, need1: bool, need2: bool) -> Tuple[Tensor, Tensor]:
@@ -1490,7 +1488,7 @@ def ssim_mean_and_grad(img1: Tensor, img2: Tensor, cfg, upstream: Tensor) -> Tup
     window, padding, c1, c2 = _args(img1, img2, cfg)
     n = _map_numel(img1, window, padding)
     g = (upstream.to(device=img1.device, dtype=torch.float32) / n).expand(img1.shape[:2])
-    gx, _, s_sum, _, _ = launch_bwd(
+    gx, _, s_sum, _ = launch_bwd(
         img1.detach(),
         img2.detach(),
         window,
