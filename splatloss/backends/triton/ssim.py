@@ -27,13 +27,14 @@ torch adds in a fixed order: no atomics, bitwise reproducible. In "stats_l1" mod
 ``|x - y|`` over the pixels each lane owns (the fused 3DGS loss).
 
 ``_ssim_bwd_kernel``: one program per (lane group, row chunk, column strip of ``F - (K - 1)``
-gradient columns). Recomputes the moments on the map positions whose windows reach its pixels,
+gradient columns). Computes the moments on the map positions whose windows reach its pixels,
 forms the partial derivatives of ``gs * SSIM + gc * cs`` (``gs`` / ``gc`` one scalar per (image,
-channel) for the means, or map-sized upstream gradients for ``ssim_map``), applies the adjoint
-window (horizontal through a scratch row, vertical through pending sums or a ring) and writes
-both image gradients once; optionally adds an L1 term ``l1 * sign(x - y)`` (the fused
-photometric loss) and sums the SSIM / cs values it computed on the way (``ssim_mean_and_grad``:
-value and gradient in one pass).
+channel) for the means, or map-sized upstream gradients for ``ssim_map``; ``HAS_CS == 2``: of
+``gc * cs`` alone), applies the adjoint window (horizontal through a scratch row, vertical
+through pending sums or a ring) and writes both image gradients once; optionally adds an L1 term
+``l1 * sign(x - y)`` (the fused photometric loss) and sums the SSIM values (cs with
+``HAS_CS == 2``) and ``|x - y|`` it computed on the way: a loss's value and gradient in one pass
+(``ssim_term`` and ``dssim_l1`` with a gradient, ``ssim_mean_and_grad``).
 
 Save, recompute, or neither
 ---------------------------
