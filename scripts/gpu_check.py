@@ -584,7 +584,7 @@ def inject_error(scale: float) -> None:
             return tuple(perturb(o) for o in out)
         return out
 
-    for name in ("ssim_map", "ssim_stats", "ms_ssim", "dssim_l1", "ssim_mean_and_grad"):
+    for name in ("ssim_map", "ssim_stats", "ssim_mean", "ms_ssim", "dssim_l1", "ssim_mean_and_grad"):
         real = getattr(b, name)
         setattr(b, name, lambda *a, _real=real, **k: perturb(_real(*a, **k)))
 
