@@ -7,7 +7,7 @@ from .compat import fused_ssim
 from .config import MS_SSIM_WEIGHTS, SSIMConfig
 from .functional import dssim, dssim_l1, dssim_with_gradient, ms_ssim, ssim, ssim_map
 from .losses import MSSSIMLoss, PhotometricLoss, S3IMLoss, SSIMLoss
-from .s3im import s3im
+from .rays import s3im
 
 __all__ = [
     "SSIMConfig",

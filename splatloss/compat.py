@@ -26,8 +26,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import backends, functional, multiscale
-from .config import MS_SSIM_WEIGHTS, SSIMConfig
+from . import conventions, functional, multiscale
+from .checks import check_size, check_weights
+from .config import SSIMConfig
 
 __all__ = ["fused_ssim", "ssim", "ms_ssim", "SSIM", "MS_SSIM"]
 
@@ -62,10 +63,11 @@ def fused_ssim(
         raise ValueError(f"padding must be 'same' or 'valid' (as fused-ssim), got {padding!r}")
     if not isinstance(train, bool):
         raise TypeError(f"train must be a bool, got {type(train).__name__}")
+    cfg = conventions.get("fused_ssim").config(padding=padding)
     if train:
-        return functional.ssim(img1, img2, padding=padding, mask=mask)
+        return functional.ssim(img1, img2, mask=mask, config=cfg)
     with torch.no_grad():
-        return functional.ssim(img1, img2, padding=padding, mask=mask)
+        return functional.ssim(img1, img2, mask=mask, config=cfg)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -101,7 +103,7 @@ def _weights(weights):
     """Scale weights as pytorch_msssim takes them (a sequence, numpy array or tensor), checked."""
     if isinstance(weights, np.ndarray):
         weights = weights.tolist()
-    return functional._check_weights(weights)
+    return check_weights(weights)
 
 
 def _config(data_range, win_size, win_sigma, win, K) -> SSIMConfig:
@@ -112,7 +114,7 @@ def _config(data_range, win_size, win_sigma, win, K) -> SSIMConfig:
         )
     K = _pair(K)
     data_range = _number("data_range", data_range)
-    return SSIMConfig(window_size=win_size, sigma=win_sigma, k1=K[0], k2=K[1], data_range=data_range, padding="valid")
+    return conventions.get("pytorch_msssim").config(data_range, window_size=win_size, sigma=win_sigma, k1=K[0], k2=K[1])
 
 
 def _check_4d(X, Y):
@@ -127,9 +129,9 @@ def _check_4d(X, Y):
 
 
 def _per_channel_ssim(X, Y, cfg, backend):
-    x, y, _ = functional._check_pair(X, Y)
-    functional._check_size(x, cfg)
-    return backends.resolve(backend, x).ssim_stats(x, y, cfg)  # ([B, C], [B, C])
+    cfg, x, y, _, _, impl = functional.prepare(X, Y, cfg, None, None, backend)
+    check_size(x, cfg)
+    return impl.ssim_stats(x, y, cfg)  # ([B, C], [B, C])
 
 
 def ssim(
@@ -191,8 +193,8 @@ def ms_ssim(
     """
     _check_4d(X, Y)
     cfg = _config(data_range, win_size, win_sigma, win, K)
-    w = _weights(MS_SSIM_WEIGHTS if weights is None else weights)
-    x, y, _ = functional._check_pair(X, Y)
+    w = _weights(conventions.get("pytorch_msssim").ms_weights if weights is None else weights)
+    cfg, x, y, _, _, impl = functional.prepare(X, Y, cfg, None, None, backend)
     smaller = min(x.shape[-2:])
     need = (win_size - 1) * 2**4
     if smaller <= need:
@@ -200,7 +202,6 @@ def ms_ssim(
             f"Image size should be larger than {need} due to the 4 downsamplings in ms-ssim (as pytorch_msssim), "
             f"got {tuple(x.shape[-2:])}; use splatloss.ms_ssim with fewer scales or padding='same' for small images"
         )
-    impl = backends.resolve(backend, x)
     # pytorch_msssim's own pyramid step (zeros on both sides of an odd side, counted in the mean);
     # the loop over scales, the relu clamp and the product are splatloss.multiscale's.
     terms = multiscale.ms_terms(lambda a, b: impl.ssim_stats(a, b, cfg), (x, y), len(w), down=_pytorch_msssim_down)

@@ -6,14 +6,26 @@ re-check user input. Hydra can build it through ``_target_: splatloss.config.SSI
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-__all__ = ["SSIMConfig", "MS_SSIM_WEIGHTS", "PADDINGS", "WINDOWS", "min_size", "accumulation_dtype"]
+__all__ = [
+    "SSIMConfig",
+    "MS_SSIM_WEIGHTS",
+    "PADDINGS",
+    "WINDOWS",
+    "OPTIONS",
+    "min_size",
+    "accumulation_dtype",
+    "resolve",
+    "takes_options",
+]
 
 #: Wang, Simoncelli & Bovik 2003 (and TF ``ssim_multiscale``) power factors, finest scale first.
 MS_SSIM_WEIGHTS = (0.0448, 0.2856, 0.3001, 0.2363, 0.1333)
@@ -165,3 +177,63 @@ def min_size(window_size: int, padding: str) -> int:
     if padding == "reflect":
         return window_size // 2 + 1
     return 1
+
+
+#: The SSIM options (the :class:`SSIMConfig` fields), in order: every function, loss module and
+#: backend takes exactly these, either as keywords or as one ``config=SSIMConfig(...)``.
+OPTIONS = tuple(f.name for f in dataclasses.fields(SSIMConfig))
+
+
+def resolve(config: Optional[SSIMConfig] = None, options: Optional[Mapping[str, Any]] = None) -> SSIMConfig:
+    """The one validated :class:`SSIMConfig` for a call: ``config`` (default: ``SSIMConfig()``) with
+    the keyword ``options`` given beside it replacing its fields.
+
+    Examples:
+        >>> resolve(None, {"padding": "same"}).padding
+        'same'
+        >>> resolve(SSIMConfig(window_size=7), {"padding": "same"}).window_size
+        7
+        >>> resolve(None, {"win_size": 7})
+        Traceback (most recent call last):
+        ...
+        TypeError: unexpected keyword argument 'win_size'; the SSIM options are data_range, window_size, sigma, \
+window, k1, k2, c1, c2, padding (or config=SSIMConfig(...))
+    """
+    options = options or {}
+    for key in options:
+        if key not in OPTIONS:
+            raise TypeError(
+                f"unexpected keyword argument {key!r}; the SSIM options are "
+                f"{', '.join(OPTION_ORDER)} (or config=SSIMConfig(...))"
+            )
+    if config is None:
+        return SSIMConfig(**options)
+    if not isinstance(config, SSIMConfig):
+        raise TypeError(f"config must be a splatloss.SSIMConfig or None, got {type(config).__name__}")
+    return dataclasses.replace(config, **options) if options else config
+
+
+#: The options in the order the documentation and error messages list them (users think of
+#: ``data_range`` first).
+OPTION_ORDER = ("data_range",) + tuple(name for name in OPTIONS if name != "data_range")
+
+
+def takes_options(fn: Callable) -> Callable:
+    """Give ``fn(..., config=None, **options)`` the signature that ``help()`` and ``inspect`` show:
+    each SSIM option as a keyword-only parameter with its default, before ``config``.
+
+    The options themselves are declared once, as the fields of :class:`SSIMConfig`; ``fn`` builds its
+    configuration with :func:`resolve`.
+    """
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    fields = {f.name: f for f in dataclasses.fields(SSIMConfig)}
+    extra = [
+        inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=fields[name].default, annotation=fields[name].type
+        )
+        for name in OPTION_ORDER
+    ]
+    at = next((i for i, p in enumerate(params) if p.name == "config"), len(params))
+    fn.__signature__ = sig.replace(parameters=params[:at] + extra + params[at:])
+    return fn

@@ -1,24 +1,35 @@
 """Loss modules: thin ``nn.Module`` twins of the functions, plus the weighted photometric loss.
 
 Modules only hold validated configuration (a frozen :class:`~splatloss.config.SSIMConfig`, checked
-when the module is built, so a bad Hydra config fails before training) and call
-:mod:`splatloss.functional`.
+when the module is built, so a bad Hydra config fails before training) and pass it, as one object,
+to :mod:`splatloss.functional` and the backends. They take the SSIM options as keywords (or one
+``config=``), exactly as the functions do.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Dict, Mapping, Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from . import backends, functional, multiscale
-from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype
-from .functional import DEFAULT_TAU, _check_reduction, _check_weights, _reduce
-from .s3im import S3IMConfig, s3im_with_config
+from . import functional
+from .checks import (
+    check_backend,
+    check_fraction,
+    check_ms_size,
+    check_reduction,
+    check_size,
+    check_tau,
+    check_weights,
+    reduce,
+)
+from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype, resolve
+from .filtering import window_filter
+from .functional import DEFAULT_TAU
+from .rays import S3IMConfig, s3im_loss_with_config
 
 __all__ = ["SSIMLoss", "MSSSIMLoss", "S3IMLoss", "PhotometricLoss", "TERMS"]
 
@@ -28,28 +39,6 @@ __all__ = ["SSIMLoss", "MSSSIMLoss", "S3IMLoss", "PhotometricLoss", "TERMS"]
 #: ``l1_gaussian`` the L1 error weighted by the coarsest-scale Gaussian (Zhao et al. 2017);
 #: ``s3im`` 1 - S3IM of the image's pixels taken as a batch of rays (Xie et al. 2023).
 TERMS = ("l1", "l2", "dssim", "msssim", "l1_gaussian", "s3im")
-
-
-def _cfg_kwargs(cfg: SSIMConfig) -> dict:
-    return dict(
-        data_range=cfg.data_range,
-        window_size=cfg.window_size,
-        sigma=cfg.sigma,
-        window=cfg.window,
-        k1=cfg.k1,
-        k2=cfg.k2,
-        c1=cfg.c1,
-        c2=cfg.c2,
-        padding=cfg.padding,
-    )
-
-
-def _check_tau(tau) -> Optional[float]:
-    if tau is None:
-        return None
-    if not isinstance(tau, numbers.Real) or isinstance(tau, bool) or not (0 < float(tau) < 1):
-        raise ValueError(f"tau must be a number in (0, 1) or None, got {tau!r}")
-    return float(tau)
 
 
 class SSIMLoss(nn.Module):
@@ -65,32 +54,17 @@ class SSIMLoss(nn.Module):
     """
 
     def __init__(
-        self,
-        *,
-        data_range: float = 1.0,
-        window_size: int = 11,
-        sigma: float = 1.5,
-        window: str = "gaussian",
-        k1: float = 0.01,
-        k2: float = 0.03,
-        c1: Optional[float] = None,
-        c2: Optional[float] = None,
-        padding: str = "valid",
-        reduction: str = "mean",
-        backend: str = "auto",
+        self, *, reduction: str = "mean", backend: str = "auto", config: Optional[SSIMConfig] = None, **options
     ):
         super().__init__()
-        self.cfg = SSIMConfig(window_size, sigma, window, k1, k2, c1, c2, data_range, padding)
-        _check_reduction(reduction)
-        if not isinstance(backend, str) or backend not in backends.BACKENDS:
-            raise ValueError(f"backend must be one of {backends.BACKENDS}, got {backend!r}")
-        self.reduction = reduction
-        self.backend = backend
+        self.cfg = resolve(config, options)
+        self.reduction = check_reduction(reduction)
+        self.backend = check_backend(backend)
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``1 - SSIM``; ``mask``: per-pixel weights with the semantics of :func:`splatloss.ssim`."""
         return functional.dssim(
-            pred, target, reduction=self.reduction, backend=self.backend, mask=mask, **_cfg_kwargs(self.cfg)
+            pred, target, reduction=self.reduction, backend=self.backend, mask=mask, config=self.cfg
         )
 
     def extra_repr(self) -> str:
@@ -122,29 +96,19 @@ class MSSSIMLoss(nn.Module):
     def __init__(
         self,
         *,
-        data_range: float = 1.0,
-        weights: Sequence[float] = MS_SSIM_WEIGHTS,
-        window_size: int = 11,
-        sigma: float = 1.5,
-        window: str = "gaussian",
-        k1: float = 0.01,
-        k2: float = 0.03,
-        c1: Optional[float] = None,
-        c2: Optional[float] = None,
-        padding: str = "valid",
+        weights=MS_SSIM_WEIGHTS,
         reduction: str = "mean",
         backend: str = "auto",
         tau: Optional[float] = DEFAULT_TAU,
+        config: Optional[SSIMConfig] = None,
+        **options,
     ):
         super().__init__()
-        self.cfg = SSIMConfig(window_size, sigma, window, k1, k2, c1, c2, data_range, padding)
-        _check_reduction(reduction)
-        if not isinstance(backend, str) or backend not in backends.BACKENDS:
-            raise ValueError(f"backend must be one of {backends.BACKENDS}, got {backend!r}")
-        self.weights = _check_weights(weights)
-        self.tau = _check_tau(tau)
-        self.reduction = reduction
-        self.backend = backend
+        self.cfg = resolve(config, options)
+        self.weights = check_weights(weights)
+        self.tau = check_tau(tau)
+        self.reduction = check_reduction(reduction)
+        self.backend = check_backend(backend)
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``1 - MS-SSIM``; ``mask``: per-pixel weights going down the pyramid (:func:`splatloss.ms_ssim`)."""
@@ -156,10 +120,10 @@ class MSSSIMLoss(nn.Module):
             reduction="none",
             backend=self.backend,
             mask=mask,
-            **_cfg_kwargs(self.cfg),
+            config=self.cfg,
         )
         unbatched = per_image.dim() == 0
-        return _reduce(1 - per_image.reshape(-1), self.reduction, unbatched)
+        return reduce(1 - per_image.reshape(-1), self.reduction, unbatched)
 
     def extra_repr(self) -> str:
         return (
@@ -214,7 +178,7 @@ class S3IMLoss(nn.Module):
         self.generator = generator
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return 1 - s3im_with_config(pred, target, self.cfg, generator=self.generator)
+        return s3im_loss_with_config(pred, target, self.cfg, generator=self.generator)
 
     def extra_repr(self) -> str:
         return str(self.cfg)
@@ -227,26 +191,6 @@ def _check_weight(name: str, value) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"weight of term {name!r} must be a finite number >= 0, got {value!r}")
     return value
-
-
-def _gaussian_1d(sigma: float, dtype, device) -> torch.Tensor:
-    """Normalised Gaussian taps out to 3 sigma: ``2 * ceil(3 sigma) + 1`` taps."""
-    r = int(math.ceil(3 * sigma))
-    x = torch.arange(-r, r + 1, dtype=torch.float64)
-    w = torch.exp(-(x * x) / (2 * sigma * sigma))
-    return (w / w.sum()).to(dtype=dtype, device=device)
-
-
-def _sep_blur(x: torch.Tensor, w: torch.Tensor, padding: str) -> torch.Tensor:
-    """Depthwise separable filtering of ``x`` [B, C, H, W] with ``w``, padding as the SSIM config."""
-    c, k = x.shape[1], w.shape[0]
-    r = k // 2
-    if padding == "same":
-        x = F.pad(x, (r, r, r, r))
-    elif padding == "reflect":
-        x = F.pad(x, (r, r, r, r), mode="reflect")
-    x = F.conv2d(x, w.view(1, 1, 1, k).expand(c, 1, 1, k), groups=c)
-    return F.conv2d(x, w.view(1, 1, k, 1).expand(c, 1, k, 1), groups=c)
 
 
 def _weighted_mean(values: torch.Tensor, mask: Optional[torch.Tensor], dims) -> torch.Tensor:
@@ -329,16 +273,7 @@ class PhotometricLoss(nn.Module):
         s3im: float = 0.0,
         *,
         weights: Optional[Mapping[str, float]] = None,
-        data_range: float = 1.0,
-        window_size: int = 11,
-        sigma: float = 1.5,
-        window: str = "gaussian",
-        k1: float = 0.01,
-        k2: float = 0.03,
-        c1: Optional[float] = None,
-        c2: Optional[float] = None,
-        padding: str = "valid",
-        ms_weights: Sequence[float] = MS_SSIM_WEIGHTS,
+        ms_weights=MS_SSIM_WEIGHTS,
         tau: Optional[float] = DEFAULT_TAU,
         l1_sigma: Optional[float] = None,
         s3im_kernel_size: int = 4,
@@ -347,6 +282,8 @@ class PhotometricLoss(nn.Module):
         s3im_patch_height: int = 64,
         reduction: str = "mean",
         backend: str = "auto",
+        config: Optional[SSIMConfig] = None,
+        **options,
     ):
         super().__init__()
         given = {
@@ -370,9 +307,9 @@ class PhotometricLoss(nn.Module):
         if not any(v > 0 for v in w.values()):
             raise ValueError(f"PhotometricLoss needs at least one term with a weight > 0, got {w}")
         self.weights: Dict[str, float] = w
-        self.cfg = SSIMConfig(window_size, sigma, window, k1, k2, c1, c2, data_range, padding)
-        self.ms_weights = _check_weights(ms_weights)
-        self.tau = _check_tau(tau)
+        self.cfg = resolve(config, options)
+        self.ms_weights = check_weights(ms_weights, "ms_weights")
+        self.tau = check_tau(tau)
         if l1_sigma is None:
             l1_sigma = 0.5 * 2 ** (len(self.ms_weights) - 1)
         if not isinstance(l1_sigma, numbers.Real) or isinstance(l1_sigma, bool) or not (0 < float(l1_sigma) < math.inf):
@@ -387,11 +324,8 @@ class PhotometricLoss(nn.Module):
             k1=self.cfg.k1,
             k2=self.cfg.k2,
         )
-        _check_reduction(reduction)
-        if not isinstance(backend, str) or backend not in backends.BACKENDS:
-            raise ValueError(f"backend must be one of {backends.BACKENDS}, got {backend!r}")
-        self.reduction = reduction
-        self.backend = backend
+        self.reduction = check_reduction(reduction)
+        self.backend = check_backend(backend)
         self.terms: Dict[str, torch.Tensor] = {}
 
     # -- presets ----------------------------------------------------------------------------------
@@ -418,20 +352,21 @@ class PhotometricLoss(nn.Module):
 
     @classmethod
     def dssim_l1(cls, lambda_dssim: float = 0.2, *, padding: str = "same", **kwargs) -> "PhotometricLoss":
-        """3DGS: ``(1 - lambda_dssim) L1 + lambda_dssim (1 - SSIM)``, zero padding as 3DGS's ``ssim``."""
-        lam = _check_fraction("lambda_dssim", lambda_dssim)
+        """3DGS: ``(1 - lambda_dssim) L1 + lambda_dssim (1 - SSIM)``, zero padding as 3DGS's ``ssim``
+        (the ``3dgs`` convention of :mod:`splatloss.conventions`)."""
+        lam = check_fraction("lambda_dssim", lambda_dssim)
         return cls(l1=1.0 - lam, dssim=lam, padding=padding, **kwargs)
 
     @classmethod
     def msssim_l1(cls, alpha: float = 0.84, **kwargs) -> "PhotometricLoss":
         """``alpha (1 - MS-SSIM) + (1 - alpha) L1`` with a plain (unweighted) L1."""
-        a = _check_fraction("alpha", alpha)
+        a = check_fraction("alpha", alpha)
         return cls(msssim=a, l1=1.0 - a, **kwargs)
 
     @classmethod
     def zhao_mix(cls, alpha: float = 0.84, **kwargs) -> "PhotometricLoss":
         """Zhao et al. 2017 Mix: ``alpha (1 - MS-SSIM) + (1 - alpha) G_sigma_M * L1``, ``alpha = 0.84``."""
-        a = _check_fraction("alpha", alpha)
+        a = check_fraction("alpha", alpha)
         return cls(msssim=a, l1_gaussian=1.0 - a, **kwargs)
 
     # -- weights ----------------------------------------------------------------------------------
@@ -448,27 +383,22 @@ class PhotometricLoss(nn.Module):
 
     # -- forward ----------------------------------------------------------------------------------
 
-    def _check_mask(self, mask, pred: torch.Tensor) -> torch.Tensor:
+    def forward(self, pred: torch.Tensor, target: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if isinstance(mask, torch.Tensor) and mask.dim() == 3:  # (B, H, W), e.g. a batch of alphas
             mask = mask[:, None]
-        return functional._check_mask(mask, pred)
-
-    def forward(self, pred: torch.Tensor, target: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        x, y, unbatched = functional._check_pair(pred, target)
-        if mask is not None:
-            mask = self._check_mask(mask, x)
+        cfg, x, y, mask, unbatched, impl = functional.prepare(pred, target, self.cfg, None, mask, self.backend)
         acc = accumulation_dtype(x.dtype)
         w = self.weights
         per_term: Dict[str, torch.Tensor] = {}  # name -> [B]
-        kw = _cfg_kwargs(self.cfg)
 
         fused_pair = w["l1"] > 0 and w["dssim"] > 0
         if fused_pair:
             # 3DGS pair in one call (the backend's fused L1 + D-SSIM when it has one, masked too):
             # w_l1 L1 + w_d D = (w_l1 + w_d) * dssim_l1(lam = w_d / (w_l1 + w_d)).
+            check_size(x, cfg)
             scale = w["l1"] + w["dssim"]
             lam = w["dssim"] / scale
-            pair = scale * functional.dssim_l1(x, y, lam, reduction="none", backend=self.backend, mask=mask, **kw)
+            pair = scale * impl.dssim_l1(x, y, cfg, lam, mask)
             with torch.no_grad():  # the separate values, for logging only
                 l1_val = _weighted_mean((x.to(acc) - y.to(acc)).abs(), mask, (1, 2, 3))
                 d_val = (pair.detach() / scale - (1 - lam) * l1_val) / lam
@@ -486,9 +416,11 @@ class PhotometricLoss(nn.Module):
         if w["l2"] > 0:
             per_term["l2"] = _weighted_mean(diff * diff, mask, (1, 2, 3))
         if not fused_pair and w["dssim"] > 0:
-            per_term["dssim"] = self._dssim(x, y, mask)
+            check_size(x, cfg)
+            per_term["dssim"] = 1 - impl.ssim_mean(x, y, cfg, mask).mean(dim=1)
         if w["msssim"] > 0:
-            per_term["msssim"] = self._msssim(x, y, mask)
+            check_ms_size(x, cfg, len(self.ms_weights))
+            per_term["msssim"] = 1 - impl.ms_ssim(x, y, cfg, self.ms_weights, self.tau, mask)
         if w["l1_gaussian"] > 0:
             per_term["l1_gaussian"] = self._l1_gaussian(diff, mask)
         if w["s3im"] > 0:
@@ -499,34 +431,7 @@ class PhotometricLoss(nn.Module):
             total = term if total is None else total + term
             logged[name] = value.detach()
         self.terms = {name: v.mean() for name, v in logged.items()}
-        return _reduce(total, self.reduction, unbatched)
-
-    def _dssim(self, x, y, mask) -> torch.Tensor:
-        if mask is None:
-            return functional.dssim(x, y, reduction="none", backend=self.backend, **_cfg_kwargs(self.cfg))
-        functional._check_size(x, self.cfg)
-        s, _ = backends.resolve(self.backend, x).masked_ssim_stats(x, y, mask, self.cfg)  # [B, C]
-        return 1 - s.mean(dim=1)
-
-    def _msssim(self, x, y, mask) -> torch.Tensor:
-        if mask is None:
-            ms = functional.ms_ssim(
-                x,
-                y,
-                weights=self.ms_weights,
-                tau=self.tau,
-                reduction="none",
-                backend=self.backend,
-                **_cfg_kwargs(self.cfg),
-            )
-            return 1 - ms
-        cfg, scales = self.cfg, len(self.ms_weights)
-        functional._check_ms_size(x, cfg, scales)
-        impl = backends.resolve(self.backend, x)
-        # the mask follows the same pyramid as the images; each scale uses its own mask
-        terms = multiscale.ms_terms(lambda a, b, m: impl.masked_ssim_stats(a, b, m, cfg), (x, y, mask), scales)
-        ms = multiscale.combine(terms, self.ms_weights, self.tau)
-        return 1 - ms
+        return reduce(total, self.reduction, unbatched)
 
     def _s3im(self, x, y, mask) -> torch.Tensor:
         """1 - S3IM per image, its ``H * W`` pixels taken as a batch of rays ``(H * W, C)``."""
@@ -537,10 +442,13 @@ class PhotometricLoss(nn.Module):
             )
         rays_x = x.flatten(2).transpose(1, 2)  # [B, H * W, C]
         rays_y = y.flatten(2).transpose(1, 2)
-        return torch.stack([1 - s3im_with_config(rays_x[b], rays_y[b], self.s3im_cfg) for b in range(x.shape[0])])
+        return torch.stack([s3im_loss_with_config(rays_x[b], rays_y[b], self.s3im_cfg) for b in range(x.shape[0])])
 
     def _l1_gaussian(self, diff, mask) -> torch.Tensor:
-        g = _gaussian_1d(self.l1_sigma, diff.dtype, diff.device)
+        # Normalised Gaussian taps out to 3 sigma: 2 * ceil(3 sigma) + 1 taps.
+        g = SSIMConfig(window_size=2 * math.ceil(3 * self.l1_sigma) + 1, sigma=self.l1_sigma).window_1d(
+            diff.dtype, diff.device
+        )
         k = g.shape[0]
         if self.cfg.padding == "valid" and min(diff.shape[-2:]) < k:
             raise ValueError(
@@ -558,12 +466,6 @@ class PhotometricLoss(nn.Module):
         if mask is None:  # the all-ones value: the zero-padded blur is normalised at the border too
             mask = torch.ones((1, 1) + tuple(err.shape[-2:]), dtype=err.dtype, device=err.device)
         m = mask.expand_as(err)
-        num = _sep_blur(err * m, g, self.cfg.padding).sum(dim=(1, 2, 3))
-        den = _sep_blur(m.contiguous(), g, self.cfg.padding).sum(dim=(1, 2, 3))
+        num = window_filter(err * m, g, self.cfg.padding).sum(dim=(1, 2, 3))
+        den = window_filter(m.contiguous(), g, self.cfg.padding).sum(dim=(1, 2, 3))
         return num / den.clamp_min(torch.finfo(err.dtype).tiny)
-
-
-def _check_fraction(name: str, value) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not (0.0 <= float(value) <= 1.0):
-        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-    return float(value)

@@ -27,10 +27,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "splatloss"
 # ``functional``, so it is that layer's facade.
 LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("config", ("splatloss.config", "splatloss._atomic", "splatloss._extras")),
+    ("checks / filtering", ("splatloss.checks", "splatloss.filtering")),
     ("multiscale", ("splatloss.multiscale",)),
     ("backends / reference", ("splatloss.backends", "splatloss.reference")),
     ("functional", ("splatloss.functional",)),
-    ("losses / compat / s3im", ("splatloss.losses", "splatloss.compat", "splatloss.s3im", "splatloss")),
+    ("conventions", ("splatloss.conventions",)),
+    ("losses / compat / rays", ("splatloss.losses", "splatloss.compat", "splatloss.rays", "splatloss")),
     ("splat", ("splatloss.splat",)),
     ("lightning", ("splatloss.lightning",)),
     ("train", ("splatloss.train", "splatloss.__main__")),

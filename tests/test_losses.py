@@ -350,7 +350,7 @@ X = torch.rand(1, 3, 40, 40)
         (
             lambda: PhotometricLoss.msssim(ms_weights=[-1.0]),
             ValueError,
-            r"weights must be finite and >= 0, got weights\[0\] = -1.0",
+            r"ms_weights must be finite and >= 0, got ms_weights\[0\] = -1.0",
         ),
         (lambda: PhotometricLoss.msssim(tau=2.0), ValueError, r"tau must be a number in \(0, 1\) or None, got 2.0"),
         (lambda: MSSSIMLoss(tau=-1), ValueError, r"tau must be a number in \(0, 1\) or None, got -1"),

@@ -13,7 +13,7 @@ from _truth import distort, photo, to_torch
 
 import splatloss
 from conftest import rel
-from splatloss import functional
+from splatloss import SSIMConfig
 from splatloss.backends import cpu, get
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C compiler here")
@@ -26,7 +26,7 @@ LAM = 0.2
 
 
 def _cfg(padding, window_size=11):
-    return functional._make_cfg(1.0, window_size, 1.5, "gaussian", 0.01, 0.03, None, None, padding)
+    return SSIMConfig(window_size=window_size, padding=padding)
 
 
 def _pair(h, w, dtype, b=1, c=3):
@@ -55,7 +55,7 @@ def test_masked_dssim_l1_equals_oracle(padding, dtype):
     x, y = _pair(37, 45, dtype, b=2)
     m = torch.stack([soft_mask(37, 45, seed=1), soft_mask(37, 45, seed=5)])[:, None]  # (B, 1, H, W)
     be = get("cpu")
-    v, gx, gy = _grads(lambda a, b: be.masked_dssim_l1(a, b, m.to(dtype), _cfg(padding), LAM), x, y)
+    v, gx, gy = _grads(lambda a, b: be.dssim_l1(a, b, _cfg(padding), LAM, m.to(dtype)), x, y)
     tv, tgx, tgy = _grads(lambda a, b: _oracle_dssim_l1(a, b, m, padding), x.double(), y.double())
     tol_v, tol_g = (VALUE_TOL, GRAD_TOL) if dtype == torch.float32 else (1e-12, 1e-10)
     assert (v.double() - tv).abs().max().item() <= tol_v
@@ -94,7 +94,7 @@ def test_empty_channel_counts_as_one_with_zero_gradient():
         assert s[0, 1] == 1 and (s[1] == 1).all()
         assert (gx[0, 1] == 0).all() and (gx[1] == 0).all() and (gy[1] == 0).all()
         assert (s - ts).abs().max() <= 1e-12 and rel(gx, tgx) <= 1e-10 and rel(gy, tgy) <= 1e-10
-        v, gx, _ = _grads(lambda a, b: get("cpu").masked_dssim_l1(a, b, m, _cfg(padding), LAM), x, y)
+        v, gx, _ = _grads(lambda a, b: get("cpu").dssim_l1(a, b, _cfg(padding), LAM, m), x, y)
         assert v[1] == 0 and (gx[1] == 0).all()  # empty mask: L1 0, SSIM 1
 
 
@@ -102,7 +102,7 @@ def test_empty_channel_counts_as_one_with_zero_gradient():
 def test_all_ones_mask_equals_unmasked_kernel(padding):
     x, y = _pair(29, 33, torch.float32)
     ones = torch.ones(1, 1, 29, 33)
-    a = _grads(lambda p, q: get("cpu").masked_dssim_l1(p, q, ones, _cfg(padding), LAM), x, y)
+    a = _grads(lambda p, q: get("cpu").dssim_l1(p, q, _cfg(padding), LAM, ones), x, y)
     b = _grads(lambda p, q: get("cpu").dssim_l1(p, q, _cfg(padding), LAM), x, y)
     # fp32 round-off of the extra multiply by 1 and the division by W = F(1) (measured <= 1.5e-8 values,
     # <= 1.2e-6 gradients normwise)
@@ -116,7 +116,7 @@ def test_threads_and_column_tiles_do_not_change_the_result(padding):
     a = np.tile(photo("astronaut", 100, 0, 24, 512), (1, 6, 1))[:, :2600]
     x, y = to_torch(a, torch.float32)[:, :2], to_torch(distort(a, seed=3), torch.float32)[:, :2]
     m = soft_mask(24, 2600, seed=4)[None, None].float()
-    fn = lambda a, b: get("cpu").masked_dssim_l1(a, b, m, _cfg(padding), LAM)  # noqa: E731
+    fn = lambda a, b: get("cpu").dssim_l1(a, b, _cfg(padding), LAM, m)  # noqa: E731
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -147,7 +147,7 @@ def test_double_backward_runs_the_torch_ops_adjoint():
     xr = x.clone().requires_grad_(True)
     for backend in ("cpu", "torch"):
         if backend == "cpu":
-            v = get("cpu").masked_dssim_l1(xr, y, m, _cfg("same"), LAM).sum()
+            v = get("cpu").dssim_l1(xr, y, _cfg("same"), LAM, m).sum()
         else:  # the shared torch-ops composition
             v = splatloss.dssim_l1(xr, y, LAM, mask=m, padding="same", backend="torch", reduction="sum")
         (g,) = torch.autograd.grad(v, xr, create_graph=True)
@@ -164,7 +164,7 @@ def test_gradcheck_float64():
     xr, yr = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
     for padding in ("same", "valid", "reflect"):
         cfg = _cfg(padding, window_size=5)
-        assert torch.autograd.gradcheck(lambda a, b: get("cpu").masked_dssim_l1(a, b, m, cfg, LAM), (xr, yr))
+        assert torch.autograd.gradcheck(lambda a, b: get("cpu").dssim_l1(a, b, cfg, LAM, m), (xr, yr))
         assert torch.autograd.gradcheck(lambda a, b: get("cpu").masked_ssim_stats(a, b, m, cfg), (xr, yr))
 
 
@@ -176,7 +176,7 @@ def test_compiles_fullgraph_with_the_kernel_ops():
     m = soft_mask(24, 28, seed=1)[None, None].float()
     cases = {
         "splatloss.cpu_masked_ssim_stats": lambda a, b: splatloss.ssim(a, b, mask=m, padding="same"),
-        "splatloss.cpu_masked_dssim_l1": lambda a, b: get("cpu").masked_dssim_l1(a, b, m, _cfg("same"), LAM).sum(),
+        "splatloss.cpu_masked_dssim_l1": lambda a, b: get("cpu").dssim_l1(a, b, _cfg("same"), LAM, m).sum(),
     }
     for op, fn in cases.items():
         counter = CompileCounterWithBackend("aot_eager")
@@ -193,9 +193,9 @@ def test_compiles_fullgraph_with_the_kernel_ops():
 def test_one_image_needing_a_gradient(which):
     x, y = _pair(26, 29, torch.float64)
     m = soft_mask(26, 29, seed=6)[None, None]
-    _, gx, gy = _grads(lambda a, b: get("cpu").masked_dssim_l1(a, b, m, _cfg("same"), LAM), x, y)
+    _, gx, gy = _grads(lambda a, b: get("cpu").dssim_l1(a, b, _cfg("same"), LAM, m), x, y)
     a = x.clone().requires_grad_(which == "x")
     b = y.clone().requires_grad_(which == "y")
-    v = get("cpu").masked_dssim_l1(a, b, m, _cfg("same"), LAM).sum()
+    v = get("cpu").dssim_l1(a, b, _cfg("same"), LAM, m).sum()
     (g,) = torch.autograd.grad(v, a if which == "x" else b)
     assert rel(g, gx if which == "x" else gy) <= 1e-12

@@ -26,15 +26,15 @@ from typing import Dict, Optional
 
 import torch
 
+from ..checks import BACKENDS, check_backend
 from . import cpu as _cpu
 from . import reference as _reference
 from . import torch_fused as _torch
-from .base import Backend, _compile_time_constant
+from .base import Backend, compile_time_constant
 
 __all__ = ["NAMES", "BACKENDS", "Backend", "get", "resolve", "explain", "available"]
 
-NAMES = ("reference", "torch", "cpu", "triton")
-BACKENDS = ("auto",) + NAMES
+NAMES = BACKENDS[1:]
 
 # Outcome of the one attempt to import the Triton backend: the backend object, or why it failed.
 _triton_backend: Optional[Backend] = None
@@ -58,7 +58,7 @@ def _load_triton() -> bool:
 
 
 # Under torch.compile the import happens once at trace time and its outcome is a constant.
-_load_triton_constant = _compile_time_constant(_load_triton)
+_load_triton_constant = compile_time_constant(_load_triton)
 
 
 def _triton_loaded() -> bool:
@@ -80,7 +80,7 @@ def _cpu_for_auto() -> bool:
     return ok
 
 
-_cpu_for_auto_constant = _compile_time_constant(_cpu_for_auto)
+_cpu_for_auto_constant = compile_time_constant(_cpu_for_auto)
 
 
 def _auto_cpu() -> bool:
@@ -89,11 +89,6 @@ def _auto_cpu() -> bool:
 
 def _triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _check_name(name) -> None:
-    if not isinstance(name, str) or name not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
 
 
 def get(name: str) -> Backend:
@@ -109,7 +104,7 @@ def get(name: str) -> Backend:
             f"get() takes a backend name from {NAMES}, got 'auto'; use resolve('auto', img) to let splatloss "
             "choose for a tensor"
         )
-    _check_name(name)
+    check_backend(name)
     if name == "reference":
         return _reference.BACKEND
     if name == "torch":
@@ -156,7 +151,7 @@ def resolve(name: str, img: torch.Tensor) -> Backend:
         ...
         ValueError: backend must be one of ('auto', 'reference', 'torch', 'cpu', 'triton'), got 'numba'
     """
-    _check_name(name)
+    check_backend(name)
     if name == "auto":
         return get(_auto(img))
     if name == "cpu" and img.device.type != "cpu":

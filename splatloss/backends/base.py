@@ -8,6 +8,12 @@ gradients in the input dtype.
 A new backend subclasses :class:`Backend`, implements :meth:`~Backend.ssim_map` and
 :meth:`~Backend.ssim_stats`, and overrides a shared composition only where it has something
 faster that computes the same numbers (a fused L1 + D-SSIM kernel, a fused pyramid step).
+
+Masks are part of the contract: every composition takes ``mask=None`` (validated, a float tensor
+broadcasting as ``(B|1, 1|C, H, W)``; semantics in ``docs/conventions.md``). The masked statistics
+come from :meth:`~Backend.masked_ssim_stats` and :meth:`~Backend.masked_ssim_map`: a backend that
+computes them itself overrides both and sets :attr:`~Backend.fused_masks`; one that cannot keeps the
+shared fallback, the torch-ops composition of :mod:`splatloss.backends.masked`.
 """
 
 from __future__ import annotations
@@ -22,12 +28,12 @@ from .. import multiscale
 from ..config import SSIMConfig, accumulation_dtype
 from . import masked
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "compile_time_constant", "masked_l1"]
 
 Tensor = torch.Tensor
 
 
-def _compile_time_constant(fn: Callable) -> Callable:
+def compile_time_constant(fn: Callable) -> Callable:
     """A copy of ``fn`` that ``torch.compile`` runs once at trace time and treats as a constant
     (what ``torch.compiler.assume_constant_result`` marks), for the environment checks behind the
     backend choice: building the C kernel or importing Triton cannot be traced.
@@ -44,15 +50,32 @@ def _compile_time_constant(fn: Callable) -> Callable:
     return constant
 
 
-class Backend(abc.ABC):
-    """One SSIM implementation; every entry point below works on every backend.
+def masked_l1(img1: Tensor, img2: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """Mean absolute difference per image ``[B]`` in the accumulation dtype; with ``mask``,
+    ``sum m |x - y| / sum m`` over channels and pixels (0 when the mask is empty)."""
+    acc = accumulation_dtype(img1.dtype)
+    diff = (img1.to(acc) - img2.to(acc)).abs()
+    if mask is None:
+        return diff.mean(dim=(1, 2, 3))
+    mf = mask.to(acc).expand(img1.shape)
+    den = mf.sum(dim=(1, 2, 3))
+    num = (mf * diff).sum(dim=(1, 2, 3))
+    return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
 
-    ``ssim_map`` and ``ssim_stats`` are the backend's own; ``ssim_mean``, ``ms_ssim``, ``dssim_l1``
-    and ``ssim_mean_and_grad`` have shared default compositions built from ``ssim_stats``.
+
+class Backend(abc.ABC):
+    """One SSIM implementation; every entry point below works on every backend, masked or not.
+
+    ``ssim_map`` and ``ssim_stats`` are the backend's own; ``masked_ssim_map`` and
+    ``masked_ssim_stats`` are its own when :attr:`fused_masks`, else the shared fallback; ``ssim_mean``,
+    ``ms_ssim``, ``dssim_l1`` and ``ssim_mean_and_grad`` are shared compositions of those.
     """
 
     #: The name ``splatloss.backends.get`` knows this backend by.
     name: str = ""
+    #: Whether the backend computes masked statistics itself (``False``: the torch-ops fallback of
+    #: :mod:`splatloss.backends.masked` computes them, gradients by its analytic backward).
+    fused_masks: bool = False
 
     def __repr__(self) -> str:
         return f"<splatloss backend {self.name!r}>"
@@ -66,48 +89,54 @@ class Backend(abc.ABC):
     def ssim_stats(self, img1: Tensor, img2: Tensor, cfg: SSIMConfig) -> Tuple[Tensor, Tensor]:
         """``(ssim_mean, cs_mean)``, each ``[B, C]``: the maps' means per image and channel."""
 
-    def ssim_mean(self, img1: Tensor, img2: Tensor, cfg: SSIMConfig) -> Tensor:
-        """``ssim_mean`` ``[B, C]`` alone (what :func:`splatloss.ssim` reduces): a backend whose
-        cost depends on which mean gets a gradient overrides it."""
-        return self.ssim_stats(img1, img2, cfg)[0]
-
-    def ms_ssim(
-        self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, weights: Sequence[float], tau: Optional[float] = None
-    ) -> Tensor:
-        """MS-SSIM per image ``[B]``: :func:`splatloss.multiscale.ms_ssim` over this backend's
-        :meth:`ssim_stats` (``tau=None``: relu, the metric; a float: the loss's smooth extension)."""
-        return multiscale.ms_ssim(lambda x, y: self.ssim_stats(x, y, cfg), img1, img2, weights, tau)
-
-    def dssim_l1(self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, lam: float) -> Tensor:
-        """``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)`` per image ``[B]``."""
-        acc = accumulation_dtype(img1.dtype)
-        l1 = (img1.to(acc) - img2.to(acc)).abs().mean(dim=(1, 2, 3))  # [B]
-        s, _ = self.ssim_stats(img1, img2, cfg)
-        return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
-
     def masked_ssim_map(self, img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig):
-        """Masked ``(ssim_map, cs_map, centre_weights)`` ``[B, C, H', W']`` (semantics in
-        :mod:`splatloss.backends.masked`; ``mask`` a float tensor broadcasting as ``(B|1, 1|C, H, W)``).
-        Every backend runs the shared torch-ops composition of that module, gradients by autograd."""
+        """Masked ``(ssim_map, cs_map, centre_weights)``, each ``[B, C, H', W']``."""
         return masked.masked_ssim_map(img1, img2, mask, cfg)
 
     def masked_ssim_stats(self, img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig) -> Tuple[Tensor, Tensor]:
         """Masked ``(ssim_mean, cs_mean)``, each ``[B, C]`` (an empty channel counts as 1)."""
         return masked.masked_ssim_stats(img1, img2, mask, cfg)
 
-    def masked_dssim_l1(self, img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig, lam: float) -> Tensor:
-        """Masked ``(1 - lam) * L1 + lam * (1 - SSIM)`` per image ``[B]``: ``L1 = sum m |x - y| / sum m``
-        over channels and pixels (0 when the mask is empty) and the masked SSIM of :meth:`masked_ssim_stats`."""
-        acc = accumulation_dtype(img1.dtype)
-        mf = mask.to(acc).expand(img1.shape)
-        den = mf.sum(dim=(1, 2, 3))
-        num = (mf * (img1.to(acc) - img2.to(acc)).abs()).sum(dim=(1, 2, 3))
-        l1 = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
-        s, _ = self.masked_ssim_stats(img1, img2, mask, cfg)
-        return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
+    def stats(self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, mask: Optional[Tensor] = None):
+        """:meth:`ssim_stats`, or :meth:`masked_ssim_stats` when a mask is given."""
+        if mask is None:
+            return self.ssim_stats(img1, img2, cfg)
+        return self.masked_ssim_stats(img1, img2, mask, cfg)
+
+    def ssim_mean(self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, mask: Optional[Tensor] = None) -> Tensor:
+        """``ssim_mean`` ``[B, C]`` alone (what :func:`splatloss.ssim` reduces): a backend whose
+        cost depends on which mean gets a gradient overrides it."""
+        return self.stats(img1, img2, cfg, mask)[0]
+
+    def ms_ssim(
+        self,
+        img1: Tensor,
+        img2: Tensor,
+        cfg: SSIMConfig,
+        weights: Sequence[float],
+        tau: Optional[float] = None,
+        mask: Optional[Tensor] = None,
+    ) -> Tensor:
+        """MS-SSIM per image ``[B]`` over this backend's statistics at each scale (``tau=None``: relu,
+        the metric; a float: the loss's smooth extension). A mask goes down the same pyramid as the
+        images (repeat-pad an odd side, 2x2 mean) and each scale uses its own."""
+        if mask is None:
+            terms = multiscale.ms_terms(lambda x, y: self.ssim_stats(x, y, cfg), (img1, img2), len(weights))
+        else:
+            stats = lambda x, y, m: self.masked_ssim_stats(x, y, m, cfg)  # noqa: E731
+            terms = multiscale.ms_terms(stats, (img1, img2, mask), len(weights))
+        return multiscale.combine(terms, weights, tau)
+
+    def dssim_l1(
+        self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, lam: float, mask: Optional[Tensor] = None
+    ) -> Tensor:
+        """``(1 - lam) * L1 + lam * (1 - SSIM)`` per image ``[B]`` (:func:`masked_l1` and the
+        (masked) SSIM of :meth:`ssim_mean`)."""
+        s = self.ssim_mean(img1, img2, cfg, mask)
+        return (1 - lam) * masked_l1(img1, img2, mask) + lam * (1 - s.mean(dim=1))
 
     def ssim_mean_and_grad(
-        self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, upstream: Tensor
+        self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, upstream: Tensor, mask: Optional[Tensor] = None
     ) -> Tuple[Tensor, Tensor]:
         """``(ssim_mean [B, C], d sum(upstream * ssim_mean) / d img1)``, returning no graph.
 
@@ -116,6 +145,7 @@ class Backend(abc.ABC):
         """
         with torch.enable_grad():
             x = img1.detach().requires_grad_(True)
-            s, _ = self.ssim_stats(x, img2.detach(), cfg)
+            m = None if mask is None else mask.detach()
+            s = self.ssim_mean(x, img2.detach(), cfg, m)
             (g,) = torch.autograd.grad((s * upstream.to(s.dtype)).sum(), x)
         return s.detach(), g.to(img1.dtype)

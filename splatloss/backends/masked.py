@@ -1,26 +1,18 @@
-"""Masked SSIM statistics as one composition of torch ops, shared by every backend.
+"""Masked SSIM statistics as one composition of torch ops: the shared fallback of every backend
+that does not compute them itself (:attr:`splatloss.backends.base.Backend.fused_masks`).
 
-Semantics. A mask ``m`` holds weights in [0, 1] per pixel (bool or float), shaped ``(B, 1, H, W)``,
-``(1, 1, H, W)``, ``(H, W)`` or ``(B, C, H, W)``. Let ``X, Y`` be the padded images and ``M`` the
-padded mask: ``"same"`` pads the images with zeros and the mask with **ones** (the zero border counts
-as present black pixels, as 3DGS treats it), ``"reflect"`` mirrors images and mask, ``"valid"`` pads
-nothing. With ``F`` the window filter over the padded arrays and ``W = F(M)``::
-
-    mu_x = F(M X) / W,  E[x^2] = F(M X^2) / W,  E[xy] = F(M X Y) / W   (likewise for y)
-
-and the SSIM and cs maps follow as usual. The value of an image is, per channel, the mean of the map
-weighted by the mask at each map position's centre pixel (``m`` itself for "same"/"reflect", ``m``
-cropped by ``window_size // 2`` for "valid"), then the plain mean over channels; a channel whose
-weights sum to 0 counts as SSIM 1 with zero gradient (nothing to compare). With a mask of ones this
-is exactly the unmasked SSIM for every padding.
+What is computed is the masked semantics of ``docs/conventions.md`` ("Masks"): the window statistics
+normalised by the filtered mask, ``mu_x = F(M X) / F(M)`` and likewise for the second moments, the mask
+padded with ones for "same" and mirrored for "reflect", the maps averaged with the mask at each map
+position's centre, an empty channel counting as SSIM 1.
 
 What runs: the six filtered channels ``F(M), F(MX), F(MY), F(MX^2), F(MY^2), F(MXY)`` in one
 separable depthwise convolution (the moments of ``x - s``, ``s`` a per-plane constant, as the torch
 backend does against float32 cancellation), in the accumulation dtype; gradients to both images
 by autograd through these ops for the maps, and for the per-channel means (what ssim, ms_ssim and the
 losses use) by the analytic backward of :class:`_MaskedStats`, which keeps only the inputs for backward and
-recomputes the forward there. A map position with ``W = 0`` has a zero centre weight, so its
-statistics are computed with ``W`` replaced by 1 and never reach the value or the gradient.
+recomputes the forward there. A map position with ``F(M) = 0`` has a zero centre weight, so its
+statistics are computed with ``F(M)`` replaced by 1 and never reach the value or the gradient.
 """
 
 from __future__ import annotations
@@ -31,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import SSIMConfig, accumulation_dtype
+from ..filtering import pad, separable_valid
 
 __all__ = ["masked_ssim_map", "masked_ssim_stats", "masked_stats_backward", "weighted_channel_mean"]
 
@@ -46,49 +39,17 @@ def plane_shift(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return total / finite.sum(dim=(-2, -1), keepdim=True).clamp_min(1).to(z.dtype)
 
 
-def _pad(t: Tensor, padding: str, lo: int, hi: int, value: float) -> Tensor:
-    if padding == "valid":
-        return t
-    if padding == "same":
-        return F.pad(t, (lo, hi, lo, hi), value=value)
-    return F.pad(t, (lo, hi, lo, hi), mode="reflect")
-
-
-def _sep_filter_valid(x: Tensor, w: Tensor) -> Tensor:
-    n, k = x.shape[1], w.shape[0]
-    x = F.conv2d(x, w.view(1, 1, 1, k).expand(n, 1, 1, k), groups=n)
-    return F.conv2d(x, w.view(1, 1, k, 1).expand(n, 1, k, 1), groups=n)
-
-
 def masked_ssim_map(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig) -> Tuple[Tensor, Tensor, Tensor]:
-    """``(ssim_map, cs_map, centre_weights)``, each ``[B, C, H', W']`` in the accumulation dtype.
+    """``(ssim_map, cs_map, centre_weights)``, each ``[B, C, H', W']`` in the accumulation dtype,
+    gradients to both images by autograd through the torch ops.
 
     ``mask`` is a float tensor that broadcasts to the images as ``(B or 1, 1 or C, H, W)``.
     """
     acc = accumulation_dtype(img1.dtype)
     x, y = img1.to(acc), img2.to(acc)
-    b, c, h, wd = x.shape
-    m = mask.to(acc).expand(b, c, h, wd)
-    k = cfg.window_size
-    lo, hi = k // 2, k - 1 - k // 2
-    # per-plane shift against float32 cancellation; constant of the computation (no gradient)
-    s = plane_shift(x, y)  # over the finite pixels: a NaN pixel poisons only its footprint
-    X, Y = _pad(x, cfg.padding, lo, hi, 0.0) - s, _pad(y, cfg.padding, lo, hi, 0.0) - s
-    M = _pad(m, cfg.padding, lo, hi, 1.0)
+    m = mask.to(acc).expand(x.shape)
     w = cfg.window_1d(acc, x.device)
-    stacked = torch.cat([M, M * X, M * Y, M * X * X, M * Y * Y, M * X * Y], dim=1)
-    W, fx, fy, fxx, fyy, fxy = _sep_filter_valid(stacked, w).chunk(6, dim=1)
-    Wsafe = torch.where(W > 0, W, torch.ones_like(W))
-    mu_x, mu_y = fx / Wsafe, fy / Wsafe
-    vx = fxx / Wsafe - mu_x * mu_x
-    vy = fyy / Wsafe - mu_y * mu_y
-    cov = fxy / Wsafe - mu_x * mu_y
-    mx, my = mu_x + s, mu_y + s  # the unshifted means for the luminance term
-    c1, c2 = cfg.C1, cfg.C2
-    cs = (2 * cov + c2) / (vx + vy + c2)
-    lum = (2 * mx * my + c1) / (mx * mx + my * my + c1)
-    r = k // 2
-    centre = m[..., r : r + cs.shape[-2], r : r + cs.shape[-1]] if cfg.padding == "valid" else m
+    *_, lum, cs, centre, _ = _stats(x, y, m, w, cfg.padding, cfg.C1, cfg.C2)
     return lum * cs, cs, centre
 
 
@@ -106,10 +67,10 @@ def _stats(x: Tensor, y: Tensor, m: Tensor, w: Tensor, padding: str, c1: float, 
     k = w.shape[0]
     lo, hi = k // 2, k - 1 - k // 2
     s = plane_shift(x, y)  # over the finite pixels: a NaN pixel reaches only its footprint
-    X, Y = _pad(x, padding, lo, hi, 0.0) - s, _pad(y, padding, lo, hi, 0.0) - s
-    M = _pad(m, padding, lo, hi, 1.0)
+    X, Y = pad(x, padding, lo, hi, 0.0) - s, pad(y, padding, lo, hi, 0.0) - s
+    M = pad(m, padding, lo, hi, 1.0)
     stacked = torch.cat([M, M * X, M * Y, M * X * X, M * Y * Y, M * X * Y], dim=1)
-    W, fx, fy, fxx, fyy, fxy = _sep_filter_valid(stacked, w).chunk(6, dim=1)
+    W, fx, fy, fxx, fyy, fxy = separable_valid(stacked, w).chunk(6, dim=1)
     W = torch.where(W > 0, W, torch.ones_like(W))
     mu_x, mu_y = fx / W, fy / W
     vx, vy, cov = fxx / W - mu_x * mu_x, fyy / W - mu_y * mu_y, fxy / W - mu_x * mu_y
@@ -164,7 +125,7 @@ def masked_stats_backward(
     b = d_var / W
     d = d_cov / W
     k = w.shape[0]
-    full = _sep_filter_valid(F.pad(torch.cat([a_x, a_y, b, d], dim=1), (k - 1, k - 1, k - 1, k - 1)), w.flip(0))
+    full = separable_valid(F.pad(torch.cat([a_x, a_y, b, d], dim=1), (k - 1, k - 1, k - 1, k - 1)), w.flip(0))
     A_x, A_y, B, D = full.chunk(4, dim=1)  # on the padded grid
     gX = M * (A_x + 2 * X * B + Y * D)
     gY = M * (A_y + 2 * Y * B + X * D)

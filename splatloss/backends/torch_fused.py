@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import SSIMConfig, accumulation_dtype
+from ..filtering import pad, separable_valid, window_filter
 from .base import Backend
 from .masked import plane_shift
 
@@ -53,30 +54,8 @@ __all__ = ["TorchBackend", "BACKEND", "ssim_map", "ssim_stats", "ssim_mean_and_g
 # ----------------------------------------------------------------------------------------------
 
 
-def _sep_filter_valid(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Valid separable correlation of every channel of ``x`` [B, N, H, W] with ``w`` [k]."""
-    n = x.shape[1]
-    k = w.shape[0]
-    x = F.conv2d(x, w.view(1, 1, 1, k).expand(n, 1, 1, k), groups=n)  # along W -> [B, N, H, W-k+1]
-    return F.conv2d(x, w.view(1, 1, k, 1).expand(n, 1, k, 1), groups=n)  # along H -> [B, N, H-k+1, W-k+1]
-
-
-def _pad(x: torch.Tensor, padding: str, r: int = 0) -> torch.Tensor:
-    """Pad by ``r`` as ``padding`` says ("valid": nothing)."""
-    if padding == "same":
-        return F.pad(x, (r, r, r, r))
-    if padding == "reflect":
-        return F.pad(x, (r, r, r, r), mode="reflect")
-    return x
-
-
-def _filter(x: torch.Tensor, w: torch.Tensor, padding: str) -> torch.Tensor:
-    """F: pad as ``padding`` says, then valid separable filtering."""
-    return _sep_filter_valid(_pad(x, padding, w.shape[0] // 2), w)
-
-
 def _filter_adjoint(g: torch.Tensor, w: torch.Tensor, padding: str, size: Tuple[int, int]) -> torch.Tensor:
-    """F^T: the adjoint of :func:`_filter`, mapping a map-sized ``g`` back to image ``size``.
+    """F^T: the adjoint of :func:`~splatloss.filtering.window_filter`, mapping a map-sized ``g`` back to image ``size``.
 
     The adjoint of a valid correlation is a full correlation with the flipped window (zero-pad by
     ``k - 1``). For "same" the adjoint of zero padding crops, which together amounts to padding by
@@ -87,8 +66,8 @@ def _filter_adjoint(g: torch.Tensor, w: torch.Tensor, padding: str, size: Tuple[
     r = k // 2
     wf = w.flip(0)
     if padding == "same":
-        return _sep_filter_valid(F.pad(g, (r, r, r, r)), wf)
-    full = _sep_filter_valid(F.pad(g, (k - 1, k - 1, k - 1, k - 1)), wf)  # padded-image sized
+        return separable_valid(F.pad(g, (r, r, r, r)), wf)
+    full = separable_valid(F.pad(g, (k - 1, k - 1, k - 1, k - 1)), wf)  # padded-image sized
     if padding == "valid":
         return full
     h, wd = size
@@ -121,9 +100,9 @@ def _moments(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, padding: str, s:
     """Filtered ``x', y', x'^2, y'^2, x' y'`` (``x' = x - s``, the padding shifted with the image: a
     zero-padded sample is ``-s``) in one separable pass: five [B, C, H', W'] maps."""
     r = w.shape[0] // 2
-    xs, ys = _pad(x, padding, r) - s, _pad(y, padding, r) - s
+    xs, ys = pad(x, padding, r) - s, pad(y, padding, r) - s
     stacked = torch.cat([xs, ys, xs * xs, ys * ys, xs * ys], dim=1)  # [B, 5C, H + 2r, W + 2r]
-    return _sep_filter_valid(stacked, w).chunk(5, dim=1)
+    return separable_valid(stacked, w).chunk(5, dim=1)
 
 
 def _ssim_terms(mx, my, exx, eyy, exy, c1: float, c2: float, s):
@@ -203,7 +182,7 @@ def _tangent(x, y, tx, ty, w, padding, c1, c2):
     ty = zeros if ty is None else ty.to(y.dtype)
     s = parts[2]
     xs, ys = x - s, y - s
-    dmx, dmy, dexx, deyy, dexy = _filter(
+    dmx, dmy, dexx, deyy, dexy = window_filter(
         torch.cat([tx, ty, 2 * xs * tx, 2 * ys * ty, tx * ys + xs * ty], dim=1), w, padding
     ).chunk(5, dim=1)
     one = torch.ones((), dtype=x.dtype, device=x.device)
@@ -370,7 +349,9 @@ class TorchBackend(Backend):
     def ssim_stats(self, img1, img2, cfg):
         return ssim_stats(img1, img2, cfg)
 
-    def ssim_mean_and_grad(self, img1, img2, cfg, upstream):
+    def ssim_mean_and_grad(self, img1, img2, cfg, upstream, mask=None):
+        if mask is not None:
+            return super().ssim_mean_and_grad(img1, img2, cfg, upstream, mask)
         with torch.no_grad():
             return ssim_mean_and_grad(img1, img2, cfg, upstream)
 

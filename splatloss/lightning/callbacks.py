@@ -27,7 +27,7 @@ import torch
 from lightning.fabric.loggers import TensorBoardLogger
 
 from .._atomic import atomic_output
-from ..config import MS_SSIM_WEIGHTS
+from ..conventions import ms_ssim_weights_for, ssim_3dgs, ssim_skimage
 from ..functional import ms_ssim, ssim
 
 __all__ = [
@@ -163,67 +163,6 @@ class LossTerms(L.Callback):
             pl_module.log(f"loss/{name}", value, batch_size=1)
         for name, w in (loss.weights or {}).items():
             pl_module.log(f"weight/{name}", float(w), batch_size=1)
-
-
-def ms_ssim_weights_for(size: int, window_size: int = 11) -> tuple:
-    """The standard MS-SSIM weights truncated to the scales a ``size``-pixel side allows with
-    "valid" padding, renormalised to sum to 1; all five, unchanged, when the image is large enough (>= 161 px
-    for an 11-px window). The metric stays comparable between runs on one scene, not with
-    full five-scale MS-SSIM numbers published for large images.
-
-    Examples:
-        >>> len(ms_ssim_weights_for(256)), len(ms_ssim_weights_for(64))
-        (5, 3)
-    """
-    scales = 0
-    while scales < len(MS_SSIM_WEIGHTS) and size >= (window_size - 1) * 2**scales + 1:
-        scales += 1
-    if scales == 0:
-        raise ValueError(f"images of side {size} are too small for SSIM with a {window_size}-px window")
-    if scales == len(MS_SSIM_WEIGHTS):
-        return tuple(MS_SSIM_WEIGHTS)  # the standard metric, as published (its weights sum to 1.0001)
-    w = MS_SSIM_WEIGHTS[:scales]
-    total = sum(w)
-    return tuple(x / total for x in w)
-
-
-# scikit-image's ``structural_similarity`` defaults (7x7 uniform window, "valid" crop) use the sample
-# covariance, every (co)variance times N/(N-1) with N = 49 window pixels. In the SSIM formula that
-# factor s appears only in the contrast-structure term, (2 s v_xy + C2) / (s (v_x + v_y) + C2), which
-# equals (2 v_xy + C2/s) / (v_x + v_y + C2/s): population covariance with C2 divided by s is the same
-# number, so splatloss computes it exactly (tests/test_train_logging.py checks it against skimage).
-SKIMAGE_WINDOW = 7
-SKIMAGE_COV_NORM = SKIMAGE_WINDOW**2 / (SKIMAGE_WINDOW**2 - 1)
-
-
-def ssim_skimage(pred: torch.Tensor, target: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
-    """Per-image SSIM ``(B,)`` in scikit-image's default convention:
-    ``skimage.metrics.structural_similarity(im1, im2, data_range=data_range, channel_axis=-1)``,
-    i.e. a 7x7 uniform window, K1 0.01, K2 0.03, sample covariance, the map cropped by 3 px on each
-    side ("valid"), the mean over channels and pixels.
-
-    Examples:
-        >>> x = torch.rand(1, 3, 16, 16)
-        >>> round(float(ssim_skimage(x, x)[0]), 6)
-        1.0
-    """
-    c2 = (0.03 * data_range) ** 2 / SKIMAGE_COV_NORM
-    return ssim(
-        pred, target, data_range=data_range, window="uniform", window_size=SKIMAGE_WINDOW, c2=c2, reduction="none"
-    )
-
-
-def ssim_3dgs(pred: torch.Tensor, target: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
-    """Per-image SSIM ``(B,)`` as 3D Gaussian Splatting reports it (``utils/loss_utils.py``'s ``ssim``,
-    which its ``metrics.py`` uses): 11x11 Gaussian window, sigma 1.5, zero padding to the image size
-    ("same"), K1 0.01, K2 0.03, the mean over channels and pixels.
-
-    Examples:
-        >>> x = torch.rand(1, 3, 16, 16)
-        >>> round(float(ssim_3dgs(x, x)[0]), 6)
-        1.0
-    """
-    return ssim(pred, target, data_range=data_range, padding="same", reduction="none")
 
 
 def _write_png_atomic(path: str, rgb: np.ndarray) -> None:

@@ -21,7 +21,7 @@ import torch
 from ... import multiscale
 from ...config import SSIMConfig
 from .. import masked, torch_fused
-from ..base import Backend, _compile_time_constant
+from ..base import Backend, compile_time_constant
 from . import functions
 from .build import compiler
 from .library import get, unavailable_reason
@@ -34,7 +34,7 @@ def _kernel_ready() -> bool:
 
 
 # Building cannot be traced: torch.compile runs it once at trace time and keeps the answer.
-_kernel_ready_constant = _compile_time_constant(_kernel_ready)
+_kernel_ready_constant = compile_time_constant(_kernel_ready)
 
 
 def available() -> bool:
@@ -87,29 +87,34 @@ class CPUBackend(Backend):
             return torch_fused.ssim_stats(img1, img2, cfg)
         return functions.ssim_stats(img1, img2, cfg)
 
-    def ms_ssim(self, img1, img2, cfg: SSIMConfig, weights, tau=None):
+    fused_masks = True
+
+    def ms_ssim(self, img1, img2, cfg: SSIMConfig, weights, tau=None, mask=None):
+        if mask is not None:  # the shared pyramid over this kernel's masked statistics
+            return super().ms_ssim(img1, img2, cfg, weights, tau, mask)
         if _torch_ops_only(img1, img2):
             return torch_fused.BACKEND.ms_ssim(img1, img2, cfg, weights, tau)
         return multiscale.combine(functions.ms_terms(img1, img2, cfg, len(weights)), weights, tau)
 
-    def dssim_l1(self, img1, img2, cfg: SSIMConfig, lam):
-        if _torch_ops_only(img1, img2):
-            return torch_fused.BACKEND.dssim_l1(img1, img2, cfg, lam)
-        return functions.dssim_l1(img1, img2, cfg, lam)
+    def dssim_l1(self, img1, img2, cfg: SSIMConfig, lam, mask=None):
+        """``(1 - lam) * L1 + lam * (1 - SSIM)`` per image ``[B]``, masked or not, fused in the kernel
+        (masked: for "valid" and "same")."""
+        if _torch_ops_only(img1, img2):  # the shared composition, as on the other backends
+            if mask is None:
+                return torch_fused.BACKEND.dssim_l1(img1, img2, cfg, lam)
+            return super().dssim_l1(img1, img2, cfg, lam, mask)
+        if mask is None:
+            return functions.dssim_l1(img1, img2, cfg, lam)
+        return functions.masked_dssim_l1(img1, img2, mask, cfg, lam)
 
     def masked_ssim_stats(self, img1, img2, mask, cfg: SSIMConfig):
         if _torch_ops_only(img1, img2):
             return masked.masked_ssim_stats(img1, img2, mask, cfg)
         return functions.masked_ssim_stats(img1, img2, mask, cfg)
 
-    def masked_dssim_l1(self, img1, img2, mask, cfg: SSIMConfig, lam):
-        """Masked ``(1 - lam) * L1 + lam * (1 - SSIM)`` per image ``[B]`` (``L1 = sum m |x - y| / sum m``
-        over channels and pixels, 0 for an empty mask), fused in the kernel for "valid" and "same"."""
-        if _torch_ops_only(img1, img2):  # the shared composition, as on the other backends
-            return super().masked_dssim_l1(img1, img2, mask, cfg, lam)
-        return functions.masked_dssim_l1(img1, img2, mask, cfg, lam)
-
-    def ssim_mean_and_grad(self, img1, img2, cfg: SSIMConfig, upstream):
+    def ssim_mean_and_grad(self, img1, img2, cfg: SSIMConfig, upstream, mask=None):
+        if mask is not None:
+            return super().ssim_mean_and_grad(img1, img2, cfg, upstream, mask)
         s, g = functions.ssim_mean_and_grad(img1, img2, cfg, upstream)
         return s, g.to(img1.dtype)
 

@@ -35,12 +35,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-__all__ = ["s3im", "s3im_with_config", "S3IMConfig", "s3im_window", "S3IM_SIGMA"]
+from .checks import FLOAT_DTYPES
+
+__all__ = ["s3im", "s3im_with_config", "s3im_loss_with_config", "S3IMConfig", "s3im_window", "S3IM_SIGMA"]
 
 #: Standard deviation of the S3IM window in pixels (the authors' value; not an option there either).
 S3IM_SIGMA = 1.5
-
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _positive_int(name: str, value) -> int:
@@ -64,7 +64,7 @@ def _check_rays(pred, target) -> None:
     for name, t in (("pred", pred), ("target", target)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor of ray colours, got {type(t).__name__}")
-        if t.dtype not in _FLOAT_DTYPES:
+        if t.dtype not in FLOAT_DTYPES:
             raise TypeError(
                 f"{name} must have a floating dtype (float16, bfloat16, float32 or float64), got {t.dtype}; "
                 "convert integer colours with colours.float() / 255 and keep data_range=1.0"
@@ -202,9 +202,82 @@ def s3im_with_config(
         >>> float(s3im_with_config(rays, rays, S3IMConfig()))
         1.0
     """
-    _check_rays(pred, target)
+    width = _check_s3im_call(pred, target, cfg, generator)
+    lum, cs, d_lum, d_cs = _s3im_maps(pred, target, cfg, width, generator)
+    return (lum * cs).mean()
+
+
+def s3im_loss_with_config(
+    pred: torch.Tensor, target: torch.Tensor, cfg: S3IMConfig, generator: Optional[torch.Generator] = None
+) -> torch.Tensor:
+    """The S3IM loss ``1 - s3im`` with relative precision: the dissimilarity is formed directly, as
+    ``(1 - l) + l (1 - cs)`` per window, never as one minus a number close to 1 (see :func:`_s3im_maps`).
+
+    Examples:
+        >>> rays = torch.rand(640, 3)
+        >>> float(s3im_loss_with_config(rays, rays, S3IMConfig()))
+        0.0
+    """
+    width = _check_s3im_call(pred, target, cfg, generator)
+    lum, cs, d_lum, d_cs = _s3im_maps(pred, target, cfg, width, generator)
+    return (d_lum + lum * d_cs).mean()
+
+
+def _s3im_maps(pred, target, cfg: S3IMConfig, width: int, generator):
+    """The S3IM window maps ``(l, cs, 1 - l, 1 - cs)``, each ``[1, C, H', W']``, the dissimilarities
+    computed without subtracting from 1.
+
+    With ``d = p - t``: ``1 - l = (mu_p - mu_t)^2 / (mu_p^2 + mu_t^2 + C1)`` and ``1 - cs = var(d) /
+    (var_p + var_t + C2)``, ``cov = (var_p + var_t - var(d)) / 2``. The moments are taken of the
+    virtual images shifted by their own mean (and ``d`` by its own), the zero padding shifted with
+    them so each window still sees the same samples: variances do not change under a shift, and
+    ``E[x'^2] - E[x']^2`` then does not cancel in float32 where the local variance is small against
+    the squared mean (near-white colours, a prediction close to its target).
+    """
+    n, c = pred.shape
     kernel_size, stride, repeats, patch_height = cfg.kernel_size, cfg.stride, cfg.repeats, cfg.patch_height
-    data_range = cfg.data_range
+    pad = (kernel_size - 1) // 2
+    # 1-2. The virtual image: the same ray indices for prediction and target.
+    blocks = [torch.arange(n, device=pred.device)]
+    for _ in range(repeats - 1):
+        blocks.append(torch.randperm(n, generator=generator, device=pred.device))
+    idx = torch.cat(blocks)
+    acc = torch.float64 if pred.dtype == torch.float64 or target.dtype == torch.float64 else torch.float32
+    p = pred[idx].to(acc).permute(1, 0).reshape(1, c, patch_height, width)
+    t = target[idx].to(acc).permute(1, 0).reshape(1, c, patch_height, width)
+
+    # 3-4. Window statistics of the shifted, zero-padded virtual images (shifts are constants of
+    # the computation: no gradient flows through them).
+    p, t = F.pad(p, (pad, pad, pad, pad)), F.pad(t, (pad, pad, pad, pad))
+    with torch.no_grad():
+        shift = 0.5 * (p + t).mean(dim=(-2, -1), keepdim=True)  # [1, C, 1, 1]
+        d_shift = (p - t).mean(dim=(-2, -1), keepdim=True)
+    ps, ts = p - shift, t - shift
+    ds = (p - t) - d_shift
+    w1 = s3im_window(kernel_size, acc, pred.device)
+    win = torch.outer(w1, w1).expand(c, 1, kernel_size, kernel_size)
+    stacked = torch.cat([ps, ts, ds, ps * ps, ts * ts, ds * ds], dim=1)  # [1, 6C, H + 2 pad, W + 2 pad]
+    mom = F.conv2d(stacked, win.repeat(6, 1, 1, 1), stride=stride, groups=6 * c)
+    mp, mt, md, epp, ett, edd = mom.chunk(6, dim=1)
+    var_p = epp - mp * mp
+    var_t = ett - mt * mt
+    var_d = (edd - md * md).clamp_min(0)  # a variance; rounding cannot make it negative
+    diff = md + d_shift  # the window mean of p - t (the window sums to 1)
+    mu_p, mu_t = mp + shift, mt + shift
+
+    # 5. The maps.
+    c1, c2 = cfg.C1, cfg.C2
+    b1 = mu_p * mu_p + mu_t * mu_t + c1
+    b2 = var_p + var_t + c2
+    lum = (2 * mu_p * mu_t + c1) / b1
+    cs = (var_p + var_t - var_d + c2) / b2
+    return lum, cs, diff * diff / b1, var_d / b2
+
+
+def _check_s3im_call(pred, target, cfg: S3IMConfig, generator) -> int:
+    """The checks of an S3IM call; returns the virtual image's width."""
+    _check_rays(pred, target)
+    kernel_size, repeats, patch_height = cfg.kernel_size, cfg.repeats, cfg.patch_height
     if generator is not None:
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
@@ -229,35 +302,4 @@ def s3im_with_config(
             f"{patch_height}x{width} image of repeats * N = {total} rays with patch_height = {patch_height}; "
             "use more rays or repeats, a different patch_height, or a smaller kernel_size"
         )
-
-    # 1-2. The virtual image: the same ray indices for prediction and target.
-    blocks = [torch.arange(n, device=pred.device)]
-    for _ in range(repeats - 1):
-        blocks.append(torch.randperm(n, generator=generator, device=pred.device))
-    idx = torch.cat(blocks)
-    acc = torch.float64 if pred.dtype == torch.float64 or target.dtype == torch.float64 else torch.float32
-    p = pred[idx].to(acc).permute(1, 0).reshape(1, c, patch_height, width)
-    t = target[idx].to(acc).permute(1, 0).reshape(1, c, patch_height, width)
-
-    # 3-4. Window statistics. The moments are taken of the images shifted by data_range / 2 (the
-    # zero padding shifted with them, so each window still sees the same samples): variances and the
-    # covariance do not change under a common shift, and E[x'^2] - E[x']^2 no longer cancels
-    # catastrophically in float32 where the local variance is small against the squared mean.
-    shift = data_range / 2
-    w1 = s3im_window(kernel_size, acc, pred.device)
-    win = torch.outer(w1, w1).expand(c, 1, kernel_size, kernel_size)
-    ps = F.pad(p - shift, (pad, pad, pad, pad), value=-shift)
-    ts = F.pad(t - shift, (pad, pad, pad, pad), value=-shift)
-    stacked = torch.cat([ps, ts, ps * ps, ts * ts, ps * ts], dim=1)  # [1, 5C, H + 2 pad, W + 2 pad]
-    mom = F.conv2d(stacked, win.repeat(5, 1, 1, 1), stride=stride, groups=5 * c)
-    mp, mt, epp, ett, ept = mom.chunk(5, dim=1)
-    var_p = epp - mp * mp
-    var_t = ett - mt * mt
-    cov = ept - mp * mt
-    mu_p, mu_t = mp + shift, mt + shift  # the window sums to 1
-
-    # 5. SSIM map and its mean.
-    c1, c2 = cfg.C1, cfg.C2
-    lum = (2 * mu_p * mu_t + c1) / (mu_p * mu_p + mu_t * mu_t + c1)
-    cs = (2 * cov + c2) / (var_p + var_t + c2)
-    return (lum * cs).mean()
+    return width
