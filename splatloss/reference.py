@@ -21,6 +21,7 @@ Conventions (see README "Conventions"):
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -46,6 +47,39 @@ def _filter(x: torch.Tensor, window_2d: torch.Tensor, padding: str) -> torch.Ten
     return F.conv2d(x, weight, groups=channels)
 
 
+def _free_bytes(device: torch.device) -> Optional[int]:
+    """Memory the device can still give (CPU: available physical memory), or None where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        except (ValueError, OSError):
+            return None
+    return None
+
+
+def check_memory(img: torch.Tensor, cfg: SSIMConfig) -> None:
+    """Refuse, before allocating, a call whose 2-D convolutions cannot fit in memory.
+
+    Each convolution unfolds every window: about ``8 * B * window_size^2 * H' * W'`` bytes in float64
+    (measured on CPU to within 8 %), which a large window makes enormous (a 2001-pixel window on a
+    2K image wants tens of GB). The backends that filter separably need none of it.
+    """
+    b, _, h, w = img.shape
+    k = cfg.window_size
+    hp, wp = (h - k + 1, w - k + 1) if cfg.padding == "valid" else (h, w)
+    need = 8 * b * k * k * max(hp, 0) * max(wp, 0)
+    free = _free_bytes(img.device)
+    if free is not None and need > free:
+        raise ValueError(
+            f"backend='reference' with window_size={k} on {b} image(s) of {h}x{w} needs about {need / 2**30:.1f} GiB "
+            f"for its unfolded 2-D windows, more than the {free / 2**30:.1f} GiB free on {img.device}; use "
+            "backend='torch' (separable filtering, the same numbers to float round-off), a smaller window_size, "
+            "or a smaller batch"
+        )
+
+
 def ssim_map(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, return_cs: bool = False):
     """SSIM map ``[B, C, H', W']`` (and the contrast-structure map when ``return_cs``).
 
@@ -60,6 +94,7 @@ def ssim_map(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, return_cs:
     # The oracle computes in float64 whatever the input (E[x^2] - E[x]^2 cancels in float32 on flat
     # images: 6.9e-4 normwise gradient error on a flat JPEG photograph) and returns the
     # accumulation dtype; autograd brings the gradients back in the input's dtype.
+    check_memory(img1, cfg)
     acc = accumulation_dtype(img1.dtype)
     x = img1.to(torch.float64)
     y = img2.to(torch.float64)
