@@ -26,7 +26,7 @@ from .checks import (
     check_weights,
     reduce,
 )
-from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype, resolve
+from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype, resolve, takes_options
 from .filtering import window_filter
 from .functional import DEFAULT_TAU
 from .rays import S3IMConfig, s3im_loss_with_config
@@ -53,6 +53,7 @@ class SSIMLoss(nn.Module):
         torch.Size([2, 3, 32, 32])
     """
 
+    @takes_options
     def __init__(
         self, *, reduction: str = "mean", backend: str = "auto", config: Optional[SSIMConfig] = None, **options
     ):
@@ -93,6 +94,7 @@ class MSSSIMLoss(nn.Module):
         (True, True)
     """
 
+    @takes_options
     def __init__(
         self,
         *,
@@ -235,20 +237,19 @@ class PhotometricLoss(nn.Module):
         reduction: ``"mean"`` | ``"sum"`` | ``"none"`` over the batch.
         backend: SSIM backend.
 
-    Call ``loss(pred, target, mask=None)`` with ``(B, C, H, W)`` images; ``mask`` holds weights in
-    [0, 1] per pixel (bool or float), shaped ``(B, 1, H, W)``, ``(1, 1, H, W)``, ``(H, W)``,
+    Call ``loss(pred, target, mask=None)`` with ``(B, C, H, W)`` images; ``mask`` holds per-pixel
+    weights (bool, or finite and >= 0), shaped ``(B, 1, H, W)``, ``(1, 1, H, W)``, ``(H, W)``,
     ``(B, H, W)`` or ``(B, C, H, W)``. The SSIM terms use the masked statistics of
-    :func:`splatloss.ssim` (``mu_x = F(M X) / W`` with ``W = F(M)``, the mask padded with ones for
-    "same"; the map averaged with the centre pixel's weight; an empty channel counts as SSIM 1); the
-    MS-SSIM term sends the mask down the same pyramid as the images; L1 / L2 are
+    ``docs/conventions.md`` ("Masks"); the MS-SSIM term sends the mask down the same pyramid as the
+    images; L1 / L2 are
     ``sum m |x - y| / sum m`` over channels and pixels per image (0 when the mask is empty); the
     Gaussian-weighted L1 is ``sum G(m |x - y|) / sum G(m)`` (without a mask: the all-ones value). The
     ``s3im`` term takes no mask. After each call ``loss.terms`` holds the detached, unweighted,
     batch-averaged value of every computed term and ``loss.weights`` the current weights,
     changed with ``loss.set_weight(name, value)``.
 
-    Without a mask, the 3DGS pair (``l1`` and ``dssim``) runs through :func:`splatloss.dssim_l1`,
-    i.e. the backend's fused kernel when it has one.
+    The 3DGS pair (``l1`` and ``dssim``) runs as one L1 + D-SSIM call, the backend's fused kernel
+    when it has one, masked or not.
 
     Examples:
         >>> loss = PhotometricLoss.dssim_l1()          # 3DGS: 0.8 L1 + 0.2 D-SSIM, "same" padding
@@ -263,6 +264,7 @@ class PhotometricLoss(nn.Module):
         True
     """
 
+    @takes_options
     def __init__(
         self,
         l1: float = 0.0,
