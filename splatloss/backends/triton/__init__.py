@@ -29,16 +29,26 @@ class TritonBackend(Backend):
     def ssim_stats(self, img1, img2, cfg):
         return _ssim.ssim_stats(img1, img2, cfg)
 
-    def ssim_mean(self, img1, img2, cfg):
+    # With a mask, the shared compositions of the base class run over the masked statistics.
+
+    def ssim_mean(self, img1, img2, cfg, mask=None):
+        if mask is not None:
+            return super().ssim_mean(img1, img2, cfg, mask)
         return _ssim.ssim_term(img1, img2, cfg)
 
-    def ms_ssim(self, img1, img2, cfg, weights, tau=None):
+    def ms_ssim(self, img1, img2, cfg, weights, tau=None, mask=None):
+        if mask is not None:
+            return super().ms_ssim(img1, img2, cfg, weights, tau, mask)
         return _ms_ssim.ms_ssim(img1, img2, cfg, weights, tau=tau)
 
-    def dssim_l1(self, img1, img2, cfg, lam):
+    def dssim_l1(self, img1, img2, cfg, lam, mask=None):
+        if mask is not None:
+            return super().dssim_l1(img1, img2, cfg, lam, mask)
         return _dssim_l1.dssim_l1(img1, img2, cfg, lam)
 
-    def ssim_mean_and_grad(self, img1, img2, cfg, upstream):
+    def ssim_mean_and_grad(self, img1, img2, cfg, upstream, mask=None):
+        if mask is not None:
+            return super().ssim_mean_and_grad(img1, img2, cfg, upstream, mask)
         return _ssim.ssim_mean_and_grad(img1, img2, cfg, upstream)
 
 
