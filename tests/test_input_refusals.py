@@ -108,3 +108,21 @@ def test_the_reference_refuses_a_window_it_cannot_hold_before_allocating():
     x = torch.rand(1, 1, 4096, 4096)  # a 4001-pixel window needs about 1 TB of unfolded windows
     with pytest.raises(ValueError, match=r"backend='reference' with window_size=4001 on 1 image\(s\) of 4096x4096"):
         splatloss.ssim(x, x, window_size=4001, backend="reference")
+
+
+@pytest.mark.slow
+def test_under_torch_compile_a_bad_argument_gives_the_eager_message():
+    # torch.compile (default, graph breaks allowed) hands the exception through unchanged; with
+    # fullgraph=True PyTorch wraps any exception raised while tracing, and the message is kept in it.
+    x, y = _images()
+    for call, message in (
+        (lambda a, b: splatloss.ssim(a, b, window_size=4), "window_size must be an odd integer >= 3, got 4"),
+        (lambda a, b: splatloss.ssim(a, b, padding="zeros"), "padding must be one of"),
+        (lambda a, b: splatloss.ssim(a, b, mask=torch.ones(3, 3)), r"mask must be shaped \(B, 1, H, W\)"),
+    ):
+        torch._dynamo.reset()
+        with pytest.raises(ValueError, match=message):
+            torch.compile(call)(x, y)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=message):
+            torch.compile(call, fullgraph=True)(x, y)
