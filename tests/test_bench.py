@@ -1,4 +1,4 @@
-"""scripts/bench.py runs end to end at tiny sizes and writes its JSON and plot (no timing asserts:
+"""tools/bench.py runs end to end at tiny sizes and writes its JSON and plot (no timing asserts:
 speed is measured by the script itself, never by a unit test)."""
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "scripts" / "bench.py"
+BENCH = ROOT / "tools" / "bench.py"
 
 
 @pytest.mark.slow

@@ -33,7 +33,8 @@ def test_every_config_file_is_covered():
         os.path.relpath(p, CONFIG_DIR) for p in glob.glob(os.path.join(CONFIG_DIR, "**", "*.yaml"), recursive=True)
     )
     covered = ["train.yaml"] + [f"{g}/{c}.yaml" for g in GROUPS for c in _choices(g)]
-    covered += [f"hydra/launcher/{c}.yaml" for c in _choices("hydra/launcher")] + ["loss/_ssim.yaml"]
+    covered += [f"hydra/launcher/{c}.yaml" for c in _choices("hydra/launcher")]
+    covered += ["loss/_ssim.yaml", "data/_files.yaml"]  # bases the choices extend
     assert sorted(covered) == on_disk
     assert _choices("loss") == ["dssim_l1", "l1", "l2", "msssim", "msssim_l1", "ssim", "zhao_mix"]
     assert _choices("trainer") == ["cpu", "ddp", "default", "gpu"]
@@ -186,14 +187,45 @@ def test_loss_configs_share_one_ssim_block():
         assert composed.window_size == 7 and composed.sigma == shared.sigma, name
 
 
-def test_ddp_trainer_extends_default():
-    default, ddp = _compose([]).trainer, _compose(["trainer=ddp"]).trainer
-    changed = {k for k in default if ddp[k] != default[k]}
-    assert changed == {"accelerator", "devices"}  # "auto" -> "cpu" (gloo), 1 -> 2 processes
-    assert set(ddp) - set(default) == {"strategy", "use_distributed_sampler"}
-    assert ddp.devices == 2 and ddp.accelerator == "cpu"
-    # A key changed in default reaches ddp without editing ddp.yaml.
-    assert _compose(["trainer=ddp", "trainer.max_steps=7"]).trainer.max_steps == 7
+# What each trainer choice changes in trainer/default, and the keys it adds.
+TRAINER_CHANGES = {
+    "cpu": ({"accelerator": "cpu"}, set()),
+    "gpu": ({"accelerator": "gpu", "max_steps": 30000}, set()),
+    # "auto" -> "cpu" (gloo), 1 -> 2 processes
+    "ddp": ({"accelerator": "cpu", "devices": 2}, {"strategy", "use_distributed_sampler"}),
+}
+
+
+@pytest.mark.parametrize("choice", sorted(TRAINER_CHANGES))
+def test_trainer_choices_extend_default(choice):
+    default, trainer = _compose([]).trainer, _compose([f"trainer={choice}"]).trainer
+    changes, added = TRAINER_CHANGES[choice]
+    assert {k: trainer[k] for k in default if trainer[k] != default[k]} == changes
+    assert set(trainer) - set(default) == added
+    # The file names trainer/default as its base and writes only what it changes or adds.
+    base = OmegaConf.load(os.path.join(CONFIG_DIR, "trainer", "default.yaml"))
+    own = OmegaConf.load(os.path.join(CONFIG_DIR, "trainer", f"{choice}.yaml"))
+    assert "defaults" not in base
+    assert list(own.defaults)[0] == ("default@trainer" if choice == "ddp" else "default"), list(own.defaults)
+    body = own.trainer if choice == "ddp" else own
+    written = {k for k in body if k != "defaults"}
+    assert written == set(changes) | added, sorted(written ^ (set(changes) | added))
+    # A key changed on the command line reaches the choice.
+    assert _compose([f"trainer={choice}", "trainer.log_every_n_steps=7"]).trainer.log_every_n_steps == 7
+
+
+@pytest.mark.parametrize("choice", ["blender", "colmap", "nerfstudio"])
+def test_scene_file_choices_extend_one_base(choice, tmp_path):
+    base = OmegaConf.load(os.path.join(CONFIG_DIR, "data", "_files.yaml"))
+    own = OmegaConf.load(os.path.join(CONFIG_DIR, "data", f"{choice}.yaml"))
+    assert list(own.defaults) == ["_files", "_self_"]
+    assert set(base) == {"kind", "path", "downscale"}
+    repeated = (set(own) & set(base)) - {"kind"}
+    assert not repeated, sorted(repeated)  # written once, in _files.yaml
+    data = _compose([f"data={choice}", f"data.path={tmp_path}", "data.downscale=2"]).data
+    assert (data.kind, data.path, data.downscale) == (choice, str(tmp_path), 2)
+    assert (data.scene.path, data.scene.downscale) == (str(tmp_path), 2)
+    assert OmegaConf.is_missing(_compose([f"data={choice}"]).data, "path")
 
 
 @pytest.mark.parametrize("model", _choices("model"))

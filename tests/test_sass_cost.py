@@ -1,5 +1,5 @@
 """The static cost model: the SASS parser on a listing written here, the Triton-IR trip counts, and
-``scripts/check_kernels.py --cost --json`` on the kernels the loss calls launch (no GPU needed)."""
+``tools/check_kernels.py --cost --json`` on the kernels the loss calls launch (no GPU needed)."""
 
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tools"))
 
 import sass_cost  # noqa: E402
 
@@ -201,7 +201,7 @@ def test_cost_json_structure_no_spills(tmp_path):
     env.pop("TRITON_INTERPRET", None)
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "check_kernels.py"), "--cost", "--json", str(out)],
+        [sys.executable, str(ROOT / "tools" / "check_kernels.py"), "--cost", "--json", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -240,7 +240,7 @@ def test_cost_json_structure_no_spills(tmp_path):
 
 RECORD = """
 import json, sys
-sys.path.insert(0, "scripts")
+sys.path.insert(0, "tools")
 import check_kernels as ck
 import splatloss
 
@@ -295,7 +295,7 @@ def test_launches_recorded_with_tritons_specialisation():
 NESTED = """
 import json
 import sys
-sys.path.insert(0, "scripts")
+sys.path.insert(0, "tools")
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource

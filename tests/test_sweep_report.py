@@ -1,7 +1,6 @@
-"""scripts/sweep_report.py on run folders written here: finished runs in the table and plot, failed
+"""splatloss.report (``splatloss-report``) on run folders written here: finished runs in the table and plot, failed
 and interrupted ones listed with the error their log gives, float labels rounded, SSIM axes in [0, 1]."""
 
-import importlib.util
 import json
 import os
 import re
@@ -10,18 +9,10 @@ import sys
 
 import pytest
 
+from splatloss import report as sweep_report
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPORT = os.path.join(ROOT, "scripts", "sweep_report.py")
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("sweep_report", REPORT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sweep_report = _load()
 
 COMMON = ["hparams_search=optuna_lambda", "trainer.max_steps=300"]
 # Hydra's job log format: "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s".
@@ -133,7 +124,9 @@ def test_a_traceback_without_a_log_record_still_names_the_exception(tmp_path):
 def test_no_finished_run_writes_the_failures_and_exits_1(tmp_path):
     root = tmp_path / "multirun"
     _run(root, "0", ["loss=l1"], log=CONFIG_LOG)
-    proc = subprocess.run([sys.executable, REPORT, str(root)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "splatloss.report", str(root)], capture_output=True, text=True, cwd=ROOT
+    )
     assert proc.returncode == 1, proc.stderr
     text = (root / "report.md").read_text()
     assert text.startswith("No run finished.")

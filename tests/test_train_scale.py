@@ -10,7 +10,6 @@ import pytest
 from test_train import ROOT, TINY
 
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
-REPORT = os.path.join(ROOT, "scripts", "sweep_report.py")
 
 
 def _run(args, cwd, timeout=600):
@@ -69,7 +68,7 @@ def test_multirun_and_sweep_report(tmp_path):
     assert runs == ["0", "1", "2"]
     losses = [json.loads((sweep / r / "metrics.json").read_text())["loss_name"] for r in runs]
     assert losses == ["l1", "dssim_l1", "msssim_l1"]
-    proc = _run([REPORT, str(sweep)], cwd=tmp_path)
+    proc = _run(["-m", "splatloss.report", str(sweep)], cwd=ROOT)
     table = (sweep / "report.md").read_text()
     assert proc.stdout.startswith(table)
     lines = [line for line in table.splitlines() if line.startswith("|")]
@@ -85,9 +84,13 @@ def test_multirun_and_sweep_report(tmp_path):
 
 @pytest.mark.slow
 def test_sweep_report_errors(tmp_path):
-    proc = subprocess.run([sys.executable, REPORT, str(tmp_path / "nope")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "splatloss.report", str(tmp_path / "nope")], capture_output=True, text=True, cwd=ROOT
+    )
     assert proc.returncode != 0 and "is not a directory" in proc.stderr
-    proc = subprocess.run([sys.executable, REPORT, str(tmp_path)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "splatloss.report", str(tmp_path)], capture_output=True, text=True, cwd=ROOT
+    )
     assert proc.returncode != 0 and "no metrics.json under" in proc.stderr
 
 

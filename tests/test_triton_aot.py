@@ -1,6 +1,6 @@
 """Ahead-of-time compilation of every Triton kernel for sm_80 and sm_90 (no GPU needed).
 
-Runs scripts/check_kernels.py as CI does: it compiles each kernel at the constexprs, warp counts
+Runs tools/check_kernels.py as CI does: it compiles each kernel at the constexprs, warp counts
 and register ceiling the launchers use and fails on any register spill or on shared memory over
 the architecture's limit. The interpreter tests prove the numbers; this proves the compiler
 accepts the same code and that it fits the hardware.
@@ -24,7 +24,7 @@ def test_check_kernels_compiles_everything_without_spills():
     env.pop("TRITON_INTERPRET", None)
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "check_kernels.py")],
+        [sys.executable, str(ROOT / "tools" / "check_kernels.py")],
         cwd=ROOT,
         env=env,
         capture_output=True,

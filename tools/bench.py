@@ -12,9 +12,9 @@ mask, then the unmasked loss (a different loss, timed for its cost).
 
 Examples::
 
-    python scripts/bench.py --threads 1                       # 1x3x256x256 and 1x3x720x1280, one thread
-    python scripts/bench.py --sizes 720x1280 --memory --cold-start --json bench.json --plot bench.png
-    python scripts/bench.py --full                            # 256x256 .. 1080x1920, C 1/3, B 1/8
+    python tools/bench.py --threads 1                       # 1x3x256x256 and 1x3x720x1280, one thread
+    python tools/bench.py --sizes 720x1280 --memory --cold-start --json bench.json --plot bench.png
+    python tools/bench.py --full                            # 256x256 .. 1080x1920, C 1/3, B 1/8
 
 How memory is measured (CPU): each (library, op, size) runs in a fresh Python process where glibc is
 told to serve every allocation of 64 KiB or more with mmap and hand it back on free

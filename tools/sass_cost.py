@@ -18,7 +18,7 @@ times as its innermost loop's body, a block outside loops once per program; bloc
 from the entry by branches (the trap loop after ``EXIT``, subroutines reached only by ``CALL``,
 alignment ``NOP`` s) count nothing. Every reachable block of a loop body is counted on every
 iteration (a conditional block inside the loop is counted as if taken: an upper bound).
-Used by ``scripts/check_kernels.py --cost``; importable by tests.
+Used by ``tools/check_kernels.py --cost``; importable by tests.
 """
 
 from __future__ import annotations

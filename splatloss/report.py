@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Turn a Hydra multirun folder into one Markdown table and one PNG plot.
 
-    python scripts/sweep_report.py multirun/2026-01-01/12-00-00 [--out DIR]
+    splatloss-report multirun/2026-01-01/12-00-00 [--out DIR]     (also ./dev report, python -m splatloss.report)
 
 Reads every ``metrics.json`` below the folder (one per run, written by ``splatloss.train``) and
 each run's ``.hydra/overrides.yaml`` (what differs between runs), then writes ``report.md`` and
@@ -124,7 +123,7 @@ def collect_all(multirun_dir: str):
     ``label``) and one per failed or interrupted run (``run``, ``overrides``, ``label``,
     ``error``), each sorted by run folder."""
     if not os.path.isdir(multirun_dir):
-        raise SystemExit(f"sweep_report: {multirun_dir!r} is not a directory")
+        raise SystemExit(f"splatloss-report: {multirun_dir!r} is not a directory")
     rows, failed = [], []
     for root, dirs, files in os.walk(multirun_dir):
         is_run = _is_run(files, dirs)
@@ -152,7 +151,7 @@ def collect_all(multirun_dir: str):
         rows.append(m)
     if not rows and not failed:
         raise SystemExit(
-            f"sweep_report: no metrics.json under {multirun_dir!r} and no run folder (.hydra/) either "
+            f"splatloss-report: no metrics.json under {multirun_dir!r} and no run folder (.hydra/) either "
             "(is this the multirun folder, e.g. multirun/2026-01-01/12-00-00?)"
         )
 
@@ -176,7 +175,7 @@ def collect(multirun_dir: str) -> List[Dict]:
     run folder; exits when there is none."""
     rows, _ = collect_all(multirun_dir)
     if not rows:
-        raise SystemExit(f"sweep_report: no metrics.json under {multirun_dir!r} (did the runs finish?)")
+        raise SystemExit(f"splatloss-report: no metrics.json under {multirun_dir!r} (did the runs finish?)")
     return rows
 
 
@@ -334,7 +333,7 @@ def plot(rows: List[Dict], path: str, num_failed: int = 0):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="splatloss-report", description=__doc__.splitlines()[0])
     ap.add_argument("multirun_dir", help="a Hydra multirun folder, e.g. multirun/2026-01-01/12-00-00")
     ap.add_argument("--out", default=None, help="where to write report.md and report.png (default: multirun_dir)")
     args = ap.parse_args(argv)

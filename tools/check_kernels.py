@@ -17,10 +17,10 @@ non-zero when any kernel fails to compile, spills (stack or local bytes > 0), or
 memory per block than the architecture allows.
 
 ``--cost [--json FILE]`` counts what the loss calls' kernels issue instead (docs/triton.md, "The
-static cost model"; the SASS analysis is ``scripts/sass_cost.py``).
+static cost model"; the SASS analysis is ``tools/sass_cost.py``).
 
 The interpreter (``TRITON_INTERPRET=1``, the correctness tests) accepts things the compiler
-rejects; this script is the other half of the proof. Run: ``python scripts/check_kernels.py``.
+rejects; this script is the other half of the proof. Run: ``python tools/check_kernels.py``.
 """
 
 from __future__ import annotations
