@@ -9,7 +9,15 @@ import os
 import numpy as np
 import torch
 
-from splatloss.splat.views import SceneData, _check_sizes, _downscale, _make_view, _random_points, _read_image, _stem
+from splatloss.splat.views import (
+    SceneData,
+    box_downscale,
+    check_view_sizes,
+    make_view,
+    random_points,
+    read_image,
+    view_name,
+)
 
 __all__ = ["load_blender"]
 
@@ -67,21 +75,21 @@ def load_blender(
             img_path = os.path.join(path, fr["file_path"])
             if not os.path.splitext(img_path)[1]:
                 img_path += ".png"
-            img, alpha = _read_image(img_path, background, keep_alpha=True)
-            img = _downscale(img, downscale)
-            alpha = _downscale(alpha, downscale) if alpha_as_mask else None
+            img, alpha = read_image(img_path, background, keep_alpha=True)
+            img = box_downscale(img, downscale)
+            alpha = box_downscale(alpha, downscale) if alpha_as_mask else None
             H, W = img.shape[:2]
             f = 0.5 * W / math.tan(0.5 * fov)
             c2w = c2w.copy()
             c2w[:3, 1:3] *= -1  # OpenGL -> OpenCV camera axes
             viewmat = np.linalg.inv(c2w)
             K = np.array([[f, 0, W / 2], [0, f, H / 2], [0, 0, 1]])
-            views.append(_make_view(img, alpha, viewmat, K, _stem(img_path)))
+            views.append(make_view(img, alpha, viewmat, K, view_name(img_path)))
         if not views:
             raise ValueError(f"load_blender: {fn!r} has no frames")
         splits[split] = views
-    _check_sizes(splits["train"] + splits["test"], "load_blender")
+    check_view_sizes(splits["train"] + splits["test"], "load_blender")
     cams = torch.stack([torch.linalg.inv(v.viewmat)[:3, 3] for v in splits["train"]])
     extent = float(cams.norm(dim=-1).max())
-    pts, cols = _random_points(n_points, 1.3, seed)
+    pts, cols = random_points(n_points, 1.3, seed)
     return SceneData(splits["train"], splits["test"], pts, cols, extent, background)

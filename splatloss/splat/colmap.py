@@ -20,7 +20,7 @@ import struct
 import numpy as np
 import torch
 
-from splatloss.splat.views import SceneData, _check_sizes, _downscale, _make_view, _read_image, _stem
+from splatloss.splat.views import SceneData, box_downscale, check_view_sizes, make_view, read_image, view_name
 
 __all__ = ["load_colmap"]
 
@@ -280,7 +280,7 @@ def load_colmap(
     for _, name, q, t, cid in entries:
         w, h, fx, fy, cx, cy = cameras[cid]
         if pre_downscaled:
-            img = _read_image(os.path.join(small_dir, name), (0.0, 0.0, 0.0))
+            img = read_image(os.path.join(small_dir, name), (0.0, 0.0, 0.0))
             # Tools round w / N either way (Mip-NeRF 360 and nerfstudio's downscaler differ).
             if abs(img.shape[1] - w / downscale) > 1 or abs(img.shape[0] - h / downscale) > 1:
                 raise ValueError(
@@ -289,13 +289,13 @@ def load_colmap(
                     f"regenerate {small_dir!r} or remove it to resize the full images instead"
                 )
         else:
-            img = _read_image(os.path.join(path, images_dir, name), (0.0, 0.0, 0.0))
+            img = read_image(os.path.join(path, images_dir, name), (0.0, 0.0, 0.0))
             if img.shape[:2] != (h, w):
                 raise ValueError(
                     f"load_colmap: image {name!r} is {img.shape[0]}x{img.shape[1]} but its camera says {h}x{w}"
                 )
             # Box filter over N x N blocks (the ragged right / bottom edge cropped): x maps to x / N.
-            img = _downscale(img, downscale)
+            img = box_downscale(img, downscale)
         if pre_downscaled:
             sx, sy = img.shape[1] / w, img.shape[0] / h
         else:
@@ -304,8 +304,8 @@ def load_colmap(
         M[:3, :3] = _qvec_to_rotmat(q)
         M[:3, 3] = t
         K = np.array([[fx * sx, 0, cx * sx], [0, fy * sy, cy * sy], [0, 0, 1]])
-        views.append(_make_view(img, None, M, K, _stem(name)))
-    _check_sizes(views, "load_colmap")
+        views.append(make_view(img, None, M, K, view_name(name)))
+    check_view_sizes(views, "load_colmap")
 
     points = torch.tensor(pts, dtype=torch.float32)
     colors = torch.tensor(cols, dtype=torch.float32)

@@ -15,7 +15,15 @@ import os
 import numpy as np
 import torch
 
-from splatloss.splat.views import SceneData, _check_sizes, _downscale, _make_view, _random_points, _read_image, _stem
+from splatloss.splat.views import (
+    SceneData,
+    box_downscale,
+    check_view_sizes,
+    make_view,
+    random_points,
+    read_image,
+    view_name,
+)
 
 __all__ = ["load_nerfstudio", "train_eval_split_fraction"]
 
@@ -177,13 +185,13 @@ def load_nerfstudio(
             cand = os.path.join(path, f"{parent}_{downscale}" if parent else f"images_{downscale}", base)
             small = cand if os.path.isfile(cand) else None
         src = small or full
-        img, alpha = _read_image(src, background, keep_alpha=True)
+        img, alpha = read_image(src, background, keep_alpha=True)
         if small is None:
             if img.shape[:2] != (round(h), round(w)):
                 raise ValueError(
                     f"load_nerfstudio: image {src!r} is {img.shape[0]}x{img.shape[1]} but {where} says h={h:g}, w={w:g}"
                 )
-            img, alpha = _downscale(img, downscale), _downscale(alpha, downscale)
+            img, alpha = box_downscale(img, downscale), box_downscale(alpha, downscale)
             sx = sy = 1.0 / downscale
         else:
             sx, sy = img.shape[1] / w, img.shape[0] / h
@@ -191,8 +199,8 @@ def load_nerfstudio(
         c2w[:3, 1:3] *= -1  # OpenGL -> OpenCV camera axes (y down, z forward)
         viewmat = np.linalg.inv(c2w)
         K = np.array([[intr["fl_x"] * sx, 0, intr["cx"] * sx], [0, intr["fl_y"] * sy, intr["cy"] * sy], [0, 0, 1]])
-        views.append(_make_view(img, alpha if alpha_as_mask else None, viewmat, K, _stem(rel)))
-    _check_sizes(views, "load_nerfstudio")
+        views.append(make_view(img, alpha if alpha_as_mask else None, viewmat, K, view_name(rel)))
+    check_view_sizes(views, "load_nerfstudio")
     if len(views) < 2:
         raise ValueError(f"load_nerfstudio: {fn!r} has {len(views)} frame; need at least 2 (train and eval)")
     i_train, i_eval = train_eval_split_fraction(len(views), float(train_fraction))
@@ -216,6 +224,6 @@ def load_nerfstudio(
         # never recovered from (300 steps, 32 px: 9.97 -> 9.28 dB at 0.5, 9.11 -> 10.71 dB at 0.3).
         c0 = centers.mean(0)
         half = 0.3 * float((centers - c0).norm(dim=-1).median())
-        points, colors = _random_points(n_points, max(half, 1e-3), seed)
+        points, colors = random_points(n_points, max(half, 1e-3), seed)
         points = points + c0
     return SceneData([views[i] for i in i_train], [views[i] for i in i_eval], points, colors, extent, background)

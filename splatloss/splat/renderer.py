@@ -224,11 +224,11 @@ def render(
         backend = "cuda" if dev.type == "cuda" else "cpu"
     if compositor not in ("auto", "numba", "torch"):
         raise ValueError(f"render: compositor must be 'auto', 'numba' or 'torch', got {compositor!r}")
-    from splatloss.splat import _composite_numba
+    from splatloss.splat import composite_numba
 
     if compositor == "auto":
-        compositor = "numba" if _composite_numba.available() else "torch"
-    if compositor == "numba" and not _composite_numba.available():
+        compositor = "numba" if composite_numba.available() else "torch"
+    if compositor == "numba" and not composite_numba.available():
         raise ValueError("render: compositor='numba' needs the numba package, which is not importable")
     if backend == "cuda" and dev.type != "cuda":
         raise ValueError(f"render: backend='cuda' needs the Gaussians on a CUDA device, they are on {dev}")
@@ -327,7 +327,7 @@ def _render_cpu(g, viewmat, K, W, H, bg, tile_size, groups, max_per_tile, compos
         "n_isects": int(tile_ids.shape[0]),
     }
     if compositor == "numba":
-        from splatloss.splat._composite_numba import CompositeNumba
+        from splatloss.splat.composite_numba import CompositeNumba
 
         offs = torch.zeros(n_tiles + 1, dtype=torch.long)
         offs[1:] = torch.cumsum(counts, 0)

@@ -14,7 +14,18 @@ from typing import Optional
 import numpy as np
 import torch
 
-__all__ = ["View", "SceneData", "ViewDataset", "look_at"]
+__all__ = [
+    "View",
+    "SceneData",
+    "ViewDataset",
+    "look_at",
+    "read_image",
+    "check_view_sizes",
+    "box_downscale",
+    "make_view",
+    "view_name",
+    "random_points",
+]
 
 
 @dataclass
@@ -76,7 +87,7 @@ def look_at(eye, target=(0.0, 0.0, 0.0), up=(0.0, 0.0, 1.0)) -> np.ndarray:
     return M
 
 
-def _read_image(path: str, background, keep_alpha: bool = False):
+def read_image(path: str, background, keep_alpha: bool = False):
     """Read an image as float32 ``[H, W, 3]`` in [0, 1], RGBA composited onto ``background``.
 
     With ``keep_alpha`` returns ``(rgb, alpha [H, W])`` (alpha all ones for an RGB image).
@@ -105,7 +116,9 @@ def _read_image(path: str, background, keep_alpha: bool = False):
     return (img, alpha) if keep_alpha else img
 
 
-def _check_sizes(views: list, where: str) -> None:
+def check_view_sizes(views: list, where: str) -> None:
+    """Raise ``ValueError`` (prefixed by ``where``) unless every view's image is ``[H, W, 3]`` of its
+    declared size, all views share one size, and either all or none carry a mask of that size."""
     for v in views:
         shape = tuple(v.image.shape)
         if len(shape) != 3 or shape[2] != 3 or shape[:2] != (v.height, v.width):
@@ -132,7 +145,9 @@ def _check_sizes(views: list, where: str) -> None:
         )
 
 
-def _downscale(img: np.ndarray, factor: int) -> np.ndarray:
+def box_downscale(img: np.ndarray, factor: int) -> np.ndarray:
+    """Mean over ``factor x factor`` blocks (``[H, W, ...]``), the ragged right / bottom edge cropped:
+    pixel coordinate ``x`` maps to ``x / factor``."""
     if factor == 1:
         return img
     h, w = img.shape[0] // factor * factor, img.shape[1] // factor * factor
@@ -140,7 +155,7 @@ def _downscale(img: np.ndarray, factor: int) -> np.ndarray:
     return img[:h, :w].reshape(h // factor, factor, w // factor, factor, *rest).mean(axis=(1, 3))
 
 
-def _make_view(img: np.ndarray, alpha, viewmat: np.ndarray, K: np.ndarray, name: str) -> View:
+def make_view(img: np.ndarray, alpha, viewmat: np.ndarray, K: np.ndarray, name: str) -> View:
     """A :class:`View` from numpy arrays (``alpha [H, W]`` or None: no mask)."""
     return View(
         image=torch.from_numpy(np.ascontiguousarray(img, dtype=np.float32)),
@@ -153,12 +168,13 @@ def _make_view(img: np.ndarray, alpha, viewmat: np.ndarray, K: np.ndarray, name:
     )
 
 
-def _stem(file_name: str) -> str:
+def view_name(file_name: str) -> str:
     """A view name: the file's path without its extension (``images/r_0.png`` -> ``r_0``)."""
     return os.path.splitext(os.path.basename(file_name))[0]
 
 
-def _random_points(n: int, extent: float, seed: int):
+def random_points(n: int, extent: float, seed: int):
+    """``n`` points uniform in the cube ``[-extent, extent]^3`` and uniform colours, from ``seed``."""
     g = torch.Generator().manual_seed(seed)
     pts = (torch.rand(n, 3, generator=g) * 2 - 1) * extent
     cols = torch.rand(n, 3, generator=g)
@@ -177,7 +193,7 @@ class ViewDataset(torch.utils.data.Dataset):
     def __init__(self, views: list):
         if not views:
             raise ValueError("ViewDataset: expected at least one view, got an empty list")
-        _check_sizes(views, "ViewDataset")
+        check_view_sizes(views, "ViewDataset")
         self.views = list(views)
 
     def __len__(self) -> int:
