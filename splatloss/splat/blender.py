@@ -12,6 +12,8 @@ import torch
 from splatloss.splat.views import (
     SceneData,
     box_downscale,
+    check_pose,
+    check_same_size,
     check_view_sizes,
     make_view,
     random_points,
@@ -48,6 +50,7 @@ def load_blender(
         raise TypeError(f"load_blender: alpha_as_mask must be true or false, got {alpha_as_mask!r}")
     background = (1.0, 1.0, 1.0) if white_background else (0.0, 0.0, 0.0)
     splits = {}
+    first = None
     for split in ("train", "test"):
         fn = os.path.join(path, f"transforms_{split}.json")
         if not os.path.isfile(fn):
@@ -62,20 +65,35 @@ def load_blender(
             raise ValueError(
                 f"load_blender: {fn!r} must be an object with 'camera_angle_x' and 'frames', got keys {got}"
             )
-        fov = float(meta["camera_angle_x"])
+        fov = meta["camera_angle_x"]
+        if not isinstance(fov, (int, float)) or isinstance(fov, bool) or not 0 < fov < math.pi:
+            raise ValueError(
+                f"load_blender: {fn!r}: camera_angle_x must be the horizontal field of view in radians, a number in "
+                f"(0, pi), got {fov!r}"
+            )
+        if not isinstance(meta["frames"], list):
+            raise ValueError(f"load_blender: {fn!r}: 'frames' must be a list, got {type(meta['frames']).__name__}")
         views = []
         for k, fr in enumerate(meta["frames"]):
             if not isinstance(fr, dict) or "file_path" not in fr or "transform_matrix" not in fr:
                 raise ValueError(
                     f"load_blender: {fn!r} frame {k} must have 'file_path' and 'transform_matrix', got {fr!r}"
                 )
-            c2w = np.asarray(fr["transform_matrix"], dtype=np.float64)
+            try:
+                c2w = np.asarray(fr["transform_matrix"], dtype=np.float64)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"load_blender: {fn!r} frame {k}: transform_matrix must be a 4x4 list of numbers, got "
+                    f"{fr['transform_matrix']!r}"
+                ) from None
             if c2w.shape != (4, 4):
                 raise ValueError(f"load_blender: {fn!r} frame {k}: transform_matrix must be 4x4, got shape {c2w.shape}")
-            img_path = os.path.join(path, fr["file_path"])
+            check_pose(c2w, f"load_blender: {fn!r} frame {k} ({fr['file_path']!r}): transform_matrix")
+            img_path = os.path.normpath(os.path.join(path, fr["file_path"]))
             if not os.path.splitext(img_path)[1]:
                 img_path += ".png"
             img, alpha = read_image(img_path, background, keep_alpha=True)
+            first = check_same_size(first, img_path, img, "load_blender")
             img = box_downscale(img, downscale)
             alpha = box_downscale(alpha, downscale) if alpha_as_mask else None
             H, W = img.shape[:2]

@@ -14,13 +14,24 @@ The binary layout (little-endian, as COLMAP's ``model/reconstruction_io`` writes
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 
 import numpy as np
 import torch
 
-from splatloss.splat.views import SceneData, box_downscale, check_view_sizes, make_view, read_image, view_name
+from splatloss.splat.views import (
+    SceneData,
+    box_downscale,
+    check_intrinsics,
+    check_points,
+    check_same_size,
+    check_view_sizes,
+    make_view,
+    read_image,
+    view_name,
+)
 
 __all__ = ["load_colmap"]
 
@@ -76,7 +87,9 @@ def _camera(where: str, cid: int, mdl: str, w: int, h: int, params: list) -> tup
             f"load_colmap: {where}: camera {cid} ({mdl}) has non-zero distortion {params[idist:]}; this "
             f"pipeline renders pinhole cameras only, so {_UNDISTORT}"
         )
-    return (w, h, params[ifx], params[ify], params[icx], params[icy])
+    fx, fy, cx, cy = params[ifx], params[ify], params[icx], params[icy]
+    check_intrinsics(fx, fy, cx, cy, w, h, f"load_colmap: {where}: camera {cid} ({mdl})")
+    return (w, h, fx, fy, cx, cy)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -128,7 +141,7 @@ def _read_text(model: str):
         entries.append((f"{fn}:{n}", " ".join(tok[9:]), q, t, cid))
 
     fn = os.path.join(model, "points3D.txt")
-    pts, cols = [], []
+    pts, cols, labels = [], [], []
     for n, s in _text_lines(fn):
         tok = s.split()
         try:
@@ -142,7 +155,8 @@ def _read_text(model: str):
             ) from None
         pts.append(p)
         cols.append(c)
-    return cameras, entries, pts, cols
+        labels.append(f"line {n}")
+    return cameras, entries, pts, cols, labels
 
 
 # ------------------------------------------------------------------------------------------------
@@ -202,20 +216,46 @@ def _read_binary(model: str):
         r.read(f"{n2d * 24}x")  # skip x, y (float64) and point id (int64)
         entries.append((f"{r.fn} image {iid}", name, [qw, qx, qy, qz], [tx, ty, tz], cid))
 
-    pts, cols = [], []
+    pts, cols, labels = [], [], []
     r = _Reader(os.path.join(model, "points3D.bin"))
     (count,) = r.read("Q")
     for _ in range(count):
-        _, x, y, z, cr, cg, cb, _err, track = r.read("Q3d3BdQ")
+        pid, x, y, z, cr, cg, cb, _err, track = r.read("Q3d3BdQ")
         r.read(f"{track * 8}x")  # image id and point2D index, int32 each
         pts.append([x, y, z])
         cols.append([cr / 255.0, cg / 255.0, cb / 255.0])
-    return cameras, entries, pts, cols
+        labels.append(f"point id {pid}")
+    return cameras, entries, pts, cols, labels
 
 
 # ------------------------------------------------------------------------------------------------
 # Loader
 # ------------------------------------------------------------------------------------------------
+
+
+def _check_images_present(folder: str, entries: list, images_file: str) -> None:
+    """The images folder exists and holds every image the model names; else one message that says
+    how many are missing and names the first."""
+    names = [e[1] for e in entries]
+    example = ", ".join(repr(n) for n in names[:3]) + (", ..." if len(names) > 3 else "")
+    if not os.path.isdir(folder):
+        raise ValueError(
+            f"load_colmap: the images folder {folder!r} does not exist; expected the {len(names)} images that "
+            f"{images_file!r} names ({example}); set data.scene.images_dir (the folder's name) if they are elsewhere"
+        )
+    missing = [n for n in names if not os.path.isfile(os.path.join(folder, n))]
+    if len(missing) == len(names):
+        held = sorted(os.listdir(folder))
+        holds = "is empty" if not held else f"holds {len(held)} other files (e.g. {held[0]!r})"
+        raise ValueError(
+            f"load_colmap: the images folder {folder!r} {holds}; expected the {len(names)} images that "
+            f"{images_file!r} names ({example})"
+        )
+    if missing:
+        raise ValueError(
+            f"load_colmap: {len(missing)} of the {len(names)} images that {images_file!r} names are missing from "
+            f"{folder!r}, the first {os.path.join(folder, missing[0])!r}"
+        )
 
 
 def _find_model(path: str):
@@ -261,26 +301,36 @@ def load_colmap(
     if not isinstance(test_every, int) or isinstance(test_every, bool) or test_every < 2:
         raise ValueError(f"load_colmap: test_every must be an integer >= 2, got {test_every!r}")
     model, ext = _find_model(path)
-    cameras, entries, pts, cols = (_read_binary if ext == "bin" else _read_text)(model)
+    cameras, entries, pts, cols, labels = (_read_binary if ext == "bin" else _read_text)(model)
+    images_file = os.path.join(model, "images." + ext)
     if not entries:
-        raise ValueError(f"load_colmap: {os.path.join(model, 'images.' + ext)!r} lists no images")
-    for where, _, _, _, cid in entries:
+        raise ValueError(f"load_colmap: {images_file!r} lists no images")
+    for where, name, q, t, cid in entries:
         if cid not in cameras:
             raise ValueError(f"load_colmap: {where}: camera id {cid} is not in cameras.{ext} (has {sorted(cameras)})")
+        if not (all(math.isfinite(v) for v in q + t) and math.hypot(*q) > 0):
+            raise ValueError(
+                f"load_colmap: {where}: the pose of image {name!r} must be a non-zero quaternion and a translation "
+                f"of finite numbers, got qvec {q} and tvec {t}; re-run the reconstruction or drop the image"
+            )
     if not pts:
         raise ValueError(
             f"load_colmap: {os.path.join(model, 'points3D.' + ext)!r} has no points; Gaussians are initialised "
             f"from them"
         )
+    check_points(pts, f"load_colmap: {os.path.join(model, 'points3D.' + ext)!r}", labels)
     entries.sort(key=lambda e: e[1])
 
     small_dir = os.path.join(path, f"{images_dir}_{downscale}")
     pre_downscaled = downscale > 1 and os.path.isdir(small_dir)
+    _check_images_present(small_dir if pre_downscaled else os.path.join(path, images_dir), entries, images_file)
     views = []
-    for _, name, q, t, cid in entries:
+    first = None
+    for where, name, q, t, cid in entries:
         w, h, fx, fy, cx, cy = cameras[cid]
         if pre_downscaled:
-            img = read_image(os.path.join(small_dir, name), (0.0, 0.0, 0.0))
+            src = os.path.join(small_dir, name)
+            img = read_image(src, (0.0, 0.0, 0.0))
             # Tools round w / N either way (Mip-NeRF 360 and nerfstudio's downscaler differ).
             if abs(img.shape[1] - w / downscale) > 1 or abs(img.shape[0] - h / downscale) > 1:
                 raise ValueError(
@@ -289,13 +339,16 @@ def load_colmap(
                     f"regenerate {small_dir!r} or remove it to resize the full images instead"
                 )
         else:
-            img = read_image(os.path.join(path, images_dir, name), (0.0, 0.0, 0.0))
+            src = os.path.join(path, images_dir, name)
+            img = read_image(src, (0.0, 0.0, 0.0))
             if img.shape[:2] != (h, w):
                 raise ValueError(
-                    f"load_colmap: image {name!r} is {img.shape[0]}x{img.shape[1]} but its camera says {h}x{w}"
+                    f"load_colmap: image {name!r} is {img.shape[0]}x{img.shape[1]} but its camera says {h}x{w} "
+                    f"({src!r}; camera {cid} of {where})"
                 )
             # Box filter over N x N blocks (the ragged right / bottom edge cropped): x maps to x / N.
             img = box_downscale(img, downscale)
+        first = check_same_size(first, src, img, "load_colmap")
         if pre_downscaled:
             sx, sy = img.shape[1] / w, img.shape[0] / h
         else:

@@ -279,6 +279,9 @@ class Gaussians(nn.Module):
         missing = [k for k in need if k not in d]
         if missing:
             raise ValueError(f"Gaussians.from_ply: {path!r} lacks the 3DGS fields {missing}")
+        bad = [k for k, v in d.items() if not np.isfinite(v).all()]
+        if bad:
+            raise ValueError(f"Gaussians.from_ply: {path!r} has NaN or infinite values in the fields {bad}")
         n_rest = sum(1 for k in d if k.startswith("f_rest_"))
         degrees = {3 * (num_sh_bases(k) - 1): k for k in range(MAX_SH_DEGREE + 1)}
         if n_rest not in degrees or any(f"f_rest_{i}" not in d for i in range(n_rest)):
@@ -316,7 +319,17 @@ def read_ply(path: str) -> dict:
     header = raw[:end].decode("ascii").splitlines()
     if "format binary_little_endian 1.0" not in header:
         raise ValueError(f"read_ply: {path!r}: expected format binary_little_endian 1.0, got {header[1]!r}")
-    n = next(int(h.split()[2]) for h in header if h.startswith("element vertex"))
+    try:
+        n = next(int(h.split()[2]) for h in header if h.startswith("element vertex"))
+    except (StopIteration, IndexError, ValueError):
+        raise ValueError(f"read_ply: {path!r}: expected 'element vertex <count>' in the header") from None
     names = [h.split()[2] for h in header if h.startswith("property float")]
-    arr = np.frombuffer(raw[end + len(b"end_header\n") :], dtype=np.dtype([(k, "<f4") for k in names]), count=n)
+    dtype = np.dtype([(k, "<f4") for k in names])
+    body = raw[end + len(b"end_header\n") :]
+    if len(body) < n * dtype.itemsize:
+        raise ValueError(
+            f"read_ply: {path!r} is truncated: the header promises {n} vertices of {dtype.itemsize} bytes "
+            f"({n * dtype.itemsize} bytes), the file holds {len(body)} after the header"
+        )
+    arr = np.frombuffer(body, dtype=dtype, count=n)
     return {k: np.array(arr[k]) for k in names}

@@ -18,6 +18,10 @@ import torch
 from splatloss.splat.views import (
     SceneData,
     box_downscale,
+    check_intrinsics,
+    check_points,
+    check_pose,
+    check_same_size,
     check_view_sizes,
     make_view,
     random_points,
@@ -65,9 +69,14 @@ def _read_ply_points(fn: str):
     for line in header:
         tok = line.split()
         if tok[:1] == ["element"]:
-            in_vertex = tok[1] == "vertex"
+            in_vertex = tok[1:2] == ["vertex"]
             if in_vertex:
-                count = int(tok[2])
+                try:
+                    count = int(tok[2])
+                except (IndexError, ValueError):
+                    raise ValueError(
+                        f"load_nerfstudio: {fn!r}: expected 'element vertex <count>' in the header, got {line!r}"
+                    ) from None
         elif tok[:1] == ["property"] and in_vertex:
             if tok[1] == "list" or tok[1] not in types:
                 raise ValueError(f"load_nerfstudio: {fn!r}: unsupported vertex property {line!r}")
@@ -76,16 +85,33 @@ def _read_ply_points(fn: str):
     if not {"x", "y", "z"} <= set(names):
         raise ValueError(f"load_nerfstudio: {fn!r}: expected vertex properties x, y, z, got {names}")
     if fmt == "ascii":
-        arr = np.loadtxt(body.decode("ascii").splitlines()[:count], ndmin=2)
+        rows = body.decode("ascii", "replace").splitlines()[:count]
+        try:
+            arr = np.loadtxt(rows, ndmin=2) if rows else np.zeros((0, len(names)))
+        except ValueError as e:
+            raise ValueError(f"load_nerfstudio: {fn!r}: the ASCII vertex list cannot be read: {e}") from None
+        if arr.shape != (count, len(names)):
+            raise ValueError(
+                f"load_nerfstudio: {fn!r}: the header promises {count} vertices of {len(names)} properties, the "
+                f"file holds {arr.shape[0]} rows of {arr.shape[1]} values (truncated?); re-export the point cloud"
+            )
         table = {n: arr[:, i] for i, n in enumerate(names)}
     elif fmt in ("binary_little_endian", "binary_big_endian"):
         order = "<" if fmt == "binary_little_endian" else ">"
         dt = np.dtype([(n, order + t) for n, t in props])
+        if len(body) < count * dt.itemsize:
+            raise ValueError(
+                f"load_nerfstudio: {fn!r} is truncated: the header promises {count} vertices of {dt.itemsize} bytes "
+                f"({count * dt.itemsize} bytes), the file holds {len(body)} after the header; re-export the point cloud"
+            )
         rec = np.frombuffer(body, dtype=dt, count=count)
         table = {n: rec[n] for n in names}
     else:
         raise ValueError(f"load_nerfstudio: {fn!r}: unsupported ply format {fmt!r}")
     pts = np.stack([table["x"], table["y"], table["z"]], -1).astype(np.float32)
+    if len(pts) == 0:
+        raise ValueError(f"load_nerfstudio: {fn!r} has no vertices; Gaussians are initialised from them")
+    check_points(pts, f"load_nerfstudio: ply_file_path {fn!r}", [f"vertex {i}" for i in range(len(pts))])
     if {"red", "green", "blue"} <= set(names):
         cols = np.stack([table["red"], table["green"], table["blue"]], -1).astype(np.float32) / 255.0
     else:
@@ -152,6 +178,7 @@ def load_nerfstudio(
     # nerfstudio sorts the frames by file name before splitting.
     frames.sort(key=lambda f: f["file_path"])
     views = []
+    first = None
     for k, fr in enumerate(frames):
         where = f"{fn!r} frame {fr['file_path']!r}"
         intr = {}
@@ -163,7 +190,13 @@ def load_nerfstudio(
                     f"nerfstudio needs fl_x, fl_y, cx, cy, w, h), got {val!r}"
                 )
             intr[key] = float(val)
+        check_intrinsics(
+            intr["fl_x"], intr["fl_y"], intr["cx"], intr["cy"], intr["w"], intr["h"], f"load_nerfstudio: {where}"
+        )
         dist = {d: fr.get(d, meta.get(d, 0.0)) for d in _DISTORTION}
+        for d, v in dist.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise ValueError(f"load_nerfstudio: {where}: expected a finite number for {d!r}, got {v!r}")
         if any(float(v) != 0.0 for v in dist.values()):
             nonzero = {d: v for d, v in dist.items() if float(v) != 0.0}
             raise ValueError(
@@ -171,11 +204,18 @@ def load_nerfstudio(
                 f"only: undistort the images first (e.g. `colmap image_undistorter`, or ns-process-data on "
                 f"undistorted images) and set the coefficients to 0"
             )
-        c2w = np.asarray(fr["transform_matrix"], dtype=np.float64)
+        try:
+            c2w = np.asarray(fr["transform_matrix"], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"load_nerfstudio: {where}: transform_matrix must be a 4x4 list of numbers, "
+                f"got {fr['transform_matrix']!r}"
+            ) from None
         if c2w.shape == (3, 4):
             c2w = np.vstack([c2w, [0, 0, 0, 1]])
         if c2w.shape != (4, 4):
             raise ValueError(f"load_nerfstudio: {where}: transform_matrix must be 4x4, got shape {c2w.shape}")
+        check_pose(c2w, f"load_nerfstudio: {where}: transform_matrix")
         rel = fr["file_path"]
         full = os.path.join(path, rel)
         w, h = intr["w"], intr["h"]
@@ -186,6 +226,7 @@ def load_nerfstudio(
             small = cand if os.path.isfile(cand) else None
         src = small or full
         img, alpha = read_image(src, background, keep_alpha=True)
+        first = check_same_size(first, src, img, "load_nerfstudio")
         if small is None:
             if img.shape[:2] != (round(h), round(w)):
                 raise ValueError(

@@ -7,6 +7,7 @@ column j)`` has its centre at image coordinates ``(j + 0.5, i + 0.5)``.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -20,6 +21,10 @@ __all__ = [
     "ViewDataset",
     "look_at",
     "read_image",
+    "check_same_size",
+    "check_intrinsics",
+    "check_pose",
+    "check_points",
     "check_view_sizes",
     "box_downscale",
     "make_view",
@@ -90,19 +95,44 @@ def look_at(eye, target=(0.0, 0.0, 0.0), up=(0.0, 0.0, 1.0)) -> np.ndarray:
 def read_image(path: str, background, keep_alpha: bool = False):
     """Read an image as float32 ``[H, W, 3]`` in [0, 1], RGBA composited onto ``background``.
 
-    With ``keep_alpha`` returns ``(rgb, alpha [H, W])`` (alpha all ones for an RGB image).
+    With ``keep_alpha`` returns ``(rgb, alpha [H, W])`` (alpha all ones for an RGB image). A file
+    that is missing, cannot be decoded (corrupt or truncated), is empty, is not grey, RGB or RGBA,
+    or holds values outside [0, 1] (a float image with NaN, inf, or HDR values) raises
+    ``ValueError`` naming the file.
     """
     if not os.path.isfile(path):
         raise ValueError(f"image file {path!r} does not exist")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"image file {path!r} cannot be read (it is empty: 0 bytes); replace it")
     import skimage.io
 
-    img = np.asarray(skimage.io.imread(path))
+    try:
+        img = np.asarray(skimage.io.imread(path))
+    except Exception as e:  # each decoder raises its own type (OSError, ValueError, SyntaxError, ...)
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"image file {path!r} cannot be read ({reason}); expected a complete PNG, JPEG or TIFF image: "
+            "the file is corrupt or truncated, replace it"
+        ) from None
+    if img.size == 0:
+        raise ValueError(f"image file {path!r} is empty (shape {img.shape})")
     if img.dtype == np.uint8:
         img = img.astype(np.float32) / 255.0
     elif img.dtype == np.uint16:
         img = img.astype(np.float32) / 65535.0
-    else:
+    elif img.dtype.kind == "f":
         img = img.astype(np.float32)
+        bad = ~np.isfinite(img) | (img < 0) | (img > 1)
+        if bad.any():
+            finite = img[np.isfinite(img)]
+            span = f"[{finite.min():g}, {finite.max():g}]" if finite.size else "no finite value"
+            raise ValueError(
+                f"image file {path!r}: a floating-point image must hold values in [0, 1], got "
+                f"{int((~np.isfinite(img)).sum())} NaN or infinite values and range {span}; tone-map or "
+                "convert it to 8-bit or 16-bit"
+            )
+    else:
+        raise ValueError(f"image file {path!r}: expected 8-bit, 16-bit or float pixels in [0, 1], got {img.dtype}")
     if img.ndim == 2:
         img = np.repeat(img[..., None], 3, axis=-1)
     if img.ndim != 3 or img.shape[-1] not in (3, 4):
@@ -114,6 +144,70 @@ def read_image(path: str, background, keep_alpha: bool = False):
         img = img[..., :3] * a + np.asarray(background, dtype=np.float32) * (1 - a)
     img = np.ascontiguousarray(img)
     return (img, alpha) if keep_alpha else img
+
+
+def check_same_size(first: tuple, path: str, img: np.ndarray, where: str) -> tuple:
+    """``first``: ``(path, (H, W))`` of the first image read, or None. Returns it (or this image's, when
+    None); raises ``ValueError`` prefixed by ``where`` naming both files when ``img`` has another size
+    (the pipeline trains on views of one size)."""
+    if first is None:
+        return (path, tuple(img.shape[:2]))
+    if tuple(img.shape[:2]) != first[1]:
+        (h0, w0), (h, w) = first[1], img.shape[:2]
+        raise ValueError(
+            f"{where}: all images must have the same size, got {h0}x{w0} ({first[0]!r}) and {h}x{w} ({path!r}); "
+            "resize or crop them to one size"
+        )
+    return first
+
+
+def check_intrinsics(fx, fy, cx, cy, width, height, where: str) -> None:
+    """Focal lengths finite and > 0, principal point finite, size at least 1x1 pixel; else a
+    ``ValueError`` prefixed by ``where`` (the file and camera)."""
+    values = {"fx": fx, "fy": fy, "cx": cx, "cy": cy}
+    bad = {k: v for k, v in values.items() if not math.isfinite(float(v))}
+    if bad:
+        raise ValueError(f"{where}: the intrinsics must be finite numbers, got {bad}")
+    small = {k: v for k, v in (("fx", fx), ("fy", fy)) if not float(v) > 0}
+    if small:
+        raise ValueError(f"{where}: the focal length must be > 0 pixels, got {small}")
+    if not (math.isfinite(float(width)) and math.isfinite(float(height)) and width >= 1 and height >= 1):
+        raise ValueError(f"{where}: the image size must be at least 1x1 pixel, got width {width}, height {height}")
+
+
+def check_pose(matrix, where: str, tol: float = 1e-3) -> np.ndarray:
+    """A 4x4 rigid transform (camera->world or world->camera) as float64: finite, bottom row
+    ``0 0 0 1``, a rotation block (orthonormal to ``tol``, determinant +1). Else a ``ValueError``
+    prefixed by ``where`` (the file and the image) that shows the matrix."""
+    M = np.asarray(matrix, dtype=np.float64)
+    if M.shape != (4, 4):
+        raise ValueError(f"{where}: the pose must be a 4x4 matrix, got shape {M.shape}")
+    if not np.isfinite(M).all():
+        raise ValueError(f"{where}: the pose has NaN or infinite entries: {M.tolist()}")
+    if not np.allclose(M[3], [0.0, 0.0, 0.0, 1.0], atol=tol, rtol=0):
+        raise ValueError(f"{where}: the pose's bottom row must be [0, 0, 0, 1], got {M[3].tolist()}")
+    R = M[:3, :3]
+    err = float(np.abs(R.T @ R - np.eye(3)).max())
+    if err > tol or np.linalg.det(R) < 0:
+        raise ValueError(
+            f"{where}: the pose's 3x3 block must be a rotation (orthonormal, determinant +1), got determinant "
+            f"{np.linalg.det(R):.6g} and |R^T R - I| up to {err:.3g}: {R.tolist()}"
+        )
+    return M
+
+
+def check_points(points: np.ndarray, where: str, labels=None) -> None:
+    """``[P, 3]`` initial points all finite; else a ``ValueError`` prefixed by ``where`` (the file)
+    naming the first bad point (``labels[i]``: its line or id) and how many there are."""
+    pts = np.asarray(points, dtype=np.float64).reshape(-1, 3)
+    bad = np.flatnonzero(~np.isfinite(pts).all(axis=1))
+    if bad.size:
+        i = int(bad[0])
+        which = labels[i] if labels is not None else f"point {i}"
+        raise ValueError(
+            f"{where}: {bad.size} of {len(pts)} initial points have NaN or infinite coordinates, the first at "
+            f"{which}: {pts[i].tolist()}; remove them from the point cloud"
+        )
 
 
 def check_view_sizes(views: list, where: str) -> None:
