@@ -32,7 +32,7 @@ def test_every_config_file_is_covered():
     on_disk = sorted(
         os.path.relpath(p, CONFIG_DIR) for p in glob.glob(os.path.join(CONFIG_DIR, "**", "*.yaml"), recursive=True)
     )
-    covered = ["train.yaml"] + [f"{g}/{c}.yaml" for g in GROUPS for c in _choices(g)]
+    covered = ["train.yaml", "eval.yaml"] + [f"{g}/{c}.yaml" for g in GROUPS for c in _choices(g)]
     covered += [f"hydra/launcher/{c}.yaml" for c in _choices("hydra/launcher")]
     covered += ["loss/_ssim.yaml", "data/_files.yaml"]  # bases the choices extend
     assert sorted(covered) == on_disk

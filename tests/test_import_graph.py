@@ -35,7 +35,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("losses / compat / rays", ("splatloss.losses", "splatloss.compat", "splatloss.rays", "splatloss")),
     ("splat", ("splatloss.splat",)),
     ("lightning", ("splatloss.lightning",)),
-    ("train", ("splatloss.train", "splatloss.__main__")),
+    ("train", ("splatloss.train", "splatloss.__main__", "splatloss.evaluate")),
 ]
 
 
