@@ -137,6 +137,10 @@ def train(cfg) -> Dict[str, Any]:
             )
         if cfg.get("export_ply", True):
             module.gaussians.export_ply(os.path.join(out_dir, "point_cloud.ply"))
+        if cfg.get("render_traj", False):  # a video along a path through the training views (splat/trajectory.py)
+            from .splat.trajectory import render_trajectory
+
+            log.info("trajectory video: %s", render_trajectory(module.render_view, scene.train, f"{out_dir}/traj"))
         _summary(metrics, out_dir)
     return metrics
 

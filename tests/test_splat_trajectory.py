@@ -120,3 +120,27 @@ def test_path_errors():
         camera_path(views[:1])
     with pytest.raises(ValueError, match="the training cameras all sit at one position"):
         camera_path([views[0], views[0]])
+
+
+@pytest.mark.slow
+def test_training_with_render_traj_writes_the_video(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
+    from PIL import Image
+
+    from splatloss.train import CONFIG_DIR, train
+
+    scene = ["image_size=32", "n_train=4", "n_test=2", "n_points=300", "supersample=1"]
+    overrides = [f"data.scene.{o}" for o in scene] + ["trainer.max_steps=5", "~logger", "export_ply=false"]
+    overrides.append("render_traj=true")
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    with open_dict(cfg):
+        cfg.output_dir = str(tmp_path)
+        cfg.loss_name = "dssim_l1"
+    train(cfg)
+    out = tmp_path / f"traj.{video_format()}"
+    assert out.is_file()
+    if video_format() == "gif":
+        with Image.open(out) as im:
+            assert im.n_frames == 120 and im.size == (32, 32)
