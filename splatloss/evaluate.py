@@ -39,6 +39,7 @@ keys (configs/eval.yaml):
   ckpt_path=FILE            the checkpoint (required)
   output_dir=DIR            where to write (default: RUN/eval)
   data_path=DIR             the dataset's folder, when it moved since training
+  accelerator=cpu|gpu|auto  where to render (default: the run's trainer.accelerator)
   metrics.lpips=true        also LPIPS, from local weights: metrics.lpips_net=alex|vgg,
                             metrics.lpips_backbone=FILE metrics.lpips_linear=FILE (docs/splat.md)
   render_traj=true          also a video along a path through the training views (traj.mp4 or .gif)
@@ -160,6 +161,7 @@ def evaluate(cfg) -> Dict[str, Any]:
     """Evaluate ``cfg.ckpt_path`` (an ``eval.yaml`` configuration); returns the metrics written to
     ``<output_dir>/metrics.json``."""
     import lightning as L
+    import torch
     from hydra.utils import instantiate
 
     from .lightning import HeldOutMetrics, SceneDataModule, check_scene, runs
@@ -186,6 +188,12 @@ def evaluate(cfg) -> Dict[str, Any]:
         except Exception as e:
             raise ValueError(f"could not build the {what} of the run {run_dir!r}: {runs.root_message(e)}") from None
 
+    accelerator = str(cfg.get("accelerator") or run_cfg.trainer.get("accelerator", "auto"))
+    if accelerator.lower() in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"accelerator={accelerator} (the run's trainer.accelerator unless given) asks for a CUDA GPU, but torch "
+            "sees none here; evaluate on the CPU with accelerator=cpu"
+        )
     loss = build("loss", run_cfg.loss)
     scene = build("scene", run_cfg.data.scene)
     check_scene(scene)
@@ -199,7 +207,7 @@ def evaluate(cfg) -> Dict[str, Any]:
     evaluator = HeldOutMetrics(save_renders=True, dirpath=out_dir, max_renders=len(scene.test), log_images=False)
     evaluator.tag = "renders"
     trainer = L.Trainer(
-        accelerator=str(run_cfg.trainer.get("accelerator", "auto")), devices=1, logger=False,
+        accelerator=accelerator, devices=1, logger=False,
         callbacks=[evaluator], enable_progress_bar=False, enable_model_summary=False, default_root_dir=out_dir,
     )  # fmt: skip
     res = trainer.validate(module, datamodule=SceneDataModule(scene, seed=int(run_cfg.seed)), verbose=False)

@@ -169,3 +169,12 @@ def test_help_and_bad_override(capsys):
     with pytest.raises(SystemExit) as e:
         main([])
     assert e.value.code == 2 and "ckpt_path" in capsys.readouterr().err
+
+
+def test_gpu_accelerator_without_a_gpu(run_dir, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    run = _copy(run_dir, tmp_path)
+    with pytest.raises(ValueError, match=r"accelerator=gpu .* asks for a CUDA GPU, but torch sees none here; .*cpu"):
+        evaluate(compose_config([f"ckpt_path={run}/checkpoints/last.ckpt", "accelerator=gpu"]))
+    assert not (run / "eval").exists()
