@@ -168,6 +168,7 @@ def evaluate(cfg) -> Dict[str, Any]:
 
     if cfg.get("ckpt_path") in (None, "", "???"):
         raise ValueError("ckpt_path must name a checkpoint, e.g. ckpt_path=outputs/<date>/<time>/checkpoints/last.ckpt")
+    _quiet_lightning()
     ckpt_path = os.path.abspath(str(cfg.ckpt_path))
     ckpt = read_checkpoint(ckpt_path)
     run_dir = find_run_dir(ckpt_path)
@@ -253,13 +254,18 @@ def _lpips(module, scene, net) -> float:
     return sum(scores) / len(scores)
 
 
+def _drop_noise(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(("💡 Tip", "GPU available", "TPU available", "HPU available"))
+
+
 def _quiet_lightning() -> None:
     """Lightning's start-up lines (accelerator, cloud-logger tips) say nothing about an evaluation;
     torch 2.13 deprecates a check Lightning's batch mover still makes (lightning 2.6.6)."""
     import warnings
 
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    rank_zero.addFilter(lambda record: not str(record.msg).startswith(("💡 Tip", "GPU available", "TPU available")))
+    if _drop_noise not in rank_zero.filters:
+        rank_zero.addFilter(_drop_noise)
     warnings.filterwarnings(
         "ignore", message=r".*isinstance\(treespec, LeafSpec\)", module=r"lightning\.pytorch\.utilities\._pytree"
     )
@@ -282,7 +288,6 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         print(_USAGE)
         sys.exit(0)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    _quiet_lightning()
     try:
         cfg = compose_config(argv)
         metrics = evaluate(cfg)
