@@ -281,8 +281,11 @@ def compose_config(overrides: List[str]):
         return compose(config_name="eval", overrides=list(overrides))
 
 
-def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
-    """``splatloss-eval [key=value ...]``: one line per error and exit code 2 for a bad command."""
+def main(argv: Optional[List[str]] = None) -> None:
+    """``splatloss-eval [key=value ...]``: one line per error and exit code 2 for a bad command.
+
+    Returns None (a console script passes the return value to ``sys.exit``); :func:`evaluate`
+    returns the metrics."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a in ("-h", "--help") for a in argv):
         print(_USAGE)
@@ -308,7 +311,6 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     )
     if "trajectory" in metrics:
         print(f"trajectory video: {metrics['trajectory']}", flush=True)
-    return metrics
 
 
 if __name__ == "__main__":

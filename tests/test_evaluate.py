@@ -159,6 +159,12 @@ def test_render_traj_writes_a_video(run_dir, tmp_path):
             assert im.n_frames == 6 and im.size == (32, 32)
 
 
+def test_main_returns_none_for_the_console_script(run_dir, tmp_path, capsys):
+    # The console script calls sys.exit(main()): anything but None (or an int) would be printed and exit 1.
+    assert main([f"ckpt_path={run_dir}/checkpoints/last.ckpt", f"output_dir={tmp_path}"]) is None
+    assert "held-out PSNR" in capsys.readouterr().out
+
+
 def test_help_and_bad_override(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
