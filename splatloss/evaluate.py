@@ -85,23 +85,25 @@ def load_run_config(run_dir: str, data_path: Optional[str] = None):
         cfg.hydra_runtime_.runtime.output_dir = run_dir
         cfg.output_dir = run_dir
         try:
+            # data.path first: the scene's own path is an interpolation of it (${..path}), resolved after.
+            if "path" in cfg.data:
+                cwd = cfg.hydra_runtime_.runtime.get("cwd") or os.getcwd()
+                if data_path is not None:
+                    cfg.data.path = os.path.abspath(str(data_path))
+                elif cfg.data.path is not None and not os.path.isabs(str(cfg.data.path)):
+                    cfg.data.path = os.path.join(cwd, str(cfg.data.path))
             OmegaConf.resolve(cfg)
         except Exception as e:
             raise ValueError(f"the run configuration {cfg_file!r} cannot be resolved: {e}") from None
-        cwd = cfg.hydra_runtime_.runtime.get("cwd") or os.getcwd()
         del cfg["hydra_runtime_"]
-        if "path" in cfg.data:
-            if data_path is not None:
-                cfg.data.path = os.path.abspath(str(data_path))
-            elif cfg.data.path is not None and not os.path.isabs(str(cfg.data.path)):
-                cfg.data.path = os.path.join(cwd, str(cfg.data.path))
-            if not os.path.isdir(str(cfg.data.path)):
-                raise ValueError(
-                    f"the run's dataset {str(cfg.data.path)!r} (data.path in {cfg_file!r}) does not exist; "
-                    "pass data_path=<its folder now>"
-                )
-        elif data_path is not None:
-            raise ValueError(f"data_path={data_path!r} given, but the run trained on data={cfg.data.get('kind')!r}")
+    if "path" in cfg.data:
+        if not os.path.isdir(str(cfg.data.path)):
+            raise ValueError(
+                f"the run's dataset {str(cfg.data.path)!r} (data.path in {cfg_file!r}) does not exist; "
+                "pass data_path=<its folder now>"
+            )
+    elif data_path is not None:
+        raise ValueError(f"data_path={data_path!r} given, but the run trained on data={cfg.data.get('kind')!r}")
     return cfg
 
 

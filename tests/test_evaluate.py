@@ -184,3 +184,27 @@ def test_gpu_accelerator_without_a_gpu(run_dir, tmp_path):
     with pytest.raises(ValueError, match=r"accelerator=gpu .* asks for a CUDA GPU, but torch sees none here; .*cpu"):
         evaluate(compose_config([f"ckpt_path={run}/checkpoints/last.ckpt", "accelerator=gpu"]))
     assert not (run / "eval").exists()
+
+
+def test_run_on_a_dataset_given_by_a_relative_path_and_moved_later(tmp_path):
+    """data.path relative to the folder training started in; after the dataset moves, data_path= finds it."""
+    from _scene_files import scene_to_colmap
+
+    from splatloss.splat.scenes import default_scene
+
+    scene = default_scene(image_size=32, n_train=6, n_test=2, n_points=200, supersample=1)
+    scene_to_colmap(scene, str(tmp_path / "data" / "box"))
+    run = tmp_path / "run"
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "data=colmap", "data.path=data/box"]
+    cmd += ["data.scene.test_every=4", "trainer.max_steps=10", "~logger", "export_ply=false", f"hydra.run.dir={run}"]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    psnr = json.loads((run / "metrics.json").read_text())["psnr"]
+    assert evaluate(compose_config([f"ckpt_path={run}/checkpoints/last.ckpt"]))["psnr"] == psnr
+    shutil.move(tmp_path / "data", tmp_path / "moved")
+    with pytest.raises(
+        ValueError, match=r"the run's dataset '.*data/box' \(data.path in .*config.yaml'\) does not exist"
+    ):
+        evaluate(compose_config([f"ckpt_path={run}/checkpoints/last.ckpt"]))
+    m = evaluate(compose_config([f"ckpt_path={run}/checkpoints/last.ckpt", f"data_path={tmp_path}/moved/box"]))
+    assert m["psnr"] == psnr and m["num_views"] == 2  # 8 images, every 4th held out
