@@ -203,6 +203,19 @@ def evaluate(cfg) -> Dict[str, Any]:
     module = build("model", run_cfg.model, loss=loss)
     module.bind_scene(scene)
     check_checkpoint(module, ckpt, ckpt_path)
+    traj = dict(cfg.get("traj") or {}) if cfg.get("render_traj", False) else None
+    if traj is not None:  # its options checked now, not after the renders are written
+        from .splat.trajectory import camera_path
+
+        traj = {
+            "n_frames": traj.get("n_frames", 120),
+            "fps": traj.get("fps", 30),
+            "n_keyframes": traj.get("n_keyframes", 12),
+        }
+        fps = traj["fps"]
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps < float("inf"):
+            raise ValueError(f"traj.fps must be a number > 0, got {fps!r}")
+        camera_path(scene.train, n_frames=traj["n_frames"], n_keyframes=traj["n_keyframes"])
     _check_writable(out_dir)
 
     module.on_load_checkpoint(ckpt)
@@ -229,14 +242,12 @@ def evaluate(cfg) -> Dict[str, Any]:
     if lpips_net is not None:
         metrics["lpips"] = _lpips(module, scene, lpips_net)
         metrics["lpips_net"] = lpips_net.net
-    if cfg.get("render_traj", False):
+    if traj is not None:
         from .splat.trajectory import render_trajectory
 
-        traj = cfg.get("traj") or {}
         metrics["trajectory"] = render_trajectory(
-            module.render_view, scene.train, os.path.join(out_dir, "traj"), n_frames=int(traj.get("n_frames", 120)),
-            fps=float(traj.get("fps", 30)), n_keyframes=int(traj.get("n_keyframes", 12)),
-        )  # fmt: skip
+            module.render_view, scene.train, os.path.join(out_dir, "traj"), **traj
+        )
     runs.write_json_atomic(os.path.join(out_dir, "metrics.json"), metrics)
     return metrics
 

@@ -152,6 +152,11 @@ def test_render_traj_writes_a_video(run_dir, tmp_path):
     from splatloss.splat.trajectory import video_format
 
     run = _copy(run_dir, tmp_path)
+    with pytest.raises(ValueError, match="camera_path: n_frames must be an integer >= 2, got 1"):
+        evaluate(compose_config([f"ckpt_path={run}/checkpoints/last.ckpt", "render_traj=true", "traj.n_frames=1"]))
+    with pytest.raises(ValueError, match="traj.fps must be a number > 0, got 0"):
+        evaluate(compose_config([f"ckpt_path={run}/checkpoints/last.ckpt", "render_traj=true", "traj.fps=0"]))
+    assert not (run / "eval").exists()
     m = evaluate(compose_config([f"ckpt_path={run}/checkpoints/last.ckpt", "render_traj=true", "traj.n_frames=6"]))
     assert m["trajectory"] == str(run / "eval" / f"traj.{video_format()}")
     if video_format() == "gif":
