@@ -204,19 +204,21 @@ def step_time_figure(groups: Sequence[Group]) -> Optional[Figure]:
         ms = np.nan_to_num(ms)
         ax.barh(y, ms, left=left, color=f"C{j}", height=0.6, label=name)
         left += ms
-    for yi, g in zip(y, done):
+    for yi, end, g in zip(y, left, done):
         s = g.stat("step_ms")
+        right = end
         if s.n > 1:
             ax.errorbar(s.mean, yi, xerr=[[s.mean - s.low], [s.high - s.mean]], fmt="none", ecolor="k", capsize=3)
+            right = max(right, s.high)
         share = g.stat("loss_share_pct")
-        ax.text(max(s.mean, left[list(y).index(yi)]) * 1.02, yi, f"{s.mean:.1f} ms (loss {share.mean:.1f}%)",
-                va="center", fontsize=_FONT)  # fmt: skip
+        text = f"{s.mean:.1f} ms" + (f" (loss {share.mean:.1f}%)" if share.n else "")
+        ax.text(right + 0.02 * left.max(), yi, text, va="center", fontsize=_FONT)
     highest = max([left.max()] + [g.stat("step_ms").high for g in done if g.stat("step_ms").n > 1])
     ax.set_xlim(0, 1.45 * highest)
     ax.set_yticks(y, [_wrap(g.label, 32) for g in done], fontsize=_FONT)
     ax.set_xlabel("time per training step (ms): medians of the parts, mean over seeds", fontsize=_FONT)
     ax.tick_params(labelsize=_FONT)
-    ax.legend(fontsize=_FONT - 1, ncol=2, frameon=False, loc="lower right")
+    ax.legend(fontsize=_FONT - 1, ncol=4, frameon=False, loc="lower left", bbox_to_anchor=(0.0, 1.0))
     return fig
 
 

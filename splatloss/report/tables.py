@@ -213,7 +213,7 @@ def findings(groups: Sequence[Group], base: int, qs: Sequence[Quantity]) -> List
         out.append(
             f"{groups[i].label} {verb} held-out {name} by {fmt(abs(d.mean), q.decimals)}{unit} against "
             f"{groups[base].label} ({CONFIDENCE:.0%} CI {fmt(d.low, q.decimals)} to {fmt(d.high, q.decimals)}{unit}, "
-            f"paired t-test p = {_p(d.p)}, {d.n} seeds): {stated}."
+            f"paired t-test p {_p(d.p) if _p(d.p).startswith('<') else '= ' + _p(d.p)}, {d.n} seeds): {stated}."
         )
     return out
 
