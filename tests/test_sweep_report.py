@@ -218,6 +218,14 @@ def test_a_group_with_fewer_seeds_and_the_failed_runs_are_listed(sweep, tmp_path
     ]  # fmt: skip
 
 
+def test_a_seed_that_never_ran_is_named(sweep, tmp_path):
+    import shutil
+
+    shutil.rmtree(sweep / "8")  # the sweep was stopped before its last job started
+    rep = sweep_report.Report(str(sweep))
+    assert rep.intro()[-1] == "Group 3 (MS-SSIM + L1 (α = 0.84)) has 2 finished seeds of 3; missing seed 2 (no run)."
+
+
 def test_every_output_is_written(sweep, tmp_path):
     out = tmp_path / "out"
     sweep_report.main([str(sweep), "--out", str(out)])
@@ -239,6 +247,7 @@ def test_every_output_is_written(sweep, tmp_path):
     # Figures (4), then per view (2) the ground truth and 3 groups, full and cropped.
     assert len(srcs) == 4 + 2 * 4 * 2
     assert html.count("<table>") == 6 and "MS-SSIM + L1 (α = 0.84)" in html
+    assert "Common to all runs: <code>experiment=loss_ablation</code>" in html
 
 
 def test_renders_side_by_side_with_a_crop_where_they_differ(sweep):

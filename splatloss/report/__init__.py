@@ -72,6 +72,7 @@ class Report:
 
     def __init__(self, sweep_dir: str, baseline: Optional[str] = None, seed_key: str = "seed"):
         self.sweep_dir = sweep_dir
+        self.text = ""  # report.md, once build() has written it
         self.runs: List[Run] = collect_all(sweep_dir, seed_key)
         self.groups: List[Group] = group_runs(self.runs, seed_key)
         self.held, self.cost = quantities(self.runs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -127,6 +128,11 @@ code { background: #f4f4f4; padding: 0 0.2em; }
 """
 
 
+def _code(text: str) -> str:
+    """Markdown's `code` spans (the overrides in the intro) as <code>."""
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", text)
+
+
 def html_page(
     title: str,
     intro: List[str],
@@ -136,7 +142,7 @@ def html_page(
     notes: Sequence[str],
 ) -> str:
     """The whole page as one string (no external file is referenced)."""
-    parts = [f"<h1>{html_text(title)}</h1>"] + [f"<p>{html_text(p)}</p>" for p in intro]
+    parts = [f"<h1>{html_text(title)}</h1>"] + [f"<p>{_code(html_text(p))}</p>" for p in intro]
     parts += [f"<p class='note'>{html_text(n)}</p>" for n in notes]
     parts += ["<h2>Tables</h2>"] + [t.html() for t in tables if t is not None]
     if figures:
