@@ -3,8 +3,8 @@
 A group is every run with the same overrides but the seed. Per group and quantity: n, mean,
 standard deviation (n - 1 in the denominator) and the 95 % confidence interval of the mean
 (Student t, ``scipy.stats.ttest_1samp(...).confidence_interval``). Against a baseline group, the
-runs are paired by seed (the seed draws the scene's cameras, its initial points and the view
-order, so two runs of one seed differ only by the configuration): the mean of the differences,
+runs are paired by seed (the seed draws the initial points and Gaussians and the order of the
+training views, so two runs of one seed differ only by the configuration): the mean of the differences,
 its 95 % confidence interval and the paired t-test's two-sided p-value (``scipy.stats.ttest_rel``).
 """
 
