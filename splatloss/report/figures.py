@@ -144,22 +144,19 @@ def convergence_figure(groups: Sequence[Group], curves: Dict[str, Dict[str, Curv
     CSV logs; the training loss where the runs did not evaluate during training; and the step time
     (the logged recent-window ms / step) against the step."""
     done = [(i, g) for i, g in enumerate(groups) if g.runs]
-    # Held-out PSNR needs at least one evaluation between the first and the last.
-    evaluated = all(
-        len(curves.get(r.folder, {}).get("psnr", Curve(np.zeros(0), np.zeros(0))).steps) > 2
-        for _, g in done
-        for r in g.runs
-    )
-    key, ylabel = ("psnr", "held-out PSNR (dB)") if evaluated else ("train_loss", "training loss (each its own loss)")
-    have_time = any("step_ms" in curves.get(r.folder, {}) for _, g in done for r in g.runs)
-    if not any(key in curves.get(r.folder, {}) for _, g in done for r in g.runs):
+    logged = [curves.get(r.folder, {}) for _, g in done for r in g.runs]
+    # Held-out PSNR needs an evaluation between the one before training and the one after it.
+    if all("psnr" in c and len(c["psnr"].steps) > 2 for c in logged):
+        panels = [("psnr", "held-out PSNR (dB)")]
+    elif any("train_loss" in c for c in logged):
+        panels = [("train_loss", "training loss (each its own loss)")]
+    else:
         return None
-    fig = _new(8.0 if have_time else 4.6, 3.2)
-    axes = fig.subplots(1, 2 if have_time else 1, squeeze=False)[0]
-    for ax, name, label in (
-        (axes[0], key, ylabel),
-        *(((axes[1], "step_ms", "step time (ms, recent window)"),) if have_time else ()),
-    ):
+    if any("step_ms" in c for c in logged):
+        panels.append(("step_ms", "step time (ms, recent window)"))
+    fig = _new(8.0 if len(panels) > 1 else 4.6, 3.2)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (name, label) in zip(axes, panels):
         for i, g in done:
             cs = [curves[r.folder][name] for r in g.runs if name in curves.get(r.folder, {})]
             band = _band(cs) if cs else None
