@@ -71,14 +71,15 @@ def test_multirun_and_sweep_report(tmp_path):
     proc = _run(["-m", "splatloss.report", str(sweep)], cwd=ROOT)
     table = (sweep / "report.md").read_text()
     assert proc.stdout.startswith(table)
-    lines = [line for line in table.splitlines() if line.startswith("|")]
-    assert lines[0].startswith("| run | PSNR (dB) | SSIM | MS-SSIM | PSNR untrained |")
-    assert [line.split("|")[1].strip() for line in lines[2:]] == ["loss=l1", "loss=dssim_l1", "loss=msssim_l1"]
+    held = table.split("### Held-out metrics", 1)[1].split("\n\n")[1].splitlines()
+    assert held[0].startswith("| # | configuration | seeds | PSNR (dB) ↑ | SSIM ↑ |")
+    labels = ["L1", "D-SSIM + L1 (λ = 0.2)", "MS-SSIM + L1 (α = 0.84)"]
+    assert [line.split("|")[2].strip() for line in held[2:]] == labels
     assert "Common to all runs: `trainer.max_steps=8`" in table
-    for r, line in zip(runs, lines[2:]):
+    for r, line in zip(runs, held[2:]):
         psnr = json.loads((sweep / r / "metrics.json").read_text())["psnr"]
-        assert line.split("|")[2].strip() == f"{psnr:.2f}"
-    png = (sweep / "report.png").read_bytes()
+        assert line.split("|")[4].strip() == f"{psnr:.2f}"  # one seed each: the value, no interval
+    png = (sweep / "figures" / "metrics.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
