@@ -129,9 +129,11 @@ def train(cfg) -> Dict[str, Any]:
     evaluation = {} if every is None else {"check_val_every_n_epoch": 1, "val_check_interval": int(every)}
     # A run shorter than the logging interval logs its last step (Lightning warns otherwise).
     log_every = min(int(cfg.trainer.get("log_every_n_steps", 50)), int(cfg.trainer.max_steps))
+    rescue_dir = cfg.get("rescue_dir")
+    checkpoint_io = AtomicCheckpointIO(rescue_dirs=runs.rescue_folders(rescue_dir))
     trainer = _build(
         "trainer", cfg.trainer, callbacks=[*callbacks, stopper, record], logger=logger, default_root_dir=out_dir,
-        plugins=[AtomicCheckpointIO()], log_every_n_steps=log_every, **evaluation,
+        plugins=[checkpoint_io], log_every_n_steps=log_every, **evaluation,
     )  # fmt: skip
     if trainer.world_size > 1 and module.strategy is not None:
         raise ValueError(
@@ -161,13 +163,12 @@ def train(cfg) -> Dict[str, Any]:
             init = _evaluate(trainer, module, dm, evaluator, "init")
             record.init = init
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
-        rescued: list = []
-        rescue_dir = cfg.get("rescue_dir")
         interrupted = stopper.signal_name
         last = os.path.join(ckpt_dir, "last.ckpt")  # the end of the run, whatever every_n_train_steps is
         if saves or interrupted:
-            save = lambda p: trainer.save_checkpoint(p, weights_only=False)  # noqa: E731
-            last = runs.write_or_rescue(last, save, rescued, rescue_dir)
+            trainer.save_checkpoint(last, weights_only=False)  # written elsewhere if it cannot be there
+        rescued = list(checkpoint_io.rescued)
+        last = next((got for wanted, got, _ in rescued if wanted == last), last)
         final = {} if interrupted else _evaluate(trainer, module, dm, evaluator, "final")
     finally:
         stopper.restore()

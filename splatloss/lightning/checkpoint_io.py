@@ -14,21 +14,30 @@ temp folder; moving it across file systems is a copy, not an atomic rename.)
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import zipfile
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from .._atomic import atomic_output
 
+log = logging.getLogger(__name__)
+
 __all__ = ["AtomicCheckpointIO", "read_checkpoint", "check_checkpoint", "check_state_shapes"]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` with an atomic ``save_checkpoint`` (pass it as ``Trainer(plugins=[...])``).
+
+    Args:
+        rescue_dirs: folders, in order of preference, where a checkpoint goes when its own folder
+            does not take it (a full disk, a folder made read-only or removed mid-run); the save
+            then succeeds there, is logged as a warning and recorded in :attr:`rescued` as
+            ``(wanted, written, reason)``. Empty: the error is raised.
 
     Examples:
         >>> import tempfile, os, torch
@@ -38,13 +47,36 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         ['last.ckpt']
     """
 
+    def __init__(self, rescue_dirs: Sequence[str] = ()):
+        super().__init__()
+        self.rescue_dirs = list(rescue_dirs)
+        self.rescued: List[Tuple[str, str, str]] = []
+
     def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None:
             raise TypeError(
                 f"AtomicCheckpointIO.save_checkpoint does not take storage_options, got {storage_options!r}"
             )
-        with atomic_output(path) as tmp:
-            torch.save(checkpoint, tmp)
+        try:
+            with atomic_output(path) as tmp:
+                torch.save(checkpoint, tmp)
+            return
+        except OSError as e:
+            if not self.rescue_dirs:
+                raise
+            error = e
+        for folder in self.rescue_dirs:
+            alt = os.path.join(folder, os.path.basename(os.fspath(path)))
+            try:
+                with atomic_output(alt) as tmp:
+                    torch.save(checkpoint, tmp)
+            except OSError:
+                continue
+            self.rescued = [r for r in self.rescued if r[0] != os.fspath(path)]
+            self.rescued.append((os.fspath(path), alt, f"{type(error).__name__}: {error}"))
+            log.warning("could not write the checkpoint %s (%s): wrote it to %s instead", path, error, alt)
+            return
+        raise error
 
 
 # Parameters whose first dimension is the number of Gaussians, which densification changes: a

@@ -426,18 +426,20 @@ def check_writable(folders: Dict[str, str]) -> None:
         probe = folder
         while not os.path.exists(probe) and os.path.dirname(probe) != probe:
             probe = os.path.dirname(probe)
+        where = "" if probe == folder else f" (it would be created in {probe!r})"
+        if not os.path.isdir(probe):
+            raise ValueError(
+                f"cannot write the {what} to {folder!r}: {probe!r} is a file, not a folder; move it away or choose "
+                "another run folder (hydra.run.dir=<folder>)"
+            )
         try:
-            if not os.path.isdir(probe):
-                raise NotADirectoryError(f"{probe!r} is a file, not a folder")
             fd, tmp = tempfile.mkstemp(dir=probe, prefix=".splatloss-write-test-")
             os.close(fd)
             os.unlink(tmp)
         except OSError as e:
-            where = "" if probe == folder else f" (it would be created in {probe!r})"
-            reason = e.strerror or str(e)
             raise ValueError(
-                f"cannot write the {what} to {folder!r}{where}: {reason}. Make it writable (chmod u+w) or choose "
-                "another run folder (hydra.run.dir=<folder>)"
+                f"cannot write the {what} to {folder!r}{where}: {e.strerror or e}. Make it writable or "
+                "choose another run folder (hydra.run.dir=<folder>)"
             ) from None
 
 
