@@ -14,6 +14,7 @@ import subprocess
 import sys
 import warnings
 
+import lightning as L
 import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
@@ -156,3 +157,29 @@ def test_sigterm_exits_143_and_resume_latest_continues_the_same_run_and_log(tmp_
     assert _tb_steps(tmp_path / first, "train/loss") == list(range(12))
     assert "dirpath" not in resumed.stderr and "not empty" not in resumed.stderr, resumed.stderr
     assert "Training" in resumed.stdout and " 12/12 " in resumed.stdout
+
+
+class SignalDuringEvaluation(L.Callback):
+    """Sends SIGINT to this process while the untrained model is evaluated (before training)."""
+
+    def __init__(self):
+        self.sent = False
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_signal_outside_training_stops_at_once_with_the_shells_status(tmp_path):
+    from splatloss.lightning import RunInterrupted
+
+    cfg = make_cfg(tmp_path, ["loss=l1", "trainer.max_steps=4"])
+    with open_dict(cfg):
+        cfg.callbacks.send = {"_target_": "test_train_interrupt.SignalDuringEvaluation"}
+    previous = signal.getsignal(signal.SIGINT)
+    with pytest.raises(RunInterrupted) as info:  # not Lightning's sys.exit(1)
+        train(cfg)
+    assert info.value.exit_code == 130 and info.value.signal_name == "SIGINT"
+    assert signal.getsignal(signal.SIGINT) is previous
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.json").exists()

@@ -413,7 +413,8 @@ class StopOnSignal(L.Callback):
 
     def _handler(self, signum, frame) -> None:
         if self.signal_name is not None or not self._fitting:
-            self.restore()
+            if not self._held:  # held: restore() runs once Lightning has put back what it replaced
+                self.restore()
             raise RunInterrupted(signum)
         self.signal_name = signal.Signals(signum).name
         self.exit_code = 128 + int(signum)
@@ -458,4 +459,5 @@ class StopOnSignal(L.Callback):
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         self._fitting = False
-        self.restore()
+        if not self._held:
+            self.restore()
