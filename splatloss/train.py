@@ -395,8 +395,11 @@ def _resume_latest_in_place(argv: List[str]) -> List[str]:
     from .lightning.runs import hydra_value, latest_checkpoint, run_folder_of
 
     overrides = [a for a in argv if a != "resume=latest" and not a.startswith("-")]
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    except Exception:  # a bad override: Hydra reports it when it composes the run
+        return argv
     ckpt = latest_checkpoint(os.path.abspath(str(cfg.hydra.run.dir)))
     folder = run_folder_of(ckpt)
     if folder is None:
@@ -412,8 +415,14 @@ def main() -> Optional[float]:
     whose files had to be written elsewhere exits 1, saying where. ``--help`` lists the choices."""
     argv = sys.argv[1:]
     if "--help" in argv or "-h" in argv:
-        prog = os.path.basename(sys.argv[0]) if sys.argv and not sys.argv[0].endswith("train.py") else None
-        print(help_text(prog or "python scripts/train.py"))
+        argv0 = sys.argv[0] if sys.argv else ""
+        if argv0.endswith(os.path.join("splatloss", "train.py")):
+            prog = "python -m splatloss.train"
+        elif argv0.endswith(".py"):
+            prog = "python scripts/train.py"
+        else:
+            prog = os.path.basename(argv0) or "splatloss-train"
+        print(help_text(prog))
         return None
     try:
         sys.argv[1:] = _resume_latest_in_place(argv)
@@ -457,7 +466,11 @@ def main() -> Optional[float]:
         key = cfg.get("optimized_metric")
         return None if not key else float(metrics[key])
 
-    return _main()
+    try:
+        return _main()
+    except KeyboardInterrupt:  # Ctrl+C while starting up, before train() holds the signals
+        print("splatloss-train: stopped by SIGINT", file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 if __name__ == "__main__":
