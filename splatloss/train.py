@@ -14,7 +14,13 @@ calls :func:`main` (Hydra), which calls :func:`train`. A run writes into its fol
 
 Everything a config can get wrong stops with one ``ValueError`` before anything is trained or
 written: an unknown or negative setting, a missing dataset, a loss that cannot run on the data's
-views or device (one dry call), a GPU trainer without a GPU, a missing checkpoint.
+views or device (one dry call), a GPU trainer without a GPU, a missing, unreadable or ill-fitting
+checkpoint, a resume under another seed / data / model / loss (``resume_allow_changes=true``
+allows it), a fresh run in a folder holding a trained run, an output folder that cannot be written.
+
+SIGINT / SIGTERM save ``checkpoints/last.ckpt``, print the command that resumes, and make
+:func:`main` exit 130 / 143. A resume continues the run's own folder, CSV and TensorBoard logs.
+``--help`` lists the config groups' choices (:func:`help_text`).
 """
 
 from __future__ import annotations
@@ -129,8 +135,8 @@ def train(cfg) -> Dict[str, Any]:
     evaluation = {} if every is None else {"check_val_every_n_epoch": 1, "val_check_interval": int(every)}
     # A run shorter than the logging interval logs its last step (Lightning warns otherwise).
     log_every = min(int(cfg.trainer.get("log_every_n_steps", 50)), int(cfg.trainer.max_steps))
-    rescue_dir = cfg.get("rescue_dir")
-    checkpoint_io = AtomicCheckpointIO(rescue_dirs=runs.rescue_folders(rescue_dir))
+    rescue = runs.rescue_folders(cfg.get("rescue_dir"))  # one folder for everything a run rescues
+    checkpoint_io = AtomicCheckpointIO(rescue_dirs=rescue)
     trainer = _build(
         "trainer", cfg.trainer, callbacks=[*callbacks, stopper, record], logger=logger, default_root_dir=out_dir,
         plugins=[checkpoint_io], log_every_n_steps=log_every, **evaluation,
@@ -182,7 +188,7 @@ def train(cfg) -> Dict[str, Any]:
         metrics["exit_code"] = stopper.exit_code
     if trainer.is_global_zero:
         runs.write_or_rescue(
-            os.path.join(out_dir, "metrics.json"), lambda p: runs.write_json_atomic(p, metrics), rescued, rescue_dir
+            os.path.join(out_dir, "metrics.json"), lambda p: runs.write_json_atomic(p, metrics), rescued, rescue
         )
         if interrupted:
             print(
@@ -193,7 +199,7 @@ def train(cfg) -> Dict[str, Any]:
         else:
             if cfg.get("export_ply", True):
                 ply = os.path.join(out_dir, "point_cloud.ply")
-                runs.write_or_rescue(ply, module.gaussians.export_ply, rescued, rescue_dir)
+                runs.write_or_rescue(ply, module.gaussians.export_ply, rescued, rescue)
             _summary(metrics, out_dir)
     if rescued:
         raise runs.OutputNotWritten(rescued)

@@ -463,15 +463,15 @@ def rescue_folders(preferred: Optional[str] = None) -> List[str]:
     return [os.path.join(r, f"splatloss-rescue-{stamp}" if r == tmp else stamp) for r in roots]
 
 
-def write_or_rescue(path: str, write: Callable[[str], None], rescued: List[tuple], preferred: Optional[str] = None):
-    """``write(path)``; where that fails with an ``OSError``, ``write`` into the first rescue folder
+def write_or_rescue(path: str, write: Callable[[str], None], rescued: List[tuple], folders: List[str]):
+    """``write(path)``; where that fails with an ``OSError``, ``write`` into the first of ``folders``
     that takes it (:func:`rescue_folders`) and append ``(path, written, reason)`` to ``rescued``."""
     try:
         write(path)
         return path
     except OSError as e:
         reason = f"{type(e).__name__}: {e}"
-    for folder in rescue_folders(preferred):
+    for folder in folders:
         alt = os.path.join(folder, os.path.basename(path))
         try:
             os.makedirs(folder, exist_ok=True)
