@@ -14,7 +14,13 @@ calls :func:`main` (Hydra), which calls :func:`train`. A run writes into its fol
 
 Everything a config can get wrong stops with one ``ValueError`` before anything is trained or
 written: an unknown or negative setting, a missing dataset, a loss that cannot run on the data's
-views or device (one dry call), a GPU trainer without a GPU, a missing checkpoint.
+views or device (one dry call), a GPU trainer without a GPU, a missing, unreadable or ill-fitting
+checkpoint, a resume under another seed / data / model / loss (``resume_allow_changes=true``
+allows it), a fresh run in a folder holding a trained run, an output folder that cannot be written.
+
+SIGINT / SIGTERM save ``checkpoints/last.ckpt``, print the command that resumes, and make
+:func:`main` exit 130 / 143. A resume continues the run's own folder, CSV and TensorBoard logs.
+``--help`` lists the config groups' choices (:func:`help_text`).
 """
 
 from __future__ import annotations
@@ -23,13 +29,13 @@ import logging
 import os
 import sys
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train", "main", "CONFIG_DIR"]
+__all__ = ["train", "main", "help_text", "CONFIG_DIR"]
 
 
 def _config_dir() -> str:
@@ -64,17 +70,40 @@ def train(cfg) -> Dict[str, Any]:
     """Build data, loss, model, callbacks and trainer from ``cfg``; fit; evaluate; write metrics.
 
     Returns:
-        The metrics dict also written to ``<cfg.output_dir>/metrics.json``.
+        The metrics dict also written to ``<cfg.output_dir>/metrics.json``. An interrupted run
+        (SIGINT / SIGTERM) saves its checkpoint and returns ``"interrupted"`` (the signal's name)
+        and ``"exit_code"`` (130 / 143) without the final evaluation.
+
+    Raises:
+        ValueError: a config, checkpoint or output folder that cannot be used, before anything is
+            trained or written.
+        RunInterrupted: a signal outside training (an evaluation) or a second signal.
+        OutputNotWritten: files of the finished run that were written elsewhere (it says where).
     """
     import lightning as L
+    from omegaconf import open_dict
 
     from .lightning import HeldOutMetrics, SceneDataModule, StopOnSignal, check_scene, runs
-    from .lightning.checkpoint_io import AtomicCheckpointIO
+    from .lightning.checkpoint_io import AtomicCheckpointIO, check_state_shapes, read_checkpoint
+    from .splat.trajectory import render_trajectory
 
     runs.check_config(cfg)
     _quiet_lightning()
-    out_dir = os.path.abspath(str(cfg.output_dir))
     ckpt_path = runs.resolve_checkpoint(cfg)
+    if ckpt_path is not None and cfg.get("resume") == "latest" and runs.run_folder_of(ckpt_path):
+        # The newest run continues in its own folder: its checkpoints, logs and metrics.json.
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            cfg.output_dir = runs.run_folder_of(ckpt_path)
+    out_dir = os.path.abspath(str(cfg.output_dir))
+    checkpoint = None
+    if ckpt_path is not None:
+        checkpoint = read_checkpoint(ckpt_path)
+        changes = runs.check_resume_config(cfg, checkpoint, ckpt_path)
+        if changes:
+            log.warning("resuming %s under a changed configuration (resume_allow_changes=true): %s", ckpt_path,
+                        "; ".join(changes))  # fmt: skip
+    resume_step = None if checkpoint is None else int(checkpoint["global_step"])
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
 
     # Build every object and try the loss on the data first: a bad config fails here, not at step 0.
@@ -83,6 +112,8 @@ def train(cfg) -> Dict[str, Any]:
     check_scene(scene)
     module = _build("model", cfg.model, loss=loss)
     module.bind_scene(scene)
+    if checkpoint is not None:
+        check_state_shapes(checkpoint, module, ckpt_path)
     num_gaussians_init = module.gaussians.num
     callbacks = [_build("callbacks", c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     if not cfg.trainer.get("enable_progress_bar", True):  # Lightning refuses a progress bar beside this
@@ -90,15 +121,26 @@ def train(cfg) -> Dict[str, Any]:
     evaluator = next((c for c in callbacks if isinstance(c, HeldOutMetrics)), None)
     if evaluator is not None and evaluator.dirpath is None:
         evaluator.dirpath = os.path.join(out_dir, "renders")
+    ckpt_cb = next((c for c in callbacks if isinstance(c, L.pytorch.callbacks.ModelCheckpoint)), None)
+    saves = ckpt_cb is not None and bool(ckpt_cb.dirpath)  # else only an interrupted run saves one, here:
+    ckpt_dir = ckpt_cb.dirpath if saves else os.path.join(out_dir, "checkpoints")
+    if checkpoint is None:
+        runs.check_fresh_run_folder(out_dir, ckpt_dir)
     stopper = StopOnSignal()
-    logger = _build("logger", cfg.logger) if cfg.get("logger") else False
+    init_saved = ((checkpoint or {}).get(runs.RunRecord.KEY) or {}).get("init")
+    record = runs.RunRecord(runs.run_identity(cfg), init_saved)
+    logger = False
+    if cfg.get("logger"):
+        logger = _build("logger", cfg.logger, **runs.logger_resume_kwargs(cfg.logger, resume_step))
     every = cfg.get("eval_every_n_steps")  # one epoch is the whole run: evaluate within it
     evaluation = {} if every is None else {"check_val_every_n_epoch": 1, "val_check_interval": int(every)}
     # A run shorter than the logging interval logs its last step (Lightning warns otherwise).
     log_every = min(int(cfg.trainer.get("log_every_n_steps", 50)), int(cfg.trainer.max_steps))
+    rescue = runs.rescue_folders(cfg.get("rescue_dir"))  # one folder for everything a run rescues
+    checkpoint_io = AtomicCheckpointIO(rescue_dirs=rescue)
     trainer = _build(
-        "trainer", cfg.trainer, callbacks=[*callbacks, stopper], logger=logger, default_root_dir=out_dir,
-        plugins=[AtomicCheckpointIO()], log_every_n_steps=log_every, **evaluation,
+        "trainer", cfg.trainer, callbacks=[*callbacks, stopper, record], logger=logger, default_root_dir=out_dir,
+        plugins=[checkpoint_io], log_every_n_steps=log_every, **evaluation,
     )  # fmt: skip
     if trainer.world_size > 1 and module.strategy is not None:
         raise ValueError(
@@ -110,38 +152,61 @@ def train(cfg) -> Dict[str, Any]:
     runs.check_loss_on_views(
         loss, view.height, view.width, trainer.strategy.root_device, masked=view.mask is not None, loss_cfg=cfg.loss
     )
+    outputs = {"run folder (metrics.json, point_cloud.ply)": out_dir, "checkpoints": ckpt_dir}
+    if evaluator is not None and evaluator.save_renders:
+        outputs["renders"] = evaluator.dirpath
+    for lg in trainer.loggers:
+        if getattr(lg, "log_dir", None):
+            outputs[f"{type(lg).__name__} log"] = lg.log_dir
+    if trainer.is_global_zero:
+        runs.check_writable(outputs)
     dm = SceneDataModule(scene, seed=int(cfg.seed))
 
-    init = _evaluate(trainer, module, dm, evaluator, "init")
-    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
-    ckpt_cb = next((c for c in callbacks if isinstance(c, L.pytorch.callbacks.ModelCheckpoint)), None)
-    ckpt_dir = ckpt_cb.dirpath if ckpt_cb is not None and ckpt_cb.dirpath else None
-    if stopper.signal_name is not None and ckpt_dir is None:
-        ckpt_dir = os.path.join(out_dir, "checkpoints")  # an interrupted run always leaves one to resume
-    if ckpt_dir is not None:  # the end of the run, whatever every_n_train_steps is: a later run can extend it
-        trainer.save_checkpoint(os.path.join(ckpt_dir, "last.ckpt"), weights_only=False)
-    final = _evaluate(trainer, module, dm, evaluator, "final")
+    stopper.install()  # from here a signal stops the run with the shell's status (130, 143)
+    try:
+        if init_saved is not None:  # a resume: the untrained model was evaluated (and logged) by the run
+            init = dict(init_saved)
+        else:
+            init = _evaluate(trainer, module, dm, evaluator, "init")
+            record.init = init
+        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+        interrupted = stopper.signal_name
+        last = os.path.join(ckpt_dir, "last.ckpt")  # the end of the run, whatever every_n_train_steps is
+        if saves or interrupted:
+            trainer.save_checkpoint(last, weights_only=False)  # written elsewhere if it cannot be there
+        rescued = list(checkpoint_io.rescued)
+        last = next((got for wanted, got, _ in rescued if wanted == last), last)
+        final = {} if interrupted else _evaluate(trainer, module, dm, evaluator, "final")
+    finally:
+        stopper.restore()
 
     metrics = runs.run_metrics(
-        cfg, trainer, module, scene, init=init, final=final, interrupted=stopper.signal_name,
+        cfg, trainer, module, scene, init=init, final=final, interrupted=interrupted,
         resumed_from=ckpt_path, num_gaussians_init=int(num_gaussians_init),
-        ms_ssim_scales=evaluator.last.get("ms_ssim_scales") if evaluator is not None else None,
+        ms_ssim_scales=evaluator.last.get("ms_ssim_scales") if evaluator is not None and not interrupted else None,
     )  # fmt: skip
+    if interrupted:
+        metrics["exit_code"] = stopper.exit_code
     if trainer.is_global_zero:
-        runs.write_json_atomic(os.path.join(out_dir, "metrics.json"), metrics)
-        if stopper.signal_name is not None:
+        runs.write_or_rescue(
+            os.path.join(out_dir, "metrics.json"), lambda p: runs.write_json_atomic(p, metrics), rescued, rescue
+        )
+        if interrupted:
             print(
-                f"Stopped by {stopper.signal_name} at step {metrics['steps']}; checkpoint "
-                f"{os.path.join(ckpt_dir, 'last.ckpt')}. Resume with:\n  {runs.resume_command(out_dir)}",
+                f"Stopped by {interrupted} at step {metrics['steps']} of {int(cfg.trainer.max_steps)}; checkpoint "
+                f"{last}. Resume with:\n  {runs.resume_command(out_dir)}",
                 flush=True,
             )
-        if cfg.get("export_ply", True):
-            module.gaussians.export_ply(os.path.join(out_dir, "point_cloud.ply"))
-        if cfg.get("render_traj", False):  # a video along a path through the training views (splat/trajectory.py)
-            from .splat.trajectory import render_trajectory
-
-            log.info("trajectory video: %s", render_trajectory(module.render_view, scene.train, f"{out_dir}/traj"))
-        _summary(metrics, out_dir)
+        else:
+            if cfg.get("export_ply", True):
+                ply = os.path.join(out_dir, "point_cloud.ply")
+                runs.write_or_rescue(ply, module.gaussians.export_ply, rescued, rescue)
+            if cfg.get("render_traj", False):  # a video along a path through the training views
+                video = render_trajectory(module.render_view, scene.train, os.path.join(out_dir, "traj"))
+                log.info("trajectory video: %s", video)
+            _summary(metrics, out_dir)
+    if rescued:
+        raise runs.OutputNotWritten(rescued)
     return metrics
 
 
@@ -204,6 +269,8 @@ def _quiet_lightning() -> None:
       still does (lightning 2.6.6, the newest): a filter on that one message of that module.
     - "no pre-optimization state was saved": checkpoints hold the state after each step's
       optimizer update, which is exactly what resuming needs.
+    - "The dirpath has changed": a checkpoint continued in another run folder (``ckpt_path=``);
+      the best-k bookkeeping it drops is unused (one ``last.ckpt``).
     """
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if _LIGHTNING_NOISE not in rank_zero.filters:
@@ -212,6 +279,9 @@ def _quiet_lightning() -> None:
         "ignore", message=r".*isinstance\(treespec, LeafSpec\)", module=r"lightning\.pytorch\.utilities\._pytree"
     )
     warnings.filterwarnings("ignore", message=".*no pre-optimization state was saved.*")
+    # A checkpoint continued in another folder (ckpt_path=): the best-k bookkeeping it says it drops
+    # is unused here (save_top_k: 0, one last.ckpt).
+    warnings.filterwarnings("ignore", message=r"The dirpath has changed from .* won't be reloaded")
 
 
 def _one_log_stream() -> None:
@@ -227,9 +297,149 @@ def _one_log_stream() -> None:
         lg.propagate = True
 
 
+# The groups --help lists, in this order, with what choosing one means.
+_HELP_GROUPS = (
+    ("loss", "the photometric loss"),
+    ("data", "the scene"),
+    ("model", "the Gaussians and their optimisation"),
+    ("trainer", "where and how long it trains (lightning.pytorch.Trainer)"),
+    ("logger", "where the curves go"),
+    ("callbacks", "loss terms, held-out metrics and renders, checkpoints, progress"),
+    ("experiment", "a preset sweep (-m)"),
+    ("hparams_search", "a hyper-parameter search (-m)"),
+    ("hydra/launcher", "how the runs of a sweep are launched"),
+)
+
+_HELP_KEYS = (
+    ("seed=0", "seeds the scene, the initial Gaussians and the view order"),
+    ("trainer.max_steps=1000", "training steps (raise it to extend a finished run with resume=true)"),
+    ("data.path=<folder>", "the scene folder for data=blender|colmap|nerfstudio"),
+    ("eval_every_n_steps=null", "held-out metrics and renders every this many steps too"),
+    ("logger=tensorboard / ~logger", "TensorBoard events instead of the CSV file / no log"),
+    ("hydra.run.dir=<folder>", "the run folder (default outputs/<date>/<time>)"),
+    ("resume=true", "continue the run in hydra.run.dir from its checkpoints/last.ckpt"),
+    ("resume=latest", "continue the newest run under outputs/ in its own folder"),
+    ("ckpt_path=<file.ckpt>", "continue from that checkpoint"),
+    ("resume_allow_changes=false", "true: continue a checkpoint under another loss/data/model/seed"),
+    ("rescue_dir=null", "where a finished run's files go if its folder cannot take them"),
+    ("export_ply=true", "write point_cloud.ply (3DGS layout)"),
+    ("num_threads=null", "torch CPU threads (null: torch's default)"),
+)
+
+
+def _description(path: str) -> str:
+    """The first comment line of a config file (after any ``# @package`` line)."""
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line.startswith("#"):
+                break
+            text = line.lstrip("#").strip()
+            if text and not text.startswith("@package"):
+                return text
+    return ""
+
+
+def _defaults() -> Dict[str, str]:
+    from omegaconf import OmegaConf
+
+    out = {}
+    for item in OmegaConf.to_container(OmegaConf.load(os.path.join(CONFIG_DIR, "train.yaml")))["defaults"]:
+        if isinstance(item, dict):
+            for k, v in item.items():
+                out[k.replace("override ", "").strip()] = str(v)
+    return out
+
+
+def help_text(prog: str = "splatloss-train") -> str:
+    """What ``--help`` prints: every config group's choices with their one-line description (the
+    first comment line of each file; files named ``_*.yaml`` are bases other configs extend, not
+    choices), the common keys and examples."""
+    defaults = _defaults()
+    lines = [
+        f"{prog}: train 3D Gaussians with a splatloss photometric loss (gsplat + Lightning + Hydra).",
+        "",
+        f"Usage: {prog} [group=choice ...] [key=value ...]      one run, in outputs/<date>/<time>/",
+        f"       {prog} -m group=a,b key=x,y ...               a sweep, in multirun/<date>/<time>/<n>/",
+        "",
+        "Choices (group=choice; * marks the default):",
+    ]
+    for group, what in _HELP_GROUPS:
+        folder = os.path.join(CONFIG_DIR, group)
+        names = sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml") and not f.startswith("_"))
+        if not names:
+            continue
+        lines += ["", f"  {group}: {what}"]
+        width = max(len(n) for n in names) + 2
+        for name in names:
+            mark = "*" if defaults.get(group) == name else " "
+            lines.append(f"   {mark}{name:<{width}}{_description(os.path.join(folder, name + '.yaml'))}")
+    lines += ["", "Common keys (key=value; shown with their defaults):", ""]
+    width = max(len(k) for k, _ in _HELP_KEYS) + 2
+    lines += [f"    {k:<{width}}{v}" for k, v in _HELP_KEYS]
+    lines += [
+        "",
+        "Any key of a group can be set too, e.g. loss.lambda_dssim=0.4, loss.window_size=7, model.sh_degree=3;",
+        "`--cfg job` prints the whole composed configuration.",
+        "",
+        "Examples:",
+        f"    {prog} loss=dssim_l1 trainer.max_steps=1500",
+        f"    {prog} loss=msssim_l1 data=colmap data.path=~/scenes/garden data.downscale=4 trainer=gpu",
+        f"    {prog} -m loss=l1,dssim_l1,msssim_l1 seed=0,1,2",
+        f"    {prog} resume=latest",
+        "",
+        "Ctrl+C (or SIGTERM) saves checkpoints/last.ckpt, prints the command that resumes, and exits 130 (143).",
+        "Hydra's own options: --hydra-help.",
+    ]
+    return "\n".join(lines)
+
+
+def _resume_latest_in_place(argv: List[str]) -> List[str]:
+    """``resume=latest`` on the command line becomes ``hydra.run.dir=<newest run> resume=true``,
+    before Hydra creates a new run folder: the newest run (beside where this one would go)
+    continues in its own folder, with its own logs."""
+    if "resume=latest" not in argv or any(a in ("-m", "--multirun") or a.startswith("ckpt_path=") for a in argv):
+        return argv
+    from hydra import compose, initialize_config_dir
+
+    from .lightning.runs import hydra_value, latest_checkpoint, run_folder_of
+
+    overrides = [a for a in argv if a != "resume=latest" and not a.startswith("-")]
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    except Exception:  # a bad override: Hydra reports it when it composes the run
+        return argv
+    ckpt = latest_checkpoint(os.path.abspath(str(cfg.hydra.run.dir)))
+    folder = run_folder_of(ckpt)
+    if folder is None:
+        return argv
+    kept = [a for a in argv if a != "resume=latest" and not a.startswith("hydra.run.dir=")]
+    return kept + [f"hydra.run.dir={hydra_value(folder)}", "resume=true"]
+
+
 def main() -> Optional[float]:
     """Hydra entry: ``splatloss-train [overrides]``; returns ``cfg.optimized_metric``'s value (for
-    the Optuna sweeper) when set. A config error in a single run prints one message and exits 2."""
+    the Optuna sweeper) when set. A config error in a single run prints one message and exits 2; a
+    run stopped by SIGINT / SIGTERM exits 130 / 143 after saving its checkpoint; a finished run
+    whose files had to be written elsewhere exits 1, saying where. ``--help`` lists the choices."""
+    argv = sys.argv[1:]
+    if "--help" in argv or "-h" in argv:
+        argv0 = sys.argv[0] if sys.argv else ""
+        if argv0.endswith(os.path.join("splatloss", "train.py")):
+            prog = "python -m splatloss.train"
+        elif argv0.endswith(".py"):
+            prog = "python scripts/train.py"
+        else:
+            prog = os.path.basename(argv0) or "splatloss-train"
+        print(help_text(prog))
+        return None
+    try:
+        sys.argv[1:] = _resume_latest_in_place(argv)
+    except ValueError as e:
+        print(f"splatloss-train: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
     import hydra
 
     @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
@@ -237,11 +447,20 @@ def main() -> Optional[float]:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
+        from .lightning import RunInterrupted
+        from .lightning.runs import OutputNotWritten
+
         _one_log_stream()
         if cfg.get("num_threads"):
             torch.set_num_threads(int(cfg.num_threads))
         try:
             metrics = train(cfg)
+        except RunInterrupted as e:
+            print(f"splatloss-train: stopped by {e.signal_name}", file=sys.stderr, flush=True)
+            sys.exit(e.exit_code)
+        except OutputNotWritten as e:
+            print(f"splatloss-train: error: {e}", file=sys.stderr, flush=True)
+            sys.exit(1)
         except Exception as e:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
                 # Into the run's log (<run>/train.log), where scripts/sweep_report.py reads why it failed;
@@ -252,10 +471,16 @@ def main() -> Optional[float]:
                 raise
             print(f"splatloss-train: error: {e}", file=sys.stderr, flush=True)
             sys.exit(2)
+        if metrics.get("exit_code"):
+            sys.exit(int(metrics["exit_code"]))
         key = cfg.get("optimized_metric")
         return None if not key else float(metrics[key])
 
-    return _main()
+    try:
+        return _main()
+    except KeyboardInterrupt:  # Ctrl+C while starting up, before train() holds the signals
+        print("splatloss-train: stopped by SIGINT", file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

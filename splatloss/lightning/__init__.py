@@ -8,7 +8,7 @@ from splatloss._extras import require_train_extra
 
 require_train_extra("splatloss.lightning", ("lightning", "hydra", "omegaconf", "gsplat"))
 
-from .callbacks import HeldOutMetrics, LossTerms, StepProgressBar, StopOnSignal  # noqa: E402
+from .callbacks import HeldOutMetrics, LossTerms, RunInterrupted, StepProgressBar, StopOnSignal  # noqa: E402
 from .data import ResumableLoader, SceneDataModule, StepViewSampler, check_scene  # noqa: E402
 from .module import SplatModule  # noqa: E402
 
@@ -22,4 +22,5 @@ __all__ = [
     "HeldOutMetrics",
     "StepProgressBar",
     "StopOnSignal",
+    "RunInterrupted",
 ]

@@ -34,6 +34,8 @@ __all__ = [
     "LossTerms",
     "HeldOutMetrics",
     "StepProgressBar",
+    "StopOnSignal",
+    "RunInterrupted",
     "find_loss",
     "interpolate_schedule",
     "ms_ssim_weights_for",
@@ -292,9 +294,12 @@ class StepProgressBar(L.pytorch.callbacks.RichProgressBar):
 
     Training here is one long pass of ``max_steps`` steps over a step-indexed view order, so
     Lightning's ``Epoch 0/{max_epochs - 1}`` label read ``Epoch 0/-2`` (``max_epochs=-1``).
-    The label becomes ``Training`` and the bar counts steps as before.
+    The label becomes ``Training`` and the bar counts the run's steps: ``global_step`` out of
+    ``max_steps``, so a run resumed at step 120 of 200 starts at ``120/200`` and ends at
+    ``200/200`` (Lightning counts the batches of this process: ``200/80``).
 
-    Beside it: ``loss`` (``train/loss``, 4 decimals), ``ms/step`` (``step_ms``), ``Gaussians``
+    Beside it: ``loss`` (``train/loss``, 4 decimals), ``ms/step`` (``step_ms``: SplatModule logs the
+    mean of the last 20 steps), ``Gaussians``
     (``num_gaussians``, a count) and ``loss share`` (``loss_share``, in percent) when the module logs
     them with ``prog_bar=True``, then any other progress-bar metric as Lightning shows it. The
     logger's version (``v_num``, always 0 in a run folder of its own) and the it/s column are left
@@ -323,6 +328,24 @@ class StepProgressBar(L.pytorch.callbacks.RichProgressBar):
     def _get_train_description(self, current_epoch: int) -> str:
         return f"{'Training':{len(self.validation_description)}}"
 
+    def _counts_steps(self) -> bool:
+        trainer = self.trainer
+        return trainer.max_epochs == -1 and trainer.max_steps is not None and trainer.max_steps > 0
+
+    @property
+    def total_train_batches(self):
+        return self.trainer.max_steps if self._counts_steps() else super().total_train_batches
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        if self._counts_steps() and self.progress is not None and self.train_progress_bar_id is not None:
+            # Start where the run is (a resumed run), with no speed sample for the steps before.
+            self.progress.reset(self.train_progress_bar_id, total=trainer.max_steps, completed=trainer.global_step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        position = trainer.global_step - 1 if self._counts_steps() else batch_idx
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, position)
+
     def configure_columns(self, trainer) -> list:
         # rich only when the bar is used: Lightning defines these columns only where rich is installed.
         from lightning.pytorch.callbacks.progress.rich_progress import ProcessingSpeedColumn
@@ -350,42 +373,91 @@ class StepProgressBar(L.pytorch.callbacks.RichProgressBar):
         return shown
 
 
+class RunInterrupted(BaseException):
+    """Raised by :class:`StopOnSignal` where training cannot stop cleanly after a step: a signal
+    outside ``fit`` (during an evaluation), or a second signal. A ``BaseException`` like
+    ``KeyboardInterrupt``, so no ``except Exception`` swallows it; unlike ``KeyboardInterrupt``,
+    Lightning lets it through instead of exiting with status 1.
+
+    Attributes:
+        signal_name: ``"SIGINT"`` or ``"SIGTERM"``.
+        exit_code: the shell's convention for a process ended by that signal, ``128 + signum``
+            (130 for SIGINT, 143 for SIGTERM).
+    """
+
+    def __init__(self, signum: int):
+        self.signal_name = signal.Signals(signum).name
+        self.exit_code = 128 + int(signum)
+        super().__init__(f"stopped by {self.signal_name}")
+
+
 class StopOnSignal(L.Callback):
     """SIGINT (Ctrl+C) and SIGTERM (a scheduler's stop) end training cleanly after the current step.
 
-    The handlers are installed for the duration of ``fit`` (on the main thread) and replace
-    Lightning's; :attr:`signal_name` says which signal came (``None``: none). The caller then saves
-    a checkpoint and writes its metrics. A second signal stops at once (``KeyboardInterrupt``).
+    During ``fit`` the first signal lets the current step finish and stops training there;
+    :attr:`signal_name` says which signal came (``None``: none) and :attr:`exit_code` the status the
+    process should end with (130 for SIGINT, 143 for SIGTERM). The caller then saves a checkpoint.
+    A second signal, or a signal outside ``fit`` while :meth:`install` holds the handlers (an
+    evaluation before or after training), raises :class:`RunInterrupted` at once.
+
+    The handlers are installed for the duration of ``fit`` (on the main thread), replacing
+    Lightning's, or for longer between :meth:`install` and :meth:`restore`.
     """
 
     def __init__(self):
         self.signal_name: Optional[str] = None
+        self.exit_code: Optional[int] = None
         self._previous: Dict[int, Any] = {}
+        self._fitting = False
+        self._held = False
 
     def _handler(self, signum, frame) -> None:
-        if self.signal_name is not None:
-            self._restore()
-            raise KeyboardInterrupt
+        if self.signal_name is not None or not self._fitting:
+            if not self._held:  # held: restore() runs once Lightning has put back what it replaced
+                self.restore()
+            raise RunInterrupted(signum)
         self.signal_name = signal.Signals(signum).name
+        self.exit_code = 128 + int(signum)
 
-    def _restore(self) -> None:
+    def _install(self) -> None:
+        # Also at the start of fit, after Lightning has put its own SIGTERM handler over ours;
+        # what restore() puts back is what was there before the first install.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            current = signal.getsignal(signum)
+            if current != self._handler:
+                self._previous.setdefault(signum, current)
+                signal.signal(signum, self._handler)
+
+    def install(self) -> None:
+        """Hold the handlers from now until :meth:`restore` (``fit`` included)."""
+        self._held = True
+        self._install()
+
+    def restore(self) -> None:
+        """Put back the handlers that were there before."""
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
+        self._held = False
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.signal_name = None
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.getsignal(signum)
-                signal.signal(signum, self._handler)
+        self.exit_code = None
+        self._fitting = True
+        self._install()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.signal_name is not None:
             trainer.should_stop = True
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._restore()
+        self._fitting = False
+        if not self._held:
+            self.restore()
 
     def on_exception(self, trainer, pl_module, exception) -> None:
-        self._restore()
+        self._fitting = False
+        if not self._held:
+            self.restore()

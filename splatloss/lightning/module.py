@@ -23,6 +23,7 @@ step alone, so a resumed run evaluates the same degree as an uninterrupted one.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
@@ -105,6 +106,8 @@ class SplatModule(L.LightningModule):
             theirs. ``None``: the Gaussians' own (the factory's default).
         sh_degree_interval: the evaluated SH degree is ``min(sh_degree, step // sh_degree_interval)``
             (3DGS: 1000).
+        step_ms_window: ``step_ms`` (the progress bar's ms/step) is the mean of this many latest
+            steps; the run's ``step_seconds`` is the median of all of them.
     """
 
     def __init__(
@@ -123,6 +126,7 @@ class SplatModule(L.LightningModule):
         means_lr_times_extent: bool = False,
         sh_degree: Optional[int] = None,
         sh_degree_interval: int = 1000,
+        step_ms_window: int = 20,
     ):
         super().__init__()
         if sh_degree is not None and (
@@ -131,6 +135,8 @@ class SplatModule(L.LightningModule):
             raise ValueError(f"sh_degree must be an integer in 0..3 or None, got {sh_degree!r}")
         if not isinstance(sh_degree_interval, int) or isinstance(sh_degree_interval, bool) or sh_degree_interval < 1:
             raise ValueError(f"sh_degree_interval must be an integer >= 1, got {sh_degree_interval!r}")
+        if not isinstance(step_ms_window, int) or isinstance(step_ms_window, bool) or step_ms_window < 1:
+            raise ValueError(f"step_ms_window must be an integer >= 1, got {step_ms_window!r}")
         if isinstance(gaussians, nn.Module):
             _check_gaussians(gaussians)
             if sh_degree is not None and gaussians.sh_degree != sh_degree:
@@ -180,9 +186,13 @@ class SplatModule(L.LightningModule):
         self.background = None if background is None else tuple(float(c) for c in background)
         self.adam_eps = adam_eps
         self.time_steps = bool(time_steps)
-        # Wall-clock sums per part of the step (seconds), skipping the first `_warmup` steps.
+        # Wall-clock sums per part of the step (seconds), skipping the first `_warmup` steps, and
+        # every timed step's duration (its median is the run's step time; the progress bar shows
+        # the mean of the last `step_ms_window`).
         self._warmup = 3
         self._timing = {"render": 0.0, "loss": 0.0, "backward": 0.0, "optim": 0.0, "step": 0.0, "n": 0}
+        self._step_times: list = []
+        self.step_ms_window = step_ms_window
         # Whole-run totals across resumes: training seconds of the runs before this one (from the
         # checkpoint), this fit's start time and the step it started from.
         self._seconds_before = 0.0
@@ -330,21 +340,29 @@ class SplatModule(L.LightningModule):
             tm["optim"] += t4 - t3
             tm["step"] += t4 - t0
             tm["n"] += 1
+            self._step_times.append(t4 - t0)
         self.log("train/loss", loss.detach(), prog_bar=True, batch_size=1)
         self.log("num_gaussians", float(self.gaussians.means.shape[0]), prog_bar=True, batch_size=1)
         if self.gaussians.sh_degree > 0:
             self.log("sh_degree", float(self.gaussians.active_sh_degree), batch_size=1)
         if self._timing["n"]:
             tm = self._timing
-            self.log("step_ms", 1000.0 * tm["step"] / tm["n"], prog_bar=True, batch_size=1)
+            recent = self._step_times[-self.step_ms_window :]
+            self.log("step_ms", 1000.0 * sum(recent) / len(recent), prog_bar=True, batch_size=1)
             self.log("loss_share", tm["loss"] / tm["step"], prog_bar=True, batch_size=1)
         return loss.detach()
 
     def timing(self) -> Dict[str, float]:
-        """Mean seconds per training step and per part (after the first few steps)."""
+        """Seconds per training step, after the first few steps and across resumes: ``step_seconds``
+        is the median step (robust to a stall: an evaluation, another process), the parts
+        (``render_seconds``, ``loss_seconds``, ...) and ``step_mean_seconds`` are means, and
+        ``loss_share`` is the loss's share of the summed step time."""
         tm = self._timing
         n = max(tm["n"], 1)
         res = {f"{k}_seconds": tm[k] / n for k in ("render", "loss", "backward", "optim", "step")}
+        res["step_mean_seconds"] = res["step_seconds"]
+        if self._step_times:
+            res["step_seconds"] = statistics.median(self._step_times)
         res["loss_share"] = tm["loss"] / tm["step"] if tm["step"] > 0 else float("nan")
         res["timed_steps"] = tm["n"]
         return res
@@ -389,6 +407,7 @@ class SplatModule(L.LightningModule):
             "loss_weights": dict(getattr(self.loss, "weights", {}) or {}),
             "train_seconds": self.train_seconds()["total"],
             "timing": dict(self._timing),
+            "step_times": torch.tensor(self._step_times, dtype=torch.float64),
         }
 
     def on_load_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
@@ -415,6 +434,8 @@ class SplatModule(L.LightningModule):
         self.gaussians.set_active_sh_degree(self.sh_degree_at(max(self.start_step - 1, 0)))
         if extra.get("timing"):
             self._timing = dict(extra["timing"])
+        if extra.get("step_times") is not None:
+            self._step_times = [float(t) for t in extra["step_times"]]
         weights = extra.get("loss_weights") or {}
         if weights and hasattr(self.loss, "set_weight"):
             for name, w in weights.items():

@@ -1,5 +1,6 @@
-"""The pieces of a training run around ``trainer.fit``: config checks, checkpoint resolution,
-the dry call of the loss, the metrics record, the resume command.
+"""The pieces of a training run around ``trainer.fit``: config checks, checkpoint resolution and
+the resume checks, the output checks, the dry call of the loss, the logs a resume continues, the
+metrics record, the resume command.
 
 :func:`splatloss.train.train` strings them together; each is usable alone (a custom entry point,
 a notebook). Everything that can be wrong in a config is found here, before anything is trained
@@ -12,16 +13,38 @@ import glob
 import json
 import math
 import os
+import re
 import shlex
+import shutil
 import sys
-from typing import Any, Dict, List, Optional
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Optional
 
+import lightning as L
 import torch
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from .._atomic import atomic_output
 
 __all__ = [
+    "RESUME_KEYS",
+    "RESUME_FREE",
+    "OutputNotWritten",
+    "ResumableCSVLogger",
+    "RunRecord",
     "check_config",
+    "check_fresh_run_folder",
+    "check_resume_config",
+    "check_writable",
+    "hydra_value",
+    "config_changes",
+    "logger_resume_kwargs",
+    "run_folder_of",
+    "run_identity",
+    "rescue_folders",
+    "write_or_rescue",
     "check_device",
     "check_loss_on_views",
     "latest_checkpoint",
@@ -192,9 +215,23 @@ def resolve_checkpoint(cfg) -> Optional[str]:
     return None if ckpt is None else str(ckpt)
 
 
+def hydra_value(value: str) -> str:
+    """``value`` as a Hydra override value, quoted where Hydra's grammar would read it otherwise
+    (spaces, commas, brackets, quotes in a path).
+
+    Examples:
+        >>> hydra_value("outputs/2026-01-02/11-00-00"), hydra_value("/data/my run")
+        ('outputs/2026-01-02/11-00-00', "'/data/my run'")
+    """
+    if re.fullmatch(r"[\w./:~+-]+", value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def resume_command(out_dir: str) -> str:
-    """The command line that continues the run in ``out_dir``: this process's program and Hydra
-    overrides, with ``hydra.run.dir=<out_dir> resume=true``."""
+    """The command line that continues the run in ``out_dir``: the interpreter or console script
+    that started this process (``sys.executable``, never a bare ``python`` that may lack the
+    packages), its Hydra overrides, and ``hydra.run.dir=<out_dir> resume=true``."""
     overrides: List[str] = []
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -202,16 +239,23 @@ def resume_command(out_dir: str) -> str:
         overrides = list(HydraConfig.get().overrides.task)
     except ValueError:  # not under @hydra.main (train(cfg) called directly)
         pass
-    keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("resume", "ckpt_path", "hydra.run.dir")]
+    drop = ("resume", "ckpt_path", "hydra.run.dir")
+    keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in drop]
     argv0 = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     module_file = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train.py")
+    python = sys.executable or "python"
     if argv0 == module_file:
-        prog = ["python", "-m", "splatloss.train"]
+        prog = [python, "-m", "splatloss.train"]
     elif argv0.endswith(".py"):
-        prog = ["python", sys.argv[0]]
+        prog = [python, argv0]
+    elif argv0 and os.path.isfile(argv0):
+        # A console script: its name when the shell finds this very file by it, else its path.
+        name = os.path.basename(argv0)
+        found = shutil.which(name)
+        prog = [name if found and os.path.samefile(found, argv0) else argv0]
     else:
-        prog = [os.path.basename(argv0) or "splatloss-train"]
-    return shlex.join(prog + keep + [f"hydra.run.dir={out_dir}", "resume=true"])
+        prog = [python, "-m", "splatloss.train"]
+    return shlex.join(prog + keep + [f"hydra.run.dir={hydra_value(os.path.abspath(out_dir))}", "resume=true"])
 
 
 def run_metrics(
@@ -220,7 +264,8 @@ def run_metrics(
     """The record of a run written to ``metrics.json``: the held-out metrics of the trained model
     (``psnr``, ``ssim``, ...) and of the untrained one (``psnr_init``, ...), the whole run's steps
     and seconds (resumes included) beside this process's, the step time and the loss's share of
-    it, the Gaussians, the data and the loss configuration; ``extra`` is added as given."""
+    it (``step_seconds``: the median step), the Gaussians, the data and the loss configuration;
+    ``extra`` is added as given."""
     from omegaconf import OmegaConf
 
     seconds = module.train_seconds()
@@ -234,6 +279,7 @@ def run_metrics(
             "train_seconds": seconds["total"],
             "train_seconds_this_run": seconds["this_run"],
             "step_seconds": timing["step_seconds"],
+            "step_mean_seconds": timing["step_mean_seconds"],
             "loss_seconds": timing["loss_seconds"],
             "loss_share": timing["loss_share"],
             "render_seconds": timing["render_seconds"],
@@ -253,3 +299,289 @@ def run_metrics(
     )
     metrics.update(extra)
     return metrics
+
+
+# -- resuming: the same run, or a refusal -------------------------------------------------------------
+
+# What makes a run the same run: a checkpoint continues only under these (as written, before
+# interpolation: lr_decay_steps follows trainer.max_steps, which a resume may raise).
+RESUME_KEYS = ("seed", "data", "model", "loss")
+# ... except what only changes what is measured or shown, not what is trained.
+RESUME_FREE = ("model.time_steps", "model.step_ms_window")
+
+
+def run_folder_of(ckpt_path: str) -> Optional[str]:
+    """The run folder of ``<run>/checkpoints/<file>.ckpt``, or ``None`` for a checkpoint elsewhere."""
+    folder = os.path.dirname(os.path.abspath(ckpt_path))
+    return os.path.dirname(folder) if os.path.basename(folder) == "checkpoints" else None
+
+
+def run_identity(cfg) -> Dict[str, Any]:
+    """What :func:`check_resume_config` compares: the :data:`RESUME_KEYS` of ``cfg``, uninterpolated."""
+    from omegaconf import OmegaConf
+
+    out = {}
+    for k in RESUME_KEYS:
+        node = cfg.get(k)
+        out[k] = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node
+    return out
+
+
+def _flatten(node, prefix: str = "") -> Dict[str, Any]:
+    if isinstance(node, dict):
+        out: Dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out if out or not prefix else {prefix: {}}
+    return {prefix: node}
+
+
+def config_changes(saved: Dict[str, Any], current: Dict[str, Any]) -> List[str]:
+    """``"<key>: <saved> -> <current>"`` for every dotted key whose value differs (``<absent>`` where
+    one side lacks it), in key order."""
+    a, b = _flatten(saved), _flatten(current)
+    absent = "<absent>"
+    keys = sorted(k for k in set(a) | set(b) if a.get(k, absent) != b.get(k, absent))
+    return [f"{k}: {a.get(k, absent)} -> {b.get(k, absent)}" for k in keys]
+
+
+class RunRecord(L.Callback):
+    """Writes what identifies the run into every checkpoint (``checkpoint["splatloss_run"]``): the
+    configuration of :data:`RESUME_KEYS` as written (``config``) and the untrained model's held-out
+    metrics (``init``), so that a resume can check it continues the same run and need not evaluate
+    (and log) the untrained model again."""
+
+    KEY = "splatloss_run"
+
+    def __init__(self, config: Dict[str, Any], init: Optional[Dict[str, float]] = None):
+        self.config = config
+        self.init = init
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
+        checkpoint[self.KEY] = {"config": self.config, "init": self.init}
+
+
+def check_resume_config(cfg, checkpoint: Dict[str, Any], path: str) -> List[str]:
+    """Refuse to continue ``checkpoint`` under another loss, scene, model or seed.
+
+    Returns the differences (empty: the same run). With ``cfg.resume_allow_changes`` true they are
+    returned for the caller to report instead of refused.
+
+    Raises:
+        ValueError: naming the checkpoint and every key that differs (checkpoint -> now), or saying
+            that the checkpoint records no configuration to compare with.
+    """
+    allow = bool(cfg.get("resume_allow_changes", False))
+    record = checkpoint.get(RunRecord.KEY) or {}
+    saved = record.get("config")
+    if saved is None:
+        if allow:
+            return ["the checkpoint records no configuration"]
+        raise ValueError(
+            f"checkpoint {path!r} records no run configuration (written by another program): splatloss cannot "
+            f"check that it was trained with this {', '.join(RESUME_KEYS)}; pass resume_allow_changes=true to "
+            "continue it anyway"
+        )
+    changes = [c for c in config_changes(saved, run_identity(cfg)) if c.split(":", 1)[0] not in RESUME_FREE]
+    if changes and not allow:
+        raise ValueError(
+            f"checkpoint {path!r} was trained with another configuration; these keys differ (checkpoint -> now): "
+            f"{'; '.join(changes)}. Resume with the run's own settings, start a fresh run, or pass "
+            "resume_allow_changes=true to continue it under the new ones"
+        )
+    return changes
+
+
+def check_fresh_run_folder(out_dir: str, ckpt_dir: Optional[str]) -> None:
+    """A fresh run (no resume) refuses a folder that already holds a trained model: it would
+    overwrite its checkpoint and ``point_cloud.ply``.
+
+    Raises:
+        ValueError: naming the files found and the ways on.
+    """
+    found = []
+    if ckpt_dir is not None and os.path.isdir(ckpt_dir):
+        found += sorted(glob.glob(os.path.join(glob.escape(ckpt_dir), "*.ckpt")))
+    ply = os.path.join(out_dir, "point_cloud.ply")
+    if os.path.isfile(ply):
+        found.append(ply)
+    if found:
+        raise ValueError(
+            f"the run folder {out_dir!r} already holds a trained run ({', '.join(found)}); a fresh run there would "
+            "overwrite it. Continue that run with resume=true, start in another folder (hydra.run.dir=<new folder>), "
+            "or move those files away first"
+        )
+
+
+def check_writable(folders: Dict[str, str]) -> None:
+    """Each ``{what: folder}`` can receive files: the folder, or the nearest folder above it that
+    exists (where it would be created), takes a probe file. Nothing is created but the probe,
+    which is removed.
+
+    Raises:
+        ValueError: naming what the folder is for, the folder and the reason.
+    """
+    for what, folder in folders.items():
+        folder = os.path.abspath(folder)
+        probe = folder
+        while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+            probe = os.path.dirname(probe)
+        where = "" if probe == folder else f" (it would be created in {probe!r})"
+        if not os.path.isdir(probe):
+            raise ValueError(
+                f"cannot write the {what} to {folder!r}: {probe!r} is a file, not a folder; move it away or choose "
+                "another run folder (hydra.run.dir=<folder>)"
+            )
+        try:
+            fd, tmp = tempfile.mkstemp(dir=probe, prefix=".splatloss-write-test-")
+            os.close(fd)
+            os.unlink(tmp)
+        except OSError as e:
+            raise ValueError(
+                f"cannot write the {what} to {folder!r}{where}: {e.strerror or e}. Make it writable or "
+                "choose another run folder (hydra.run.dir=<folder>)"
+            ) from None
+
+
+class OutputNotWritten(OSError):
+    """Files of a finished run that could not be written where asked; each was written elsewhere
+    (:attr:`rescued`: ``[(wanted, written, reason)]``)."""
+
+    def __init__(self, rescued: List[tuple]):
+        self.rescued = rescued
+        lines = [f"{wanted} could not be written ({why}); it is in {got}" for wanted, got, why in rescued]
+        super().__init__("; ".join(lines))
+
+
+def rescue_folders(preferred: Optional[str] = None) -> List[str]:
+    """Where :func:`write_or_rescue` puts what it could not write: ``preferred`` (the ``rescue_dir``
+    setting), else ``~/splatloss-rescue`` then the system's temporary folder, each in a subfolder
+    named after the time and the process."""
+    stamp = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{os.getpid()}"
+    roots = [preferred] if preferred else [os.path.expanduser("~/splatloss-rescue"), tempfile.gettempdir()]
+    tmp = tempfile.gettempdir()
+    return [os.path.join(r, f"splatloss-rescue-{stamp}" if r == tmp else stamp) for r in roots]
+
+
+def write_or_rescue(path: str, write: Callable[[str], None], rescued: List[tuple], folders: List[str]):
+    """``write(path)``; where that fails with an ``OSError``, ``write`` into the first of ``folders``
+    that takes it (:func:`rescue_folders`) and append ``(path, written, reason)`` to ``rescued``."""
+    try:
+        write(path)
+        return path
+    except OSError as e:
+        reason = f"{type(e).__name__}: {e}"
+    for folder in folders:
+        alt = os.path.join(folder, os.path.basename(path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+            write(alt)
+        except OSError:
+            continue
+        rescued.append((path, alt, reason))
+        return alt
+    rescued.append((path, "nowhere (every rescue folder failed too)", reason))
+    return None
+
+
+# -- logs a resume continues --------------------------------------------------------------------------
+
+
+class _ContinuedWriter(ExperimentWriter):
+    """Lightning's CSV writer, which deletes an existing metrics.csv, made to keep the rows a
+    resumed run does not log again: those before ``resume_step`` (and evaluations at it)."""
+
+    def __init__(self, log_dir: str, resume_step: Optional[int]):
+        self._resume_step = resume_step
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        if self._resume_step is None or not os.path.isfile(self.metrics_file_path):
+            return super()._check_log_dir_exists()
+        import csv
+
+        with open(self.metrics_file_path, newline="") as f:
+            reader = csv.DictReader(f)
+            fields = list(reader.fieldnames or [])
+            rows = [r for r in reader if _kept(r, self._resume_step)]
+        from .._atomic import atomic_output
+
+        with atomic_output(self.metrics_file_path) as tmp, open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(rows)
+        self.metrics_keys = sorted(fields)
+
+
+def _kept(row: Dict[str, str], resume_step: int) -> bool:
+    """A row the continued run keeps: logged before the step it resumes from, or an evaluation of
+    the model at that step (a training row at step ``s`` is the loss of the step taken from the
+    model after ``s`` steps, which the resumed run takes again)."""
+    try:
+        step = int(float(row.get("step") or -1))
+    except ValueError:
+        return True
+    if step != resume_step:
+        return step < resume_step
+    return not any(
+        v not in (None, "") for k, v in row.items() if k not in ("step", "epoch") and not k.startswith("val/")
+    )
+
+
+class ResumableCSVLogger(CSVLogger):
+    """Lightning's ``CSVLogger`` that a resumed run continues: with ``resume_step`` it appends to
+    the existing ``metrics.csv`` of ``version`` after dropping the rows from that step on (a crash
+    after the checkpoint logged steps the resumed run logs again), one file, one curve.
+
+    Args:
+        resume_step: the global step of the checkpoint the run resumes from; ``None`` for a
+            fresh run (the file is started anew, as Lightning does).
+        save_dir, name, version, **kwargs: as ``CSVLogger``.
+    """
+
+    def __init__(
+        self, save_dir: str, name: str = "lightning_logs", version=None, resume_step: Optional[int] = None, **kwargs
+    ):
+        super().__init__(save_dir, name=name, version=version, **kwargs)
+        self.resume_step = resume_step
+
+    @property
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            os.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _ContinuedWriter(self.log_dir, self.resume_step)
+        return self._experiment
+
+
+def _last_version(root: str, marker: str) -> Optional[int]:
+    """The highest ``version_<n>`` folder of ``root`` that holds a file matching ``marker``."""
+    found = []
+    for d in glob.glob(os.path.join(glob.escape(root), "version_*")):
+        tail = os.path.basename(d)[len("version_") :]
+        if tail.isdigit() and glob.glob(os.path.join(glob.escape(d), marker)):
+            found.append(int(tail))
+    return max(found) if found else None
+
+
+def logger_resume_kwargs(logger_cfg, resume_step: Optional[int]) -> Dict[str, Any]:
+    """What to pass a logger config's class so that a resumed run writes on in the run's own log:
+    the latest version holding a log (no new ``version_<n>``), and the step from which the
+    earlier log is replaced: ``ResumableCSVLogger(resume_step=)``, TensorBoard's
+    ``purge_step`` (TensorBoard then hides the events from that step on that came before).
+    Empty for a fresh run, a logger given its own ``version``, or another logger class."""
+    if resume_step is None or logger_cfg is None or logger_cfg.get("version") is not None:
+        return {}
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(str(logger_cfg.get("_target_")))
+    except Exception:  # the build that follows reports a bad target
+        return {}
+    root = os.path.join(str(logger_cfg.get("save_dir")), str(logger_cfg.get("name") or "lightning_logs"))
+    if issubclass(cls, ResumableCSVLogger):
+        version = _last_version(root, "metrics.csv")
+        return {} if version is None else {"version": version, "resume_step": int(resume_step)}
+    if issubclass(cls, TensorBoardLogger):
+        version = _last_version(root, "events.out.tfevents.*")
+        return {} if version is None else {"version": version, "purge_step": int(resume_step)}
+    return {}
