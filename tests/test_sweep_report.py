@@ -142,6 +142,15 @@ def test_runs_are_grouped_by_configuration_over_seeds(sweep):
     assert groups[2].values("psnr") == {0: 27.8, 1: 27.6}
 
 
+def test_a_resumed_run_stays_in_its_group(tmp_path):
+    root = tmp_path / "multirun"
+    for seed in range(2):
+        write_run(root, str(seed), "l1", seed, 27.0 + seed)
+    write_run(root, "2", "l1", 2, 27.5, extra_overrides=("hydra.run.dir=multirun/x/2", "resume=true"))
+    groups = group_runs(runs.collect_all(str(root)))
+    assert [g.seeds for g in groups] == [[0, 1, 2]]
+
+
 def test_statistics_are_the_student_t_formulas(sweep, tmp_path):
     out = tmp_path / "out"
     assert sweep_report.main([str(sweep), "--out", str(out)]) == 0

@@ -210,9 +210,14 @@ def _is_loss(key: str) -> bool:
     return key == "loss" or key.startswith("loss.")
 
 
+#: Overrides that steer a run (where it writes, whether it resumes) without changing what it trains:
+#: a resumed sweep run records ``resume=true`` and ``hydra.run.dir=...`` and stays in its group.
+RUN_CONTROL_KEYS = ("resume", "resume_allow_changes", "ckpt_path", "hydra.run.dir", "hydra.sweep.dir", "rescue_dir")
+
+
 def group_runs(runs: Sequence[Run], seed_key: str = "seed") -> List[Group]:
-    """Runs grouped by configuration (their overrides but ``seed_key``), in the order of each
-    group's first run, each labelled by what sets it apart from the other groups.
+    """Runs grouped by configuration (their overrides but ``seed_key`` and :data:`RUN_CONTROL_KEYS`),
+    in the order of each group's first run, each labelled by what sets it apart from the other groups.
 
     Raises:
         SystemExit: two finished runs of one configuration have the same seed (two sweeps in one
@@ -220,7 +225,7 @@ def group_runs(runs: Sequence[Run], seed_key: str = "seed") -> List[Group]:
     """
     groups: Dict[Tuple[str, ...], Group] = {}
     for r in runs:
-        config = [o for o in r.overrides if override_key(o) != seed_key]
+        config = [o for o in r.overrides if override_key(o) != seed_key and override_key(o) not in RUN_CONTROL_KEYS]
         g = groups.setdefault(tuple(sorted(config)), Group(overrides=config))
         (g.runs if r.finished else g.failed).append(r)
     for g in groups.values():
