@@ -70,6 +70,8 @@ def test_wheel_contains_the_configs(installed):
         zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     )
     assert "splatloss-train = splatloss.train:main" in entry_points
+    assert "splatloss-eval = splatloss.evaluate:main" in entry_points
+    assert "splatloss-report = splatloss.report:main" in entry_points
 
 
 def _check_run(cwd, proc):
