@@ -102,6 +102,13 @@ def test_non_positive_max_steps(tmp_path):
         train(make_cfg(tmp_path, ["trainer.max_steps=-1"]))
 
 
+def test_evaluation_interval_longer_than_the_run(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"eval_every_n_steps=50 is more than trainer.max_steps=20"):
+        train(make_cfg(out, ["trainer.max_steps=20", "eval_every_n_steps=50"]))
+    assert _nothing_trained(str(out))
+
+
 def test_blender_scene_trains_through_the_pipeline(tmp_path):
     # The same path as the error tests, with a consistent scene: white background, 3 views.
     scene = tmp_path / "scene"

@@ -127,6 +127,11 @@ def check_config(cfg) -> None:
     every = cfg.get("eval_every_n_steps")
     if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
         raise ValueError(f"eval_every_n_steps must be null or an integer >= 1, got {every!r}")
+    if every is not None and every > steps:
+        raise ValueError(
+            f"eval_every_n_steps={every} is more than trainer.max_steps={steps}, so no evaluation would run during "
+            "training; use a smaller value, or eval_every_n_steps=null (the run is evaluated before and after anyway)"
+        )
     check_device(cfg.trainer)
 
 
