@@ -249,7 +249,7 @@ calls = {
     "map": ck.Call(lambda x, y: splatloss.ssim_map(x, y, padding="same", backend="triton").mean(), (1, 3, 48, 64)),
 }
 out = []
-for item in [i for items in ck._record_calls([90], calls).values() for i in items]:
+for item in [i for items in ck.record_calls([90], calls).values() for i in items]:
     if isinstance(item, ck.Glue):
         out.append({"glue": item.op})
         continue
@@ -315,7 +315,7 @@ def nested(x_ptr, n, m, B: tl.constexpr):
 
 sig = {"x_ptr": "*fp32", "n": "i32", "m": "i32", "B": "constexpr"}
 k = triton.compile(ASTSource(nested, sig, {"B": 128}), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-f = sass_cost.parse_sass(ck._disasm(k.asm["cubin"]))[0]
+f = sass_cost.parse_sass(ck.disasm(k.asm["cubin"]))[0]
 ir = sass_cost.ttgir_loops(k.asm["ttgir"])
 counts, entries = sass_cost.loop_iterations(ir, {"x_ptr": 0, "n": 10, "m": 20}, (2,))
 trips, how = sass_cost.loop_trips(f, ir[2], counts, entries)
