@@ -193,6 +193,94 @@ def test_resident_warps():
     assert sass_cost.resident_warps(80, 32, 4, 100 * 1024)[0] == 1
 
 
+def test_occupancy_from_registers_and_its_limiter():
+    # 64 registers x 32 threads = 2048 per warp: 32 warps of 65536 registers, four 8-warp CTAs
+    assert sass_cost.occupancy(90, 64, 8, 0) == (4, 32, "registers")
+    # 65 registers are allocated as 72 (multiples of 8): 2304 per warp, 28 warps, three 8-warp CTAs
+    assert sass_cost.occupancy(90, 65, 8, 0) == (3, 24, "registers")
+    assert sass_cost.occupancy(90, 65, 1, 0) == (28, 28, "registers")
+    # fused-ssim's kernels: 32 registers, 8 warps, 13.7 KB of shared memory: registers and the
+    # 64-warp limit bind together
+    assert sass_cost.occupancy(90, 32, 8, 13728) == (8, 64, "registers+warps")
+    assert sass_cost.occupancy(90, 32, 4, 100 * 1024) == (2, 8, "shared memory")
+    assert sass_cost.occupancy(90, 16, 1, 0) == (32, 32, "ctas")
+    assert sass_cost.resident_warps(90, 64, 8, 0) == (4, 32)
+
+
+def test_issue_fraction_from_resident_warps():
+    # 4 schedulers, L = 8 cycles between one warp's issues: 8 warps per scheduler fill every slot
+    assert sass_cost.issue_fraction(16, 4, 8.0) == 0.5
+    assert sass_cost.issue_fraction(32, 4, 8.0) == 1.0
+    assert sass_cost.issue_fraction(64, 4, 8.0) == 1.0
+    assert sass_cost.issue_fraction(8, 4, 8.0) == 0.25
+    with pytest.raises(ValueError, match="resident_warps must be > 0"):
+        sass_cost.issue_fraction(0)
+    with pytest.raises(ValueError, match="cycles_per_issue must be >= 1"):
+        sass_cost.issue_fraction(8, 4, 0.5)
+
+
+def test_wave_quantisation():
+    # the SSIM loss's 216 programs at 2 per SM on 132 SMs: one partial wave, 2 programs on the busiest SM
+    w = sass_cost.waves(216, 132, 2)
+    assert (w.slots, w.full, w.last) == (264, 0, 2)
+    assert w.waves == pytest.approx(216 / 264) and w.efficiency == pytest.approx(216 / 264)
+    assert sass_cost.waves(264, 132, 2) == sass_cost.Waves(264, 264, 1.0, 1, 0, 1.0)
+    w = sass_cost.waves(265, 132, 2)  # one program more: a second wave of one program
+    assert (w.full, w.last, w.efficiency) == (1, 1, pytest.approx(265 / 528))
+    w = sass_cost.waves(1080, 132, 2)  # 4 full waves and 24 programs, one per SM
+    assert (w.full, w.last) == (4, 1) and w.efficiency == pytest.approx(1080 / 1320)
+    assert sass_cost.waves(3, 132, 2).last == 1
+    with pytest.raises(ValueError, match="programs, sms and ctas >= 1"):
+        sass_cost.waves(0, 132, 2)
+
+
+def test_launch_estimate_bounds():
+    gpu = sass_cost.GPUS[90]
+    rate = 4 * 1.755e9  # warp-instructions per second of one SM with every slot issuing
+    per_program = 8 * 1000  # 8 warps issuing 1000 each
+    est = sass_cost.estimate_launch(gpu, 216 * per_program, 216, 8, 128, 1024, 0.0, cycles_per_issue=8.0)
+    assert (est.ctas, est.resident_warps, est.limiter) == (2, 16, "registers")
+    assert est.issue_s == pytest.approx(216 * per_program / (132 * rate))
+    assert est.latency_s == pytest.approx(2 * est.issue_s)  # 4 warps per scheduler: half the slots
+    # one partial wave with 2 programs on the busiest SM, at 16 warps
+    assert est.wave_s == pytest.approx(2 * per_program / (rate * 0.5))
+    assert est.wave_s / est.latency_s == pytest.approx(264 / 216)
+    assert est.bound == "waves" and est.model_s == est.wave_s
+    # three programs (a coarse MS-SSIM scale): one per SM, 8 warps, a quarter of the slots
+    est = sass_cost.estimate_launch(gpu, 3 * per_program, 3, 8, 128, 1024, 0.0, cycles_per_issue=8.0)
+    assert est.wave_s == pytest.approx(per_program / (rate * 0.25))
+    # DRAM-bound: 1 GB at 90 % of 3.35 TB/s
+    est = sass_cost.estimate_launch(gpu, 1e3, 1, 1, 32, 0, 1e9, dram_efficiency=0.9)
+    assert est.bound == "DRAM" and est.dram_s == pytest.approx(1e9 / (0.9 * 3.35e12))
+    # a tiny launch: the launch floor
+    est = sass_cost.estimate_launch(gpu, 10.0, 1, 1, 32, 0, 8.0, launch_floor_s=2e-6)
+    assert est.bound == "launch" and est.model_s == 2e-6
+    with pytest.raises(ValueError, match="does not fit"):
+        sass_cost.estimate_launch(gpu, 1.0, 1, 32, 255, 0, 0.0)
+
+
+def test_targets_and_geometry_choice():
+    gpu = sass_cost.GPUS[90]
+
+    def est(programs, regs, warps=8):
+        return sass_cost.estimate_launch(gpu, programs * 8000.0, programs, warps, regs, 1024, 0.0)
+
+    assert sass_cost.missed_targets(est(264 * 2, 64), 0) == []  # 32 warps, 2 full waves
+    missed = sass_cost.missed_targets(est(216, 128), 0)
+    assert len(missed) == 2 and "16 warps/SM < 32" in missed[0] and "82%" in missed[1]
+    assert sass_cost.missed_targets(est(4 * 528 + 1, 64), 0) == []  # >= 4 waves: efficiency waived
+    assert sass_cost.missed_targets(est(528, 64), 8) == ["8 B spilled"]
+    # a spilling candidate loses to one that does not, even when faster; meeting the targets wins
+    label, _, missed = sass_cost.choose_geometry([("spills", est(528, 64), 192), ("ok", est(216, 128), 0)])
+    assert label == "ok" and missed
+    label, _, missed = sass_cost.choose_geometry(
+        [("a", est(216, 128), 0), ("b", est(528, 64), 0), ("c", est(600, 64), 0)]
+    )
+    assert (label, missed) == ("b", [])
+    with pytest.raises(ValueError, match="at least one candidate"):
+        sass_cost.choose_geometry([])
+
+
 @pytest.mark.triton
 @pytest.mark.slow
 def test_cost_json_structure_no_spills(tmp_path):

@@ -706,11 +706,229 @@ def resident_warps(arch: int, regs: int, warps: int, smem: int) -> Tuple[int, in
     """(resident CTAs, resident warps) per SM for a kernel of ``warps`` warps per CTA using
     ``regs`` registers per thread and ``smem`` bytes of shared memory per CTA. Registers are
     allocated per warp in units of 256 (``regs`` rounded up to a multiple of 8)."""
+    ctas, warps_per_sm, _ = occupancy(arch, regs, warps, smem)
+    return ctas, warps_per_sm
+
+
+def occupancy(arch: int, regs: int, warps: int, smem: int) -> Tuple[int, int, str]:
+    """(resident CTAs, resident warps, limiter) per SM, as :func:`resident_warps`; ``limiter``
+    names the resources that bind: "registers", "warps", "ctas" or "shared memory" (joined by "+"
+    when several bind at once)."""
     lim = SM_LIMITS[arch]
     per_warp = ((max(regs, 1) + 7) // 8 * 8) * 32
     per_warp = (per_warp + 255) // 256 * 256
-    by_regs = lim["regs"] // (per_warp * warps)
-    by_warps = lim["warps"] // warps
-    by_smem = lim["smem"] // (smem + lim["smem_reserved"])
-    ctas = max(0, min(lim["ctas"], by_regs, by_warps, by_smem))
-    return ctas, ctas * warps
+    by = {
+        "registers": lim["regs"] // (per_warp * warps),
+        "warps": lim["warps"] // warps,
+        "ctas": lim["ctas"],
+        "shared memory": lim["smem"] // (smem + lim["smem_reserved"]),
+    }
+    ctas = max(0, min(by.values()))
+    return ctas, ctas * warps, "+".join(k for k, v in by.items() if max(0, v) == ctas)
+
+
+# ------------------------------------------------------------------------------------------------
+# Launch model: issue, occupancy / latency, waves, DRAM (docs/cost_model.md)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GPU:
+    """What the launch model needs of a GPU (vendor figures)."""
+
+    name: str
+    arch: int
+    sms: int
+    schedulers: int  # warp schedulers per SM, each issuing at most one warp-instruction per cycle
+    clock_hz: float  # boost clock
+    dram_bytes_per_s: float  # peak DRAM bandwidth
+
+
+GPUS = {
+    90: GPU("H100 SXM5", 90, 132, 4, 1.755e9, 3.35e12),
+    80: GPU("A100 SXM4 80GB", 80, 108, 4, 1.41e9, 2.039e12),
+}
+
+#: Assumption L: cycles between two instructions one warp issues when it is alone on its scheduler
+#: (its dependent-instruction, L1 and barrier stalls averaged over the kernel). A scheduler holding
+#: ``w`` warps then fills ``min(1, w / L)`` of its issue slots: with L = 8, 8 warps per scheduler
+#: (32 per SM) reach the issue bound, 4 (16 per SM) half of it. Measure: ncu
+#: ``smsp__average_warp_latency_per_inst_issued.ratio`` ("warp cycles per issued instruction") at
+#: the kernel's occupancy, and ``smsp__issue_active.avg.pct_of_peak_sustained_active``.
+WARP_CYCLES_PER_ISSUE = 8.0
+
+#: Assumption: the fraction of peak DRAM bandwidth a streaming kernel sustains (ncu
+#: ``dram__throughput.avg.pct_of_peak_sustained_elapsed`` of a copy kernel).
+DRAM_EFFICIENCY = 0.9
+
+#: Assumption: the least GPU time any launch takes (launch, ramp-up and drain of a tiny grid; nsys:
+#: ``gpu__time_duration.sum`` of a 1-element torch op, or the gaps between kernels of a call).
+LAUNCH_FLOOR_S = 2e-6
+
+
+def issue_fraction(
+    resident_warps: float, schedulers: int = 4, cycles_per_issue: float = WARP_CYCLES_PER_ISSUE
+) -> float:
+    """Fraction of an SM's issue slots its ``resident_warps`` fill: each of its ``schedulers``
+    holds ``w = resident_warps / schedulers`` warps, each issuing at most once per
+    ``cycles_per_issue`` cycles, so ``min(1, w / cycles_per_issue)``."""
+    if resident_warps <= 0:
+        raise ValueError(f"resident_warps must be > 0, got {resident_warps} (a kernel that cannot fit on an SM)")
+    if cycles_per_issue < 1:
+        raise ValueError(f"cycles_per_issue must be >= 1 (one issue per cycle at most), got {cycles_per_issue}")
+    return min(1.0, resident_warps / schedulers / cycles_per_issue)
+
+
+@dataclass(frozen=True)
+class Waves:
+    """How a grid of ``programs`` fills a GPU of ``sms`` SMs holding ``ctas`` programs each."""
+
+    programs: int
+    slots: int  # programs resident at once: SMs x CTAs per SM
+    waves: float  # programs / slots
+    full: int  # full waves
+    last: int  # programs on the busiest SM in the last, partial wave (0: no partial wave)
+    efficiency: float  # programs / (ceil(waves) x slots): the share of the slots the waves use
+
+
+def waves(programs: int, sms: int, ctas: int) -> Waves:
+    """Wave quantisation of a launch: ``programs`` CTAs dispatched ``sms x ctas`` at a time; the
+    last, partial wave spreads its ``r`` programs over the SMs, ``ceil(r / sms)`` on the busiest."""
+    if programs < 1 or sms < 1 or ctas < 1:
+        raise ValueError(f"waves needs programs, sms and ctas >= 1, got {programs}, {sms}, {ctas}")
+    slots = sms * ctas
+    full, rem = divmod(programs, slots)
+    last = -(-rem // sms) if rem else 0
+    n = full + (1 if rem else 0)
+    return Waves(programs, slots, programs / slots, full, last, programs / (n * slots))
+
+
+@dataclass(frozen=True)
+class LaunchEstimate:
+    """The four bounds of one launch (seconds) and what they rest on; ``model_s`` is the largest
+    of the wave-quantised, DRAM and launch-floor bounds, ``bound`` which one it is."""
+
+    programs: int
+    warps: int
+    regs: int
+    smem: int
+    ctas: int  # resident CTAs per SM
+    resident_warps: int  # per SM
+    limiter: str
+    waves: Waves
+    issue_s: float  # warp-instructions / (SMs x schedulers x clock): every slot of every SM issues
+    latency_s: float  # issue_s / issue_fraction(resident warps): full occupancy, latency from L
+    wave_s: float  # per wave, the busiest SM's programs at the occupancy they leave it
+    dram_s: float  # bytes / (bandwidth x DRAM_EFFICIENCY)
+    model_s: float
+    bound: str
+
+
+def estimate_launch(
+    gpu: GPU,
+    warp_instructions: float,
+    programs: int,
+    warps: int,
+    regs: int,
+    smem: int,
+    dram_bytes: float,
+    cycles_per_issue: float = WARP_CYCLES_PER_ISSUE,
+    dram_efficiency: float = DRAM_EFFICIENCY,
+    launch_floor_s: float = LAUNCH_FLOOR_S,
+) -> LaunchEstimate:
+    """Issue-bound, occupancy / latency-bound, wave-quantised and DRAM-bound time of a launch of
+    ``programs`` CTAs of ``warps`` warps (``regs`` registers per thread, ``smem`` bytes of shared
+    memory per CTA) issuing ``warp_instructions`` in all and moving ``dram_bytes``.
+
+    Every program is assumed to issue the same (``warp_instructions / programs``). A wave in which
+    the busiest SM holds ``k`` programs takes ``k p / (schedulers x clock x issue_fraction(k x
+    warps))``: the full waves at the occupancy limit, the last one at the ``k`` programs it leaves
+    on an SM (fewer warps hide less latency)."""
+    ctas, res_warps, limiter = occupancy(gpu.arch, regs, warps, smem)
+    if ctas < 1:
+        raise ValueError(
+            f"a CTA of {warps} warps, {regs} registers per thread and {smem} B of shared memory does not fit "
+            f"on an sm_{gpu.arch} SM ({limiter})"
+        )
+    per_sm_rate = gpu.schedulers * gpu.clock_hz  # warp-instructions per second per SM, all slots used
+    issue_s = warp_instructions / (gpu.sms * per_sm_rate)
+    latency_s = issue_s / issue_fraction(res_warps, gpu.schedulers, cycles_per_issue)
+    wv = waves(programs, gpu.sms, ctas)
+    per_program = warp_instructions / programs
+
+    def wave_time(k: int) -> float:
+        return k * per_program / (per_sm_rate * issue_fraction(k * warps, gpu.schedulers, cycles_per_issue))
+
+    wave_s = wv.full * wave_time(ctas) + (wave_time(wv.last) if wv.last else 0.0)
+    dram_s = dram_bytes / (gpu.dram_bytes_per_s * dram_efficiency)
+    bounds = {"waves": wave_s, "DRAM": dram_s, "launch": launch_floor_s}
+    bound = max(bounds, key=lambda k: bounds[k])
+    return LaunchEstimate(
+        programs,
+        warps,
+        regs,
+        smem,
+        ctas,
+        res_warps,
+        limiter,
+        wv,
+        issue_s,
+        latency_s,
+        wave_s,
+        dram_s,
+        bounds[bound],
+        bound,
+    )
+
+
+def estimate_glue(
+    gpu: GPU,
+    warp_instructions: float,
+    dram_bytes: float,
+    dram_efficiency: float = DRAM_EFFICIENCY,
+    launch_floor_s: float = LAUNCH_FLOOR_S,
+) -> Tuple[float, float, float]:
+    """(issue, DRAM, model) seconds of a torch glue kernel, assumed to fill the GPU (an
+    elementwise op or reduction over a large grid of light programs): its issue bound stands for
+    the latency and wave bounds too; ``model`` is the largest of issue, DRAM and launch floor."""
+    issue_s = warp_instructions / (gpu.sms * gpu.schedulers * gpu.clock_hz)
+    dram_s = dram_bytes / (gpu.dram_bytes_per_s * dram_efficiency)
+    return issue_s, dram_s, max(issue_s, dram_s, launch_floor_s)
+
+
+#: Geometry targets of a launch that carries at least ``TARGET_SHARE`` of its op's work.
+TARGET_WARPS = 32
+TARGET_EFFICIENCY = 0.85
+TARGET_WAVES = 4
+TARGET_SHARE = 0.05
+
+
+def missed_targets(est: LaunchEstimate, spill_bytes: int) -> List[str]:
+    """The geometry targets ``est`` misses: at least ``TARGET_WARPS`` resident warps per SM, no
+    register spills, and a wave efficiency of at least ``TARGET_EFFICIENCY`` or at least
+    ``TARGET_WAVES`` waves. Empty when it meets them all."""
+    out = []
+    if est.resident_warps < TARGET_WARPS:
+        out.append(f"{est.resident_warps} warps/SM < {TARGET_WARPS} ({est.limiter})")
+    if spill_bytes > 0:
+        out.append(f"{spill_bytes} B spilled")
+    if est.waves.efficiency < TARGET_EFFICIENCY and est.waves.waves < TARGET_WAVES:
+        out.append(
+            f"wave efficiency {est.waves.efficiency:.0%} < {TARGET_EFFICIENCY:.0%} with {est.waves.waves:.2f} "
+            f"< {TARGET_WAVES} waves"
+        )
+    return out
+
+
+def choose_geometry(
+    candidates: Sequence[Tuple[object, LaunchEstimate, int]],
+) -> Tuple[object, LaunchEstimate, List[str]]:
+    """The best of ``candidates`` ``(label, estimate, spill bytes)`` of one launch: never one that
+    spills when one does not; among those, the fastest that meets every target (:func:`missed_targets`),
+    else the fastest, with the targets it misses."""
+    if not candidates:
+        raise ValueError("choose_geometry needs at least one candidate")
+    pool = [c for c in candidates if c[2] == 0] or list(candidates)
+    meeting = [c for c in pool if not missed_targets(c[1], c[2])]
+    label, est, spill = min(meeting or pool, key=lambda c: c[1].model_s)
+    return label, est, missed_targets(est, spill)
