@@ -249,6 +249,11 @@ def test_launch_estimate_bounds():
     # three programs (a coarse MS-SSIM scale): one per SM, 8 warps, a quarter of the slots
     est = sass_cost.estimate_launch(gpu, 3 * per_program, 3, 8, 128, 1024, 0.0, cycles_per_issue=8.0)
     assert est.wave_s == pytest.approx(per_program / (rate * 0.25))
+    # 64 resident warps (8 CTAs): a full wave takes 8 programs' issue; a last wave of one program per SM
+    # runs at 8 warps, a quarter of the slots: as long as 4 programs, not 8
+    est = sass_cost.estimate_launch(gpu, 1188 * per_program, 1188, 8, 32, 0, 0.0, cycles_per_issue=8.0)
+    assert (est.ctas, est.waves.full, est.waves.last) == (8, 1, 1)
+    assert est.wave_s == pytest.approx(8 * per_program / rate + per_program / (rate * 0.25))
     # DRAM-bound: 1 GB at 90 % of 3.35 TB/s
     est = sass_cost.estimate_launch(gpu, 1e3, 1, 1, 32, 0, 1e9, dram_efficiency=0.9)
     assert est.bound == "DRAM" and est.dram_s == pytest.approx(1e9 / (0.9 * 3.35e12))
