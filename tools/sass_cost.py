@@ -932,3 +932,476 @@ def choose_geometry(
     meeting = [c for c in pool if not missed_targets(c[1], c[2])]
     label, est, spill = min(meeting or pool, key=lambda c: c[1].model_s)
     return label, est, missed_targets(est, spill)
+
+
+# ------------------------------------------------------------------------------------------------
+# fused-ssim's CUDA kernels, modelled from their geometry and SASS (docs/cost_model.md)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CudaKernel:
+    """A CUDA kernel of a peer library as the launch model needs it: a 2-D grid of ``tile`` x
+    ``tile`` pixel tiles per image (channels looped inside a CTA), its resources, and what one
+    warp issues: ``prologue`` instructions once, ``per_channel`` per channel, and an inner loop of
+    ``inner`` instructions run ``inner_trips`` times per channel (averaged over the CTA's warps)."""
+
+    name: str
+    tile: int
+    warps: int
+    regs: int
+    smem: int
+    prologue: int
+    per_channel: int
+    inner: int
+    inner_trips: float
+    read_bytes: int  # DRAM bytes per pixel-channel
+    write_bytes: int
+
+    def programs(self, shape: Sequence[int]) -> int:
+        B, _, H, W = shape
+        return B * -(-H // self.tile) * -(-W // self.tile)
+
+    def warp_instructions(self, shape: Sequence[int]) -> float:
+        per_warp = self.prologue + shape[1] * (self.per_channel + self.inner * self.inner_trips)
+        return self.programs(shape) * self.warps * per_warp
+
+
+#: fused-ssim (rahul-goel/fused-ssim, ``ssim.cu``): 16x16 tiles of 256 threads, channels looped in
+#: the CTA, compiled with its own flags (``-O3 --maxrregcount=32 --use_fast_math``) by nvcc 13.0
+#: for sm_90 and counted by this module (nvdisasm, loops by their back edges): 32 registers, no
+#: spills; the forward's channel loop 430 instructions per warp (70 outside it), the backward's 300
+#: plus its row loop of 184 (``for (row = warp_id; row < 26; row += 8)``: 3.25 trips per warp).
+#: DRAM: the training forward reads x, y and writes the map and three partial maps; the backward
+#: reads x, y, dL/dmap and the partials and writes dL/dx; without a gradient the forward writes the
+#: map alone.
+FUSED_SSIM_FWD = CudaKernel("fusedssimCUDA", 16, 8, 32, 13728, 70, 430, 0, 0.0, 8, 16)
+FUSED_SSIM_FWD_NOGRAD = CudaKernel("fusedssimCUDA (train=False)", 16, 8, 32, 13728, 70, 430, 0, 0.0, 8, 4)
+FUSED_SSIM_BWD = CudaKernel("fusedssim_backwardCUDA", 16, 8, 32, 13104, 22, 300, 184, 26 / 8, 24, 4)
+
+
+def estimate_cuda_kernel(gpu: GPU, k: CudaKernel, shape: Sequence[int], **kw) -> LaunchEstimate:
+    """:func:`estimate_launch` of one launch of ``k`` on images of ``shape`` (B, C, H, W)."""
+    px = 1
+    for d in shape:
+        px *= d
+    return estimate_launch(
+        gpu,
+        k.warp_instructions(shape),
+        k.programs(shape),
+        k.warps,
+        k.regs,
+        k.smem,
+        px * (k.read_bytes + k.write_bytes),
+        **kw,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# The launch tables: python tools/sass_cost.py (docs/cost_model.md)
+# ------------------------------------------------------------------------------------------------
+
+#: Shapes of the launch tables: one and five 1080p RGB frames, one 4K frame.
+TABLE_SHAPES = ((1, 3, 1080, 1920), (5, 3, 1080, 1920), (1, 3, 2160, 3840))
+#: The ops of the tables, by the name of their call in ``check_kernels.cost_calls``.
+TABLE_OPS = {"ssim": "ssim_loss_fwd_bwd", "dssim_l1": "dssim_l1_fwd_bwd", "ms_ssim": "ms_ssim_loss_fwd_bwd"}
+#: Forward alone (no input requires a gradient) and forward + backward (gradient of x).
+TABLE_MODES = {"fwd": (False, False), "fwd+bwd": (True, False)}
+#: Rows per program the geometry search tries (launch argument ``ROWS``: no recompile); 99 and 50
+#: split 1080 rows into 11 and 22 chunks, which with 24 programs per chunk fill 132 SMs x 2 exactly.
+SEARCH_ROWS = (128, 99, 64, 50, 32, 25, 16, 12, 8, 6, 4)
+#: Register ceilings the geometry search compiles besides the launched one (80: 24-28 warps per SM,
+#: 64: 32).
+SEARCH_MAXNREG = (80, 64)
+
+
+def _shape_label(shape: Sequence[int]) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+def table_calls(ck, shapes, dtypes, ops, modes) -> Dict[str, object]:
+    """``check_kernels.Call`` s of the tables, by ``"op mode shape dtype"``."""
+    base = ck.cost_calls()
+    out = {}
+    for shape in shapes:
+        for dtype in dtypes:
+            for op in ops:
+                for mode in modes:
+                    call = base[TABLE_OPS[op]]._replace(shape=tuple(shape), dtype=dtype, grads=TABLE_MODES[mode])
+                    out[f"{op} {mode} {_shape_label(shape)} {dtype}"] = call
+    return out
+
+
+def _launch_rows(ck, gpu: GPU, items, cache, maxnreg=None, counts_cache=None) -> List[dict]:
+    """One record per launch of a recorded call: counts and :class:`LaunchEstimate` (Triton), or
+    the glue model (torch ops)."""
+    rows = []
+    for it in items:
+        if isinstance(it, ck.Glue):
+            wi = it.elements * ck.GLUE_WARP_INSTR_PER_ELEMENT
+            issue, dram, model = estimate_glue(gpu, wi, it.nbytes)
+            rows.append(
+                dict(
+                    kernel=f"torch {it.op}",
+                    glue=True,
+                    warp_instructions=wi,
+                    dram_bytes=it.nbytes,
+                    issue_s=issue,
+                    latency_s=issue,
+                    wave_s=issue,
+                    dram_s=dram,
+                    model_s=model,
+                )
+            )
+            continue
+        variant = ck.compile_variant(it, gpu.arch, cache, maxnreg=maxnreg)
+        key = (id(variant), tuple(it.grid), tuple(sorted((n, v) for n, v in it.args.items() if isinstance(v, int))))
+        c = counts_cache.get(key) if counts_cache is not None else None
+        if c is None:
+            c = ck.count_launch(it, gpu.arch, variant)
+            c = {k: v for k, v in c.items() if k not in ("variant", "counts")}
+            if counts_cache is not None:
+                counts_cache[key] = c
+        dram = c["read"] + c["written"]
+        est = estimate_launch(gpu, c["warp_instructions"], c["programs"], c["warps"], c["regs"], c["smem"], dram)
+        rows.append(
+            dict(
+                kernel=it.fn.fn.__name__,
+                glue=False,
+                grid=list(it.grid),
+                spill=c["spill"],
+                maxnreg=maxnreg,
+                warp_instructions=c["warp_instructions"],
+                dram_bytes=dram,
+                est=est,
+                issue_s=est.issue_s,
+                latency_s=est.latency_s,
+                wave_s=est.wave_s,
+                dram_s=est.dram_s,
+                model_s=est.model_s,
+            )
+        )
+    total = sum(r["warp_instructions"] for r in rows) or 1.0
+    for r in rows:
+        r["share"] = r["warp_instructions"] / total
+    return rows
+
+
+def _totals(rows: List[dict]) -> Dict[str, float]:
+    return {k: sum(r[k] for r in rows) for k in ("issue_s", "latency_s", "wave_s", "dram_s", "model_s")}
+
+
+def batch_launches(gpu: GPU, rows: List[dict]) -> List[dict]:
+    """``rows`` with every launch of the call's heaviest Triton kernel but its largest merged into
+    one (a hypothetical grouped launch: a program table maps each program to its scale), counts
+    and bytes summed, at the worst resources of the merged launches."""
+    tri = [r for r in rows if not r["glue"]]
+    if not tri:
+        return rows
+    work: Dict[str, float] = {}
+    for r in tri:
+        work[r["kernel"]] = work.get(r["kernel"], 0.0) + r["warp_instructions"]
+    heavy = max(work, key=lambda k: work[k])
+    group = [r for r in tri if r["kernel"] == heavy]
+    if len(group) < 2:
+        return rows
+    keep = max(group, key=lambda r: r["warp_instructions"])
+    merged = [r for r in group if r is not keep]
+    e = [r["est"] for r in merged]
+    wi = sum(r["warp_instructions"] for r in merged)
+    dram = sum(r["dram_bytes"] for r in merged)
+    est = estimate_launch(
+        gpu,
+        wi,
+        sum(x.programs for x in e),
+        max(x.warps for x in e),
+        max(x.regs for x in e),
+        max(x.smem for x in e),
+        dram,
+    )
+    new = dict(
+        kernel=f"{heavy} x{len(merged)} batched",
+        glue=False,
+        grid=[est.programs],
+        spill=max(r["spill"] for r in merged),
+        maxnreg=None,
+        warp_instructions=wi,
+        dram_bytes=dram,
+        est=est,
+        issue_s=est.issue_s,
+        latency_s=est.latency_s,
+        wave_s=est.wave_s,
+        dram_s=est.dram_s,
+        model_s=est.model_s,
+        share=sum(r["share"] for r in merged),
+    )
+    out, placed = [], False
+    for r in rows:
+        if any(r is m for m in merged):
+            if not placed:
+                out.append(new)
+                placed = True
+            continue
+        out.append(r)
+    return out
+
+
+def _us(s: float) -> str:
+    return f"{s * 1e6:.1f}"
+
+
+LAUNCH_HEADER = (
+    f"{'launch':<34} {'grid':>6} {'w':>2} {'regs':>4} {'spill':>5} {'ROWS':>4} {'CTA':>3} {'w/SM':>4} {'waves':>5} "
+    f"{'eff':>4} {'issue':>7} {'latency':>7} {'waved':>7} {'DRAM':>7} {'model':>7} {'work':>5}"
+)
+
+
+def _launch_line(r: dict, rows_per_program=None) -> str:
+    if r["glue"]:
+        return (
+            f"{r['kernel'][:34]:<34} {'':>6} {'':>2} {'':>4} {'':>5} {'':>4} {'':>3} {'':>4} {'':>5} {'':>4} "
+            f"{_us(r['issue_s']):>7} {_us(r['latency_s']):>7} {_us(r['wave_s']):>7} {_us(r['dram_s']):>7} "
+            f"{_us(r['model_s']):>7} {r['share']:>5.0%}"
+        )
+    e = r["est"]
+    return (
+        f"{r['kernel'][:34]:<34} {e.programs:>6} {e.warps:>2} {e.regs:>4} {r['spill']:>5} "
+        f"{rows_per_program if rows_per_program is not None else '':>4} {e.ctas:>3} {e.resident_warps:>4} "
+        f"{e.waves.waves:>5.2f} {e.waves.efficiency:>4.0%} {_us(e.issue_s):>7} {_us(e.latency_s):>7} "
+        f"{_us(e.wave_s):>7} {_us(e.dram_s):>7} {_us(e.model_s):>7} {r['share']:>5.0%}"
+    )
+
+
+def print_launches(title: str, rows: List[dict], rows_per_program: Optional[List] = None) -> None:
+    """A call's launches, one line each (torch glue folded into one line), and their total."""
+    print(f"\n{title}")
+    print(LAUNCH_HEADER)
+    glue = [r for r in rows if r["glue"]]
+    for k, r in enumerate(rows):
+        if not r["glue"]:
+            print(_launch_line(r, rows_per_program[k] if rows_per_program else None))
+    if glue:
+        g = dict(kernel=f"torch glue ({len(glue)} launches)", glue=True, share=sum(r["share"] for r in glue))
+        g.update({k: sum(r[k] for r in glue) for k in ("issue_s", "latency_s", "wave_s", "dram_s", "model_s")})
+        print(_launch_line(g))
+    t = _totals(rows)
+    print(
+        f"{'total (' + str(len(rows)) + ' launches)':<34} {'':>6} {'':>2} {'':>4} {'':>5} {'':>4} {'':>3} {'':>4} "
+        f"{'':>5} {'':>4} {_us(t['issue_s']):>7} {_us(t['latency_s']):>7} {_us(t['wave_s']):>7} "
+        f"{_us(t['dram_s']):>7} {_us(t['model_s']):>7}"
+    )
+
+
+def fused_ssim_rows(ck, gpu: GPU, shape: Sequence[int], op: str, mode: str) -> List[dict]:
+    """fused-ssim's launches for ``op`` ("ssim" or "dssim_l1"; fp32) in ``mode``: its kernels
+    (:data:`FUSED_SSIM_FWD` ...), the ``zeros_like`` of every output it allocates, the map's mean
+    and its backward (a full-size dL/dmap), and for D-SSIM + L1 the torch L1 term recorded."""
+    n = 1
+    for d in shape:
+        n *= d
+    grad = TABLE_MODES[mode][0]
+    kernels = [FUSED_SSIM_FWD if grad else FUSED_SSIM_FWD_NOGRAD] + ([FUSED_SSIM_BWD] if grad else [])
+    glue = [("zeros_like", n, 4 * n)] * (4 if grad else 1) + [("mean", n, 4 * n)]
+    if grad:
+        glue += [("mean backward", n, 4 * n), ("zeros_like", n, 4 * n)]
+    rows = []
+    for k in kernels:
+        est = estimate_cuda_kernel(gpu, k, shape)
+        rows.append(
+            dict(
+                kernel=k.name,
+                glue=False,
+                spill=0,
+                warp_instructions=k.warp_instructions(shape),
+                dram_bytes=n * (k.read_bytes + k.write_bytes),
+                est=est,
+                issue_s=est.issue_s,
+                latency_s=est.latency_s,
+                wave_s=est.wave_s,
+                dram_s=est.dram_s,
+                model_s=est.model_s,
+            )
+        )
+    for name, el, nb in glue:
+        wi = el * ck.GLUE_WARP_INSTR_PER_ELEMENT
+        issue, dram, model = estimate_glue(gpu, wi, nb)
+        rows.append(
+            dict(
+                kernel=f"torch {name}",
+                glue=True,
+                warp_instructions=wi,
+                dram_bytes=nb,
+                issue_s=issue,
+                latency_s=issue,
+                wave_s=issue,
+                dram_s=dram,
+                model_s=model,
+            )
+        )
+    if op == "dssim_l1":
+        l1 = ck.Call(lambda x, y: (x - y).abs().mean(), tuple(shape), "float32", TABLE_MODES[mode])
+        rows += [r for r in _launch_rows(ck, gpu, ck.record_calls([gpu.arch], {"l1": l1})["l1"], None)]
+    total = sum(r["warp_instructions"] for r in rows)
+    for r in rows:
+        r["share"] = r["warp_instructions"] / total
+    return rows
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import check_kernels as ck
+
+    ap = argparse.ArgumentParser(description="Launch model of the loss calls: issue, latency, waves, DRAM (modelled)")
+    ap.add_argument("--arch", type=int, default=90, choices=sorted(GPUS))
+    ap.add_argument("--shapes", nargs="+", default=[_shape_label(s) for s in TABLE_SHAPES], help="BxCxHxW ...")
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--ops", nargs="+", default=list(TABLE_OPS), choices=list(TABLE_OPS))
+    ap.add_argument("--modes", nargs="+", default=list(TABLE_MODES), choices=list(TABLE_MODES))
+    ap.add_argument("--rows", type=int, nargs="*", default=list(SEARCH_ROWS), help="rows per program to try")
+    ap.add_argument("--maxnreg", type=int, nargs="*", default=list(SEARCH_MAXNREG), help="register ceilings to try")
+    ap.add_argument("--launches", action="store_true", help="print every call's launches, current and proposed")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args(argv)
+    shapes = []
+    for s in args.shapes:
+        try:
+            shape = tuple(int(d) for d in s.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if len(shape) != 4 or min(shape) < 1:
+            ap.error(f"--shapes takes BxCxHxW with positive sizes, got {s!r}")
+        shapes.append(shape)
+    gpu = GPUS[args.arch]
+    calls = table_calls(ck, shapes, args.dtypes, args.ops, args.modes)
+    import importlib
+
+    base_rows = getattr(importlib.import_module(ck.GEOMETRY_MODULE), "CUDA_ROWS", None)
+    recorded = {None: ck.record_calls([gpu.arch], calls)}
+    for R in args.rows:
+        if R != base_rows:
+            recorded[R] = ck.record_calls([gpu.arch], calls, geometry={"CUDA_ROWS": R})
+    cache: Dict[str, dict] = {}
+    counts: Dict[tuple, dict] = {}
+    report = dict(
+        gpu=gpu.__dict__,
+        assumptions=dict(
+            warp_cycles_per_issue=WARP_CYCLES_PER_ISSUE, dram_efficiency=DRAM_EFFICIENCY, launch_floor_s=LAUNCH_FLOOR_S
+        ),
+        calls={},
+    )
+    summary = []
+    for name, call in calls.items():
+        op, mode = name.split()[:2]
+        current = _launch_rows(ck, gpu, recorded[None][name], cache, counts_cache=counts)
+        kinds = [r["kernel"] for r in current]
+        options = [(None, None, current)]
+        for R, rec in recorded.items():
+            for m in [None] + list(args.maxnreg):
+                if R is None and m is None:
+                    continue
+                rows = _launch_rows(ck, gpu, rec[name], cache, maxnreg=m, counts_cache=counts)
+                if [r["kernel"] for r in rows] != kinds:
+                    raise RuntimeError(f"{name}: rows={R} launches other kernels than the launched geometry")
+                options.append((R if R is not None else base_rows, m, rows))
+        proposed, chosen, missed_all = [], [], []
+        for i, r in enumerate(current):
+            if r["glue"]:
+                proposed.append(r)
+                chosen.append(None)
+                continue
+            label, est, missed = choose_geometry([((R, m), rows[i]["est"], rows[i]["spill"]) for R, m, rows in options])
+            pick = next(rows[i] for R, m, rows in options if (R, m) == label)
+            proposed.append(dict(pick, share=r["share"]))
+            chosen.append(label[0] if label[0] is not None else base_rows)
+            if r["share"] >= TARGET_SHARE and missed:
+                missed_all.append(f"{r['kernel']}: " + "; ".join(missed))
+        batched = batch_launches(gpu, proposed) if op == "ms_ssim" else None
+        cur_rows = [base_rows if not r["glue"] else None for r in current]
+        if args.launches:
+            print_launches(f"{name}: launched geometry (modelled, {gpu.name})", current, cur_rows)
+            print_launches(f"{name}: proposed geometry (modelled, {gpu.name})", proposed, chosen)
+            if batched is not None and len(batched) != len(proposed):
+                print_launches(f"{name}: proposed, coarse scales batched in one launch (modelled)", batched)
+            for m in missed_all:
+                print(f"  misses a target: {m}")
+        entry = dict(
+            current=_totals(current),
+            proposed=_totals(proposed),
+            batched=_totals(batched) if batched is not None else None,
+            launches=len(current),
+            proposed_geometry=[
+                dict(
+                    kernel=r["kernel"],
+                    rows=chosen[i],
+                    maxnreg=r.get("maxnreg"),
+                    programs=r["est"].programs,
+                    warps=r["est"].warps,
+                    regs=r["est"].regs,
+                    resident_warps=r["est"].resident_warps,
+                    waves=r["est"].waves.waves,
+                    efficiency=r["est"].waves.efficiency,
+                    share=r["share"],
+                )
+                for i, r in enumerate(proposed)
+                if not r["glue"]
+            ],
+            current_geometry=[
+                dict(
+                    kernel=r["kernel"],
+                    rows=base_rows,
+                    programs=r["est"].programs,
+                    warps=r["est"].warps,
+                    regs=r["est"].regs,
+                    resident_warps=r["est"].resident_warps,
+                    waves=r["est"].waves.waves,
+                    efficiency=r["est"].waves.efficiency,
+                    share=r["share"],
+                )
+                for r in current
+                if not r["glue"]
+            ],
+            missed_targets=missed_all,
+        )
+        dtype, shape = name.split()[3], tuple(int(d) for d in name.split()[2].split("x"))
+        if op in ("ssim", "dssim_l1") and dtype == "float32":
+            fs = fused_ssim_rows(ck, gpu, shape, op, mode)
+            entry["fused_ssim"] = _totals(fs)
+            if args.launches:
+                print_launches(f"{name}: fused-ssim (modelled geometry, {gpu.name})", fs)
+        report["calls"][name] = entry
+        summary.append((name, entry))
+    print(
+        f"\nModelled, not measured: {gpu.name} ({gpu.sms} SMs, {gpu.clock_hz / 1e9:.3f} GHz boost, "
+        f"{gpu.dram_bytes_per_s / 1e12:.2f} TB/s x {DRAM_EFFICIENCY}); L = {WARP_CYCLES_PER_ISSUE:g} cycles per issue "
+        f"of a lone warp; launch floor {LAUNCH_FLOOR_S * 1e6:g} us. Times in us; 'model' = sum over launches of "
+        "max(wave-quantised, DRAM, floor)."
+    )
+    hdr = (
+        f"{'call':<42} {'issue':>7} {'latency':>7} {'waved':>7} {'DRAM':>7} {'model':>7} | {'proposed':>8} "
+        f"{'batched':>7} | {'fused-ssim':>10} {'launches':>8}"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for name, e in summary:
+        c, p, b = e["current"], e["proposed"], e["batched"]
+        fs = e.get("fused_ssim")
+        print(
+            f"{name:<42} {_us(c['issue_s']):>7} {_us(c['latency_s']):>7} {_us(c['wave_s']):>7} {_us(c['dram_s']):>7} "
+            f"{_us(c['model_s']):>7} | {_us(p['model_s']):>8} {(_us(b['model_s']) if b else '-'):>7} | "
+            f"{(_us(fs['model_s']) if fs else '-'):>10} {e['launches']:>8}"
+        )
+    if args.json:
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(report, fh, indent=1)
+        os.replace(tmp, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
