@@ -1009,7 +1009,7 @@ TABLE_OPS = {"ssim": "ssim_loss_fwd_bwd", "dssim_l1": "dssim_l1_fwd_bwd", "ms_ss
 TABLE_MODES = {"fwd": (False, False), "fwd+bwd": (True, False)}
 #: Rows per program the geometry search tries (launch argument ``ROWS``: no recompile); 99 and 50
 #: split 1080 rows into 11 and 22 chunks, which with 24 programs per chunk fill 132 SMs x 2 exactly.
-SEARCH_ROWS = (128, 99, 64, 50, 32, 25, 16, 12, 8, 6, 4)
+SEARCH_ROWS = (128, 99, 64, 50, 32, 25, 16, 8, 4)
 #: Register ceilings the geometry search compiles besides the launched one (80: 24-28 warps per SM,
 #: 64: 32).
 SEARCH_MAXNREG = (80, 64)
@@ -1032,11 +1032,12 @@ def table_calls(ck, shapes, dtypes, ops, modes) -> Dict[str, object]:
     return out
 
 
-def _launch_rows(ck, gpu: GPU, items, cache, maxnreg=None, counts_cache=None) -> List[dict]:
+def _launch_rows(ck, gpu: GPU, items, cache, maxnreg=None, counts_cache=None, heavy=None) -> List[dict]:
     """One record per launch of a recorded call: counts and :class:`LaunchEstimate` (Triton), or
-    the glue model (torch ops)."""
+    the glue model (torch ops). ``maxnreg``: a register ceiling to compile the Triton launches with
+    instead of theirs, only those whose index is in ``heavy`` when given (the others as launched)."""
     rows = []
-    for it in items:
+    for i, it in enumerate(items):
         if isinstance(it, ck.Glue):
             wi = it.elements * ck.GLUE_WARP_INSTR_PER_ELEMENT
             issue, dram, model = estimate_glue(gpu, wi, it.nbytes)
@@ -1054,7 +1055,8 @@ def _launch_rows(ck, gpu: GPU, items, cache, maxnreg=None, counts_cache=None) ->
                 )
             )
             continue
-        variant = ck.compile_variant(it, gpu.arch, cache, maxnreg=maxnreg)
+        m = maxnreg if heavy is None or i in heavy else None
+        variant = ck.compile_variant(it, gpu.arch, cache, maxnreg=m)
         key = (id(variant), tuple(it.grid), tuple(sorted((n, v) for n, v in it.args.items() if isinstance(v, int))))
         c = counts_cache.get(key) if counts_cache is not None else None
         if c is None:
@@ -1070,7 +1072,7 @@ def _launch_rows(ck, gpu: GPU, items, cache, maxnreg=None, counts_cache=None) ->
                 glue=False,
                 grid=list(it.grid),
                 spill=c["spill"],
-                maxnreg=maxnreg,
+                maxnreg=m,
                 warp_instructions=c["warp_instructions"],
                 dram_bytes=dram,
                 est=est,
@@ -1299,12 +1301,13 @@ def main(argv=None) -> int:
         op, mode = name.split()[:2]
         current = _launch_rows(ck, gpu, recorded[None][name], cache, counts_cache=counts)
         kinds = [r["kernel"] for r in current]
+        heavy = {i for i, r in enumerate(current) if not r["glue"] and r["share"] >= TARGET_SHARE}
         options = [(None, None, current)]
         for R, rec in recorded.items():
             for m in [None] + list(args.maxnreg):
                 if R is None and m is None:
                     continue
-                rows = _launch_rows(ck, gpu, rec[name], cache, maxnreg=m, counts_cache=counts)
+                rows = _launch_rows(ck, gpu, rec[name], cache, maxnreg=m, counts_cache=counts, heavy=heavy)
                 if [r["kernel"] for r in rows] != kinds:
                     raise RuntimeError(f"{name}: rows={R} launches other kernels than the launched geometry")
                 options.append((R if R is not None else base_rows, m, rows))
