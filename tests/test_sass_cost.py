@@ -286,6 +286,22 @@ def test_targets_and_geometry_choice():
         sass_cost.choose_geometry([])
 
 
+def test_fused_ssim_model():
+    shape = (1, 3, 1080, 1920)
+    px = 3 * 1080 * 1920
+    fwd, bwd = sass_cost.FUSED_SSIM_FWD, sass_cost.FUSED_SSIM_BWD
+    assert fwd.programs(shape) == 120 * 68 == 8160  # 16x16 tiles, channels looped inside
+    assert fwd.programs((5, 3, 1080, 1920)) == 5 * 8160
+    # per warp: the prologue once, the channel loop 3 times (and the backward's row loop 3.25 times per channel)
+    assert fwd.warp_instructions(shape) == 8160 * 8 * (70 + 3 * 430)
+    assert bwd.warp_instructions(shape) == pytest.approx(8160 * 8 * (22 + 3 * (300 + 184 * 3.25)))
+    assert fwd.warp_instructions(shape) / px == pytest.approx(14.3, abs=0.05)
+    assert bwd.warp_instructions(shape) / px == pytest.approx(28.3, abs=0.05)
+    est = sass_cost.estimate_cuda_kernel(sass_cost.GPUS[90], fwd, shape)
+    assert (est.ctas, est.resident_warps) == (8, 64)
+    assert est.waves.waves == pytest.approx(8160 / 1056) and est.latency_s == est.issue_s  # 64 warps hide L = 8
+
+
 @pytest.mark.triton
 @pytest.mark.slow
 def test_cost_json_structure_no_spills(tmp_path):
