@@ -296,7 +296,7 @@ def test_fused_ssim_model():
     assert fwd.warp_instructions(shape) == 8160 * 8 * (70 + 3 * 430)
     assert bwd.warp_instructions(shape) == pytest.approx(8160 * 8 * (22 + 3 * (300 + 184 * 3.25)))
     assert fwd.warp_instructions(shape) / px == pytest.approx(14.3, abs=0.05)
-    assert bwd.warp_instructions(shape) / px == pytest.approx(28.3, abs=0.05)
+    assert bwd.warp_instructions(shape) / px == pytest.approx(28.5, abs=0.05)
     est = sass_cost.estimate_cuda_kernel(sass_cost.GPUS[90], fwd, shape)
     assert (est.ctas, est.resident_warps) == (8, 64)
     assert est.waves.waves == pytest.approx(8160 / 1056) and est.latency_s == est.issue_s  # 64 warps hide L = 8
