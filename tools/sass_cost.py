@@ -766,12 +766,12 @@ DRAM_EFFICIENCY = 0.9
 LAUNCH_FLOOR_S = 2e-6
 
 
-def issue_fraction(
-    resident_warps: float, schedulers: int = 4, cycles_per_issue: float = WARP_CYCLES_PER_ISSUE
-) -> float:
+def issue_fraction(resident_warps: float, schedulers: int = 4, cycles_per_issue: Optional[float] = None) -> float:
     """Fraction of an SM's issue slots its ``resident_warps`` fill: each of its ``schedulers``
     holds ``w = resident_warps / schedulers`` warps, each issuing at most once per
-    ``cycles_per_issue`` cycles, so ``min(1, w / cycles_per_issue)``."""
+    ``cycles_per_issue`` cycles (default :data:`WARP_CYCLES_PER_ISSUE`), so
+    ``min(1, w / cycles_per_issue)``."""
+    cycles_per_issue = WARP_CYCLES_PER_ISSUE if cycles_per_issue is None else cycles_per_issue
     if resident_warps <= 0:
         raise ValueError(f"resident_warps must be > 0, got {resident_warps} (a kernel that cannot fit on an SM)")
     if cycles_per_issue < 1:
@@ -832,9 +832,9 @@ def estimate_launch(
     regs: int,
     smem: int,
     dram_bytes: float,
-    cycles_per_issue: float = WARP_CYCLES_PER_ISSUE,
-    dram_efficiency: float = DRAM_EFFICIENCY,
-    launch_floor_s: float = LAUNCH_FLOOR_S,
+    cycles_per_issue: Optional[float] = None,
+    dram_efficiency: Optional[float] = None,
+    launch_floor_s: Optional[float] = None,
 ) -> LaunchEstimate:
     """Issue-bound, occupancy / latency-bound, wave-quantised and DRAM-bound time of a launch of
     ``programs`` CTAs of ``warps`` warps (``regs`` registers per thread, ``smem`` bytes of shared
@@ -843,7 +843,11 @@ def estimate_launch(
     Every program is assumed to issue the same (``warp_instructions / programs``). A wave in which
     the busiest SM holds ``k`` programs takes ``k p / (schedulers x clock x issue_fraction(k x
     warps))``: the full waves at the occupancy limit, the last one at the ``k`` programs it leaves
-    on an SM (fewer warps hide less latency)."""
+    on an SM (fewer warps hide less latency). The assumptions default to the module's
+    :data:`WARP_CYCLES_PER_ISSUE`, :data:`DRAM_EFFICIENCY` and :data:`LAUNCH_FLOOR_S` at call time."""
+    cycles_per_issue = WARP_CYCLES_PER_ISSUE if cycles_per_issue is None else cycles_per_issue
+    dram_efficiency = DRAM_EFFICIENCY if dram_efficiency is None else dram_efficiency
+    launch_floor_s = LAUNCH_FLOOR_S if launch_floor_s is None else launch_floor_s
     ctas, res_warps, limiter = occupancy(gpu.arch, regs, warps, smem)
     if ctas < 1:
         raise ValueError(
@@ -885,12 +889,14 @@ def estimate_glue(
     gpu: GPU,
     warp_instructions: float,
     dram_bytes: float,
-    dram_efficiency: float = DRAM_EFFICIENCY,
-    launch_floor_s: float = LAUNCH_FLOOR_S,
+    dram_efficiency: Optional[float] = None,
+    launch_floor_s: Optional[float] = None,
 ) -> Tuple[float, float, float]:
     """(issue, DRAM, model) seconds of a torch glue kernel, assumed to fill the GPU (an
     elementwise op or reduction over a large grid of light programs): its issue bound stands for
     the latency and wave bounds too; ``model`` is the largest of issue, DRAM and launch floor."""
+    dram_efficiency = DRAM_EFFICIENCY if dram_efficiency is None else dram_efficiency
+    launch_floor_s = LAUNCH_FLOOR_S if launch_floor_s is None else launch_floor_s
     issue_s = warp_instructions / (gpu.sms * gpu.schedulers * gpu.clock_hz)
     dram_s = dram_bytes / (gpu.dram_bytes_per_s * dram_efficiency)
     return issue_s, dram_s, max(issue_s, dram_s, launch_floor_s)
@@ -1045,6 +1051,7 @@ def _launch_rows(ck, gpu: GPU, items, cache, maxnreg=None, counts_cache=None, he
                 dict(
                     kernel=f"torch {it.op}",
                     glue=True,
+                    elements=it.elements,
                     warp_instructions=wi,
                     dram_bytes=it.nbytes,
                     issue_s=issue,
@@ -1148,6 +1155,63 @@ def batch_launches(gpu: GPU, rows: List[dict]) -> List[dict]:
     return out
 
 
+#: Torch glue launches on at most this many elements (read + written) count as the scalar
+#: composition of a loss (MS-SSIM's weighted product and its gradient, the autograd seed...).
+SCALAR_GLUE_ELEMENTS = 4096
+
+
+def fuse_scalar_glue(rows: List[dict], max_elements: int = SCALAR_GLUE_ELEMENTS) -> List[dict]:
+    """``rows`` with every torch glue launch on at most ``max_elements`` elements merged into one
+    launch (a hypothetical fused composition kernel): its issue and DRAM figures summed, one
+    launch floor instead of one per launch."""
+    small = [r for r in rows if r["glue"] and r.get("elements", max_elements + 1) <= max_elements]
+    if len(small) < 2:
+        return rows
+    issue = sum(r["issue_s"] for r in small)
+    dram = sum(r["dram_s"] for r in small)
+    merged = dict(
+        kernel=f"torch glue x{len(small)} fused",
+        glue=True,
+        elements=sum(r["elements"] for r in small),
+        warp_instructions=sum(r["warp_instructions"] for r in small),
+        dram_bytes=sum(r["dram_bytes"] for r in small),
+        issue_s=issue,
+        latency_s=issue,
+        wave_s=issue,
+        dram_s=dram,
+        model_s=max(issue, dram, LAUNCH_FLOOR_S),
+        share=sum(r.get("share", 0.0) for r in small),
+    )
+    out, placed = [], False
+    for r in rows:
+        if any(r is m for m in small):
+            if not placed:
+                out.append(merged)
+                placed = True
+            continue
+        out.append(r)
+    return out
+
+
+def _launch_json(r: dict) -> dict:
+    out = {k: v for k, v in r.items() if k != "est"}
+    e = r.get("est")
+    if e is not None:
+        out.update(
+            programs=e.programs,
+            warps=e.warps,
+            regs=e.regs,
+            smem=e.smem,
+            ctas=e.ctas,
+            resident_warps=e.resident_warps,
+            limiter=e.limiter,
+            waves=e.waves.waves,
+            efficiency=e.waves.efficiency,
+            bound=e.bound,
+        )
+    return out
+
+
 def _us(s: float) -> str:
     return f"{s * 1e6:.1f}"
 
@@ -1231,6 +1295,7 @@ def fused_ssim_rows(ck, gpu: GPU, shape: Sequence[int], op: str, mode: str) -> L
             dict(
                 kernel=f"torch {name}",
                 glue=True,
+                elements=el,
                 warp_instructions=wi,
                 dram_bytes=nb,
                 issue_s=issue,
@@ -1250,6 +1315,7 @@ def fused_ssim_rows(ck, gpu: GPU, shape: Sequence[int], op: str, mode: str) -> L
 
 
 def main(argv=None) -> int:
+    global WARP_CYCLES_PER_ISSUE, LAUNCH_FLOOR_S
     import argparse
     import json
     import os
@@ -1268,7 +1334,10 @@ def main(argv=None) -> int:
     ap.add_argument("--maxnreg", type=int, nargs="*", default=list(SEARCH_MAXNREG), help="register ceilings to try")
     ap.add_argument("--launches", action="store_true", help="print every call's launches, current and proposed")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--cycles-per-issue", type=float, default=WARP_CYCLES_PER_ISSUE, help="assumption L (A2)")
+    ap.add_argument("--launch-floor-us", type=float, default=LAUNCH_FLOOR_S * 1e6, help="assumption A7")
     args = ap.parse_args(argv)
+    WARP_CYCLES_PER_ISSUE, LAUNCH_FLOOR_S = args.cycles_per_issue, args.launch_floor_us * 1e-6
     shapes = []
     for s in args.shapes:
         try:
@@ -1323,57 +1392,46 @@ def main(argv=None) -> int:
             chosen.append(label[0] if label[0] is not None else base_rows)
             if r["share"] >= TARGET_SHARE and missed:
                 missed_all.append(f"{r['kernel']}: " + "; ".join(missed))
-        batched = batch_launches(gpu, proposed) if op == "ms_ssim" else None
+        plan = proposed
+        if op == "ms_ssim":  # the batched launch's rows: the option whose merged launch is fastest
+            best = None
+            for R, m, rows in options:
+                merged = [r for r in batch_launches(gpu, rows) if r["kernel"].endswith(" batched")]
+                if merged and merged[0]["spill"] == 0 and (best is None or merged[0]["model_s"] < best[0]["model_s"]):
+                    best = (dict(merged[0], rows=R), R)
+            plan = batch_launches(gpu, proposed)
+            if best is not None:
+                plan = [best[0] if r["kernel"].endswith(" batched") else r for r in plan]
+        plan = fuse_scalar_glue(plan)
         cur_rows = [base_rows if not r["glue"] else None for r in current]
         if args.launches:
             print_launches(f"{name}: launched geometry (modelled, {gpu.name})", current, cur_rows)
             print_launches(f"{name}: proposed geometry (modelled, {gpu.name})", proposed, chosen)
-            if batched is not None and len(batched) != len(proposed):
-                print_launches(f"{name}: proposed, coarse scales batched in one launch (modelled)", batched)
+            if len(plan) != len(proposed):
+                what = "coarse scales batched, " if op == "ms_ssim" else ""
+                print_launches(f"{name}: proposed, {what}scalar glue fused (modelled, {gpu.name})", plan)
             for m in missed_all:
                 print(f"  misses a target: {m}")
+        for r, R in zip(proposed, chosen):
+            r["rows"] = R
+        for r, R in zip(current, cur_rows):
+            r["rows"] = R
         entry = dict(
             current=_totals(current),
             proposed=_totals(proposed),
-            batched=_totals(batched) if batched is not None else None,
+            plan=_totals(plan),
             launches=len(current),
-            proposed_geometry=[
-                dict(
-                    kernel=r["kernel"],
-                    rows=chosen[i],
-                    maxnreg=r.get("maxnreg"),
-                    programs=r["est"].programs,
-                    warps=r["est"].warps,
-                    regs=r["est"].regs,
-                    resident_warps=r["est"].resident_warps,
-                    waves=r["est"].waves.waves,
-                    efficiency=r["est"].waves.efficiency,
-                    share=r["share"],
-                )
-                for i, r in enumerate(proposed)
-                if not r["glue"]
-            ],
-            current_geometry=[
-                dict(
-                    kernel=r["kernel"],
-                    rows=base_rows,
-                    programs=r["est"].programs,
-                    warps=r["est"].warps,
-                    regs=r["est"].regs,
-                    resident_warps=r["est"].resident_warps,
-                    waves=r["est"].waves.waves,
-                    efficiency=r["est"].waves.efficiency,
-                    share=r["share"],
-                )
-                for r in current
-                if not r["glue"]
-            ],
+            plan_launches=len(plan),
             missed_targets=missed_all,
+            current_launches=[_launch_json(r) for r in current],
+            proposed_launches=[_launch_json(r) for r in proposed],
+            plan_launch_list=[_launch_json(r) for r in plan],
         )
         dtype, shape = name.split()[3], tuple(int(d) for d in name.split()[2].split("x"))
         if op in ("ssim", "dssim_l1") and dtype == "float32":
             fs = fused_ssim_rows(ck, gpu, shape, op, mode)
             entry["fused_ssim"] = _totals(fs)
+            entry["fused_ssim_launches"] = [_launch_json(r) for r in fs]
             if args.launches:
                 print_launches(f"{name}: fused-ssim (modelled geometry, {gpu.name})", fs)
         report["calls"][name] = entry
@@ -1386,18 +1444,28 @@ def main(argv=None) -> int:
     )
     hdr = (
         f"{'call':<42} {'issue':>7} {'latency':>7} {'waved':>7} {'DRAM':>7} {'model':>7} | {'proposed':>8} "
-        f"{'batched':>7} | {'fused-ssim':>10} {'launches':>8}"
+        f"{'plan':>7} | {'fused-ssim':>10} {'launches':>8}"
     )
     print(hdr)
     print("-" * len(hdr))
     for name, e in summary:
-        c, p, b = e["current"], e["proposed"], e["batched"]
+        c, p, b = e["current"], e["proposed"], e["plan"]
         fs = e.get("fused_ssim")
         print(
             f"{name:<42} {_us(c['issue_s']):>7} {_us(c['latency_s']):>7} {_us(c['wave_s']):>7} {_us(c['dram_s']):>7} "
             f"{_us(c['model_s']):>7} | {_us(p['model_s']):>8} {(_us(b['model_s']) if b else '-'):>7} | "
             f"{(_us(fs['model_s']) if fs else '-'):>10} {e['launches']:>8}"
         )
+    ratios = []
+    for name, e in summary:
+        op, rest = name.split(" ", 1)
+        ref = report["calls"].get("ssim " + rest)
+        if op == "ms_ssim" and ref is not None:
+            ratios.append((rest, *(e[k]["model_s"] / ref[k]["model_s"] for k in ("current", "proposed", "plan"))))
+    if ratios:
+        print(f"\nMS-SSIM / SSIM loss, modelled: {'call':<32} {'launched':>8} {'proposed':>8} {'plan':>8}")
+        for rest, a, b, c in ratios:
+            print(f"{'':<31}{rest:<33} {a:>8.2f} {b:>8.2f} {c:>8.2f}")
     if args.json:
         tmp = args.json + ".tmp"
         with open(tmp, "w") as fh:
