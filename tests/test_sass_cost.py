@@ -459,3 +459,34 @@ def test_trip_counts_on_real_ptxas_output(tmp_path):
         assert inner == [inner_total]
     else:  # unrolled: fewer main-loop iterations than the IR's, never more in all
         assert 0 < sum(inner) <= inner_total
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_launch_tables_propose_full_waves(tmp_path):
+    """The launch tables on the 1080p SSIM loss: the backward kernel's 216 programs (2 per SM on 132
+    SMs) fill 82 % of one wave; 99 rows per program make 264, one full wave, and the search picks it."""
+    out = tmp_path / "launches.json"
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env["OMP_NUM_THREADS"] = "1"
+    args = ["--shapes", "1x3x1080x1920", "--dtypes", "float32", "--ops", "ssim", "--modes", "fwd+bwd"]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "sass_cost.py"), *args, "--rows", "99", "--maxnreg", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "Modelled, not measured" in proc.stdout
+    call = json.loads(out.read_text())["calls"]["ssim fwd+bwd 1x3x1080x1920 float32"]
+    (cur,) = [k for k in call["current_launches"] if not k["glue"]]
+    (new,) = [k for k in call["proposed_launches"] if not k["glue"]]
+    assert (cur["programs"], cur["rows"], cur["ctas"]) == (216, 128, 2)
+    assert cur["efficiency"] == pytest.approx(216 / 264)
+    assert (new["programs"], new["rows"], new["efficiency"]) == (264, 99, 1.0)
+    assert call["proposed"]["model_s"] < call["current"]["model_s"]
+    assert call["current"]["issue_s"] <= call["current"]["latency_s"] <= call["current"]["wave_s"]
+    assert call["fused_ssim"]["model_s"] > 0
