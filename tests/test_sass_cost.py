@@ -286,6 +286,54 @@ def test_targets_and_geometry_choice():
         sass_cost.choose_geometry([])
 
 
+def _launch(gpu, kernel, programs, per_program=8000.0):
+    est = sass_cost.estimate_launch(gpu, programs * per_program, programs, 8, 128, 1024, programs * 1e5)
+    return dict(
+        kernel=kernel,
+        glue=False,
+        spill=0,
+        warp_instructions=programs * per_program,
+        dram_bytes=programs * 1e5,
+        est=est,
+        model_s=est.model_s,
+        share=0.0,
+    )
+
+
+def _glue(elements):
+    issue, dram, model = sass_cost.estimate_glue(sass_cost.GPUS[90], elements / 8, 4 * elements)
+    return dict(
+        kernel="torch mul",
+        glue=True,
+        elements=elements,
+        warp_instructions=elements / 8,
+        dram_bytes=4 * elements,
+        issue_s=issue,
+        latency_s=issue,
+        wave_s=issue,
+        dram_s=dram,
+        model_s=model,
+    )
+
+
+def test_batched_coarse_scales_and_fused_scalar_glue():
+    gpu = sass_cost.GPUS[90]
+    scales = [_launch(gpu, "k", n) for n in (216, 60, 18, 6, 3)]
+    rows = [scales[0], _launch(gpu, "down", 1620, 100.0), *scales[1:], _glue(4), _glue(6), _glue(10**6)]
+    out = sass_cost.batch_launches(gpu, rows)
+    assert [r["kernel"] for r in out] == ["k", "down", "k x4 batched", "torch mul", "torch mul", "torch mul"]
+    merged = out[2]
+    assert merged["est"].programs == 60 + 18 + 6 + 3
+    assert merged["warp_instructions"] == sum(r["warp_instructions"] for r in scales[1:])
+    # one launch of 87 programs: one program per SM, as long as the longest of the four alone
+    assert merged["model_s"] == pytest.approx(scales[1]["model_s"])
+    assert merged["model_s"] < sum(r["model_s"] for r in scales[1:])
+    fused = sass_cost.fuse_scalar_glue(out, max_elements=4096)
+    assert [r["kernel"] for r in fused][-2:] == ["torch glue x2 fused", "torch mul"]
+    assert fused[-2]["model_s"] == sass_cost.LAUNCH_FLOOR_S  # two launch floors become one
+    assert sass_cost.fuse_scalar_glue(rows[:2]) == rows[:2]  # nothing to fuse
+
+
 def test_fused_ssim_model():
     shape = (1, 3, 1080, 1920)
     px = 3 * 1080 * 1920
