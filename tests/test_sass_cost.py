@@ -332,6 +332,8 @@ def test_batched_coarse_scales_and_fused_scalar_glue():
     assert [r["kernel"] for r in fused][-2:] == ["torch glue x2 fused", "torch mul"]
     assert fused[-2]["model_s"] == sass_cost.LAUNCH_FLOOR_S  # two launch floors become one
     assert sass_cost.fuse_scalar_glue(rows[:2]) == rows[:2]  # nothing to fuse
+    one = [_glue(4)]
+    assert sass_cost.fuse_scalar_glue(one) == one  # one launch: already one
 
 
 def test_fused_ssim_model():
