@@ -19,6 +19,15 @@ from the entry by branches (the trap loop after ``EXIT``, subroutines reached on
 alignment ``NOP`` s) count nothing. Every reachable block of a loop body is counted on every
 iteration (a conditional block inside the loop is counted as if taken: an upper bound).
 Used by ``tools/check_kernels.py --cost``; importable by tests.
+
+The launch model (docs/cost_model.md) turns those counts into four bounds per launch: issue-bound
+(every issue slot of every SM busy), occupancy / latency-bound (resident warps per SM from
+registers, shared memory and warps per program; a warp alone on its scheduler issuing once per
+:data:`WARP_CYCLES_PER_ISSUE` cycles), wave-quantised (programs over SMs x programs per SM, the last
+wave at the occupancy it leaves) and DRAM-bound, and searches rows per program and register
+ceilings for geometry that meets its targets. Run ``python tools/sass_cost.py [--launches]`` for
+the tables of the loss calls (SSIM, D-SSIM + L1, MS-SSIM; forward and forward + backward; 1080p,
+five 1080p frames and 4K; float32 and bfloat16), with fused-ssim's kernels modelled beside them.
 """
 
 from __future__ import annotations
