@@ -193,6 +193,165 @@ def test_resident_warps():
     assert sass_cost.resident_warps(80, 32, 4, 100 * 1024)[0] == 1
 
 
+def test_occupancy_from_registers_and_its_limiter():
+    # 64 registers x 32 threads = 2048 per warp: 32 warps of 65536 registers, four 8-warp CTAs
+    assert sass_cost.occupancy(90, 64, 8, 0) == (4, 32, "registers")
+    # 65 registers are allocated as 72 (multiples of 8): 2304 per warp, 28 warps, three 8-warp CTAs
+    assert sass_cost.occupancy(90, 65, 8, 0) == (3, 24, "registers")
+    assert sass_cost.occupancy(90, 65, 1, 0) == (28, 28, "registers")
+    # fused-ssim's kernels: 32 registers, 8 warps, 13.7 KB of shared memory: registers and the
+    # 64-warp limit bind together
+    assert sass_cost.occupancy(90, 32, 8, 13728) == (8, 64, "registers+warps")
+    assert sass_cost.occupancy(90, 32, 4, 100 * 1024) == (2, 8, "shared memory")
+    assert sass_cost.occupancy(90, 16, 1, 0) == (32, 32, "ctas")
+    assert sass_cost.resident_warps(90, 64, 8, 0) == (4, 32)
+
+
+def test_issue_fraction_from_resident_warps():
+    # 4 schedulers, L = 8 cycles between one warp's issues: 8 warps per scheduler fill every slot
+    assert sass_cost.issue_fraction(16, 4, 8.0) == 0.5
+    assert sass_cost.issue_fraction(32, 4, 8.0) == 1.0
+    assert sass_cost.issue_fraction(64, 4, 8.0) == 1.0
+    assert sass_cost.issue_fraction(8, 4, 8.0) == 0.25
+    with pytest.raises(ValueError, match="resident_warps must be > 0"):
+        sass_cost.issue_fraction(0)
+    with pytest.raises(ValueError, match="cycles_per_issue must be >= 1"):
+        sass_cost.issue_fraction(8, 4, 0.5)
+
+
+def test_wave_quantisation():
+    # the SSIM loss's 216 programs at 2 per SM on 132 SMs: one partial wave, 2 programs on the busiest SM
+    w = sass_cost.waves(216, 132, 2)
+    assert (w.slots, w.full, w.last) == (264, 0, 2)
+    assert w.waves == pytest.approx(216 / 264) and w.efficiency == pytest.approx(216 / 264)
+    assert sass_cost.waves(264, 132, 2) == sass_cost.Waves(264, 264, 1.0, 1, 0, 1.0)
+    w = sass_cost.waves(265, 132, 2)  # one program more: a second wave of one program
+    assert (w.full, w.last, w.efficiency) == (1, 1, pytest.approx(265 / 528))
+    w = sass_cost.waves(1080, 132, 2)  # 4 full waves and 24 programs, one per SM
+    assert (w.full, w.last) == (4, 1) and w.efficiency == pytest.approx(1080 / 1320)
+    assert sass_cost.waves(3, 132, 2).last == 1
+    with pytest.raises(ValueError, match="programs, sms and ctas >= 1"):
+        sass_cost.waves(0, 132, 2)
+
+
+def test_launch_estimate_bounds():
+    gpu = sass_cost.GPUS[90]
+    rate = 4 * 1.755e9  # warp-instructions per second of one SM with every slot issuing
+    per_program = 8 * 1000  # 8 warps issuing 1000 each
+    est = sass_cost.estimate_launch(gpu, 216 * per_program, 216, 8, 128, 1024, 0.0, cycles_per_issue=8.0)
+    assert (est.ctas, est.resident_warps, est.limiter) == (2, 16, "registers")
+    assert est.issue_s == pytest.approx(216 * per_program / (132 * rate))
+    assert est.latency_s == pytest.approx(2 * est.issue_s)  # 4 warps per scheduler: half the slots
+    # one partial wave with 2 programs on the busiest SM, at 16 warps
+    assert est.wave_s == pytest.approx(2 * per_program / (rate * 0.5))
+    assert est.wave_s / est.latency_s == pytest.approx(264 / 216)
+    assert est.bound == "waves" and est.model_s == est.wave_s
+    # three programs (a coarse MS-SSIM scale): one per SM, 8 warps, a quarter of the slots
+    est = sass_cost.estimate_launch(gpu, 3 * per_program, 3, 8, 128, 1024, 0.0, cycles_per_issue=8.0)
+    assert est.wave_s == pytest.approx(per_program / (rate * 0.25))
+    # 64 resident warps (8 CTAs): a full wave takes 8 programs' issue; a last wave of one program per SM
+    # runs at 8 warps, a quarter of the slots: as long as 4 programs, not 8
+    est = sass_cost.estimate_launch(gpu, 1188 * per_program, 1188, 8, 32, 0, 0.0, cycles_per_issue=8.0)
+    assert (est.ctas, est.waves.full, est.waves.last) == (8, 1, 1)
+    assert est.wave_s == pytest.approx(8 * per_program / rate + per_program / (rate * 0.25))
+    # DRAM-bound: 1 GB at 90 % of 3.35 TB/s
+    est = sass_cost.estimate_launch(gpu, 1e3, 1, 1, 32, 0, 1e9, dram_efficiency=0.9)
+    assert est.bound == "DRAM" and est.dram_s == pytest.approx(1e9 / (0.9 * 3.35e12))
+    # a tiny launch: the launch floor
+    est = sass_cost.estimate_launch(gpu, 10.0, 1, 1, 32, 0, 8.0, launch_floor_s=2e-6)
+    assert est.bound == "launch" and est.model_s == 2e-6
+    with pytest.raises(ValueError, match="does not fit"):
+        sass_cost.estimate_launch(gpu, 1.0, 1, 32, 255, 0, 0.0)
+
+
+def test_targets_and_geometry_choice():
+    gpu = sass_cost.GPUS[90]
+
+    def est(programs, regs, warps=8):
+        return sass_cost.estimate_launch(gpu, programs * 8000.0, programs, warps, regs, 1024, 0.0)
+
+    assert sass_cost.missed_targets(est(264 * 2, 64), 0) == []  # 32 warps, 2 full waves
+    missed = sass_cost.missed_targets(est(216, 128), 0)
+    assert len(missed) == 2 and "16 warps/SM < 32" in missed[0] and "82%" in missed[1]
+    assert sass_cost.missed_targets(est(4 * 528 + 1, 64), 0) == []  # >= 4 waves: efficiency waived
+    assert sass_cost.missed_targets(est(528, 64), 8) == ["8 B spilled"]
+    # a spilling candidate loses to one that does not, even when faster; meeting the targets wins
+    label, _, missed = sass_cost.choose_geometry([("spills", est(528, 64), 192), ("ok", est(216, 128), 0)])
+    assert label == "ok" and missed
+    label, _, missed = sass_cost.choose_geometry(
+        [("a", est(216, 128), 0), ("b", est(528, 64), 0), ("c", est(600, 64), 0)]
+    )
+    assert (label, missed) == ("b", [])
+    with pytest.raises(ValueError, match="at least one candidate"):
+        sass_cost.choose_geometry([])
+
+
+def _launch(gpu, kernel, programs, per_program=8000.0):
+    est = sass_cost.estimate_launch(gpu, programs * per_program, programs, 8, 128, 1024, programs * 1e5)
+    return dict(
+        kernel=kernel,
+        glue=False,
+        spill=0,
+        warp_instructions=programs * per_program,
+        dram_bytes=programs * 1e5,
+        est=est,
+        model_s=est.model_s,
+        share=0.0,
+    )
+
+
+def _glue(elements):
+    issue, dram, model = sass_cost.estimate_glue(sass_cost.GPUS[90], elements / 8, 4 * elements)
+    return dict(
+        kernel="torch mul",
+        glue=True,
+        elements=elements,
+        warp_instructions=elements / 8,
+        dram_bytes=4 * elements,
+        issue_s=issue,
+        latency_s=issue,
+        wave_s=issue,
+        dram_s=dram,
+        model_s=model,
+    )
+
+
+def test_batched_coarse_scales_and_fused_scalar_glue():
+    gpu = sass_cost.GPUS[90]
+    scales = [_launch(gpu, "k", n) for n in (216, 60, 18, 6, 3)]
+    rows = [scales[0], _launch(gpu, "down", 1620, 100.0), *scales[1:], _glue(4), _glue(6), _glue(10**6)]
+    out = sass_cost.batch_launches(gpu, rows)
+    assert [r["kernel"] for r in out] == ["k", "down", "k x4 batched", "torch mul", "torch mul", "torch mul"]
+    merged = out[2]
+    assert merged["est"].programs == 60 + 18 + 6 + 3
+    assert merged["warp_instructions"] == sum(r["warp_instructions"] for r in scales[1:])
+    # one launch of 87 programs: one program per SM, as long as the longest of the four alone
+    assert merged["model_s"] == pytest.approx(scales[1]["model_s"])
+    assert merged["model_s"] < sum(r["model_s"] for r in scales[1:])
+    fused = sass_cost.fuse_scalar_glue(out, max_elements=4096)
+    assert [r["kernel"] for r in fused][-2:] == ["torch glue x2 fused", "torch mul"]
+    assert fused[-2]["model_s"] == sass_cost.LAUNCH_FLOOR_S  # two launch floors become one
+    assert sass_cost.fuse_scalar_glue(rows[:2]) == rows[:2]  # nothing to fuse
+    one = [_glue(4)]
+    assert sass_cost.fuse_scalar_glue(one) == one  # one launch: already one
+
+
+def test_fused_ssim_model():
+    shape = (1, 3, 1080, 1920)
+    px = 3 * 1080 * 1920
+    fwd, bwd = sass_cost.FUSED_SSIM_FWD, sass_cost.FUSED_SSIM_BWD
+    assert fwd.programs(shape) == 120 * 68 == 8160  # 16x16 tiles, channels looped inside
+    assert fwd.programs((5, 3, 1080, 1920)) == 5 * 8160
+    # per warp: the prologue once, the channel loop 3 times (and the backward's row loop 3.25 times per channel)
+    assert fwd.warp_instructions(shape) == 8160 * 8 * (70 + 3 * 430)
+    assert bwd.warp_instructions(shape) == pytest.approx(8160 * 8 * (22 + 3 * (300 + 184 * 3.25)))
+    assert fwd.warp_instructions(shape) / px == pytest.approx(14.3, abs=0.05)
+    assert bwd.warp_instructions(shape) / px == pytest.approx(28.5, abs=0.05)
+    est = sass_cost.estimate_cuda_kernel(sass_cost.GPUS[90], fwd, shape)
+    assert (est.ctas, est.resident_warps) == (8, 64)
+    assert est.waves.waves == pytest.approx(8160 / 1056) and est.latency_s == est.issue_s  # 64 warps hide L = 8
+
+
 @pytest.mark.triton
 @pytest.mark.slow
 def test_cost_json_structure_no_spills(tmp_path):
@@ -249,7 +408,7 @@ calls = {
     "map": ck.Call(lambda x, y: splatloss.ssim_map(x, y, padding="same", backend="triton").mean(), (1, 3, 48, 64)),
 }
 out = []
-for item in [i for items in ck._record_calls([90], calls).values() for i in items]:
+for item in [i for items in ck.record_calls([90], calls).values() for i in items]:
     if isinstance(item, ck.Glue):
         out.append({"glue": item.op})
         continue
@@ -315,7 +474,7 @@ def nested(x_ptr, n, m, B: tl.constexpr):
 
 sig = {"x_ptr": "*fp32", "n": "i32", "m": "i32", "B": "constexpr"}
 k = triton.compile(ASTSource(nested, sig, {"B": 128}), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-f = sass_cost.parse_sass(ck._disasm(k.asm["cubin"]))[0]
+f = sass_cost.parse_sass(ck.disasm(k.asm["cubin"]))[0]
 ir = sass_cost.ttgir_loops(k.asm["ttgir"])
 counts, entries = sass_cost.loop_iterations(ir, {"x_ptr": 0, "n": 10, "m": 20}, (2,))
 trips, how = sass_cost.loop_trips(f, ir[2], counts, entries)
@@ -350,3 +509,34 @@ def test_trip_counts_on_real_ptxas_output(tmp_path):
         assert inner == [inner_total]
     else:  # unrolled: fewer main-loop iterations than the IR's, never more in all
         assert 0 < sum(inner) <= inner_total
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_launch_tables_propose_full_waves(tmp_path):
+    """The launch tables on the 1080p SSIM loss: the backward kernel's 216 programs (2 per SM on 132
+    SMs) fill 82 % of one wave; 99 rows per program make 264, one full wave, and the search picks it."""
+    out = tmp_path / "launches.json"
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env["OMP_NUM_THREADS"] = "1"
+    args = ["--shapes", "1x3x1080x1920", "--dtypes", "float32", "--ops", "ssim", "--modes", "fwd+bwd"]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "sass_cost.py"), *args, "--rows", "99", "--maxnreg", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "Modelled, not measured" in proc.stdout
+    call = json.loads(out.read_text())["calls"]["ssim fwd+bwd 1x3x1080x1920 float32"]
+    (cur,) = [k for k in call["current_launches"] if not k["glue"]]
+    (new,) = [k for k in call["proposed_launches"] if not k["glue"]]
+    assert (cur["programs"], cur["rows"], cur["ctas"]) == (216, 128, 2)
+    assert cur["efficiency"] == pytest.approx(216 / 264)
+    assert (new["programs"], new["rows"], new["efficiency"]) == (264, 99, 1.0)
+    assert call["proposed"]["model_s"] < call["current"]["model_s"]
+    assert call["current"]["issue_s"] <= call["current"]["latency_s"] <= call["current"]["wave_s"]
+    assert call["fused_ssim"]["model_s"] > 0

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, NamedTuple
+from typing import Dict, List, NamedTuple, Optional
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile for real, never interpret
 
@@ -44,8 +44,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import importlib  # noqa: E402
 
-# the package re-exports functions named like its modules: import the module by name
-_common = importlib.import_module("splatloss.backends.triton._common")
+# the package re-exports functions named like its modules: import the module by name. The module
+# that plans launch geometry (``FORCE_CUDA_GEOMETRY``, ``CUDA_ROWS``...): the one place to re-point
+# when the kernels' modules move.
+GEOMETRY_MODULE = "splatloss.backends.triton._common"
+_common = importlib.import_module(GEOMETRY_MODULE)
 
 #: Max shared memory per block (bytes, opt-in): A100 (sm_80) 163 KB, H100 (sm_90) 227 KB.
 SHARED_LIMIT = {80: 166912, 90: 232448}
@@ -213,13 +216,17 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
     return out
 
 
-def _record_calls(archs, calls: Dict[str, Call]):
+def record_calls(archs, calls: Dict[str, Call], geometry: Optional[Dict[str, object]] = None):
     """Run ``calls`` on CPU tensors with every Triton launch intercepted:
     the launch is bound and specialised by Triton's own binder for each architecture (which
     integers are 1 or multiples of 16, pointer alignment, constexprs, num_warps, maxnreg) and
     recorded, nothing runs. The package is told to plan CUDA launches (its CUDA geometry) and
     its input check to accept CPU tensors; torch ops outside the kernels (glue) are recorded by
-    a dispatch mode. Outputs of the skipped kernels are uninitialised: only shapes matter."""
+    a dispatch mode. Outputs of the skipped kernels are uninitialised: only shapes matter.
+
+    ``geometry``: attributes of the package's geometry module (:data:`GEOMETRY_MODULE`) to set
+    while recording, e.g. ``{"CUDA_ROWS": 64}`` (the cost model's geometry search); each must
+    exist there."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from triton.compiler import make_backend
@@ -270,10 +277,17 @@ def _record_calls(archs, calls: Dict[str, Call]):
                     current.append(Glue(name, el, nb))
             return out
 
+    overrides = dict(geometry or {})
+    for name in overrides:
+        if not hasattr(_common, name):
+            raise ValueError(f"record_calls: {_common.__name__} has no attribute {name!r} to override")
     recorded = {}
     saved = (JITFunction.run, _common.FORCE_CUDA_GEOMETRY, os.environ.get("TRITON_INTERPRET"))
+    saved_geometry = {name: getattr(_common, name) for name in overrides}
     JITFunction.run = run
     _common.FORCE_CUDA_GEOMETRY = True
+    for name, value in overrides.items():
+        setattr(_common, name, value)
     os.environ["TRITON_INTERPRET"] = "1"  # only so that the input check accepts CPU tensors
     try:
         gen = torch.Generator().manual_seed(0)
@@ -290,6 +304,8 @@ def _record_calls(archs, calls: Dict[str, Call]):
     finally:
         JITFunction.run = saved[0]
         _common.FORCE_CUDA_GEOMETRY = saved[1]
+        for name, value in saved_geometry.items():
+            setattr(_common, name, value)
         if saved[2] is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:
@@ -312,7 +328,7 @@ def _image(call: Call, gen, grad: bool):
     return t, t
 
 
-def _disasm(cubin: bytes) -> str:
+def disasm(cubin: bytes) -> str:
     nvdisasm = os.path.join(os.path.dirname(CUOBJDUMP), "nvdisasm")
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as fh:
         fh.write(cubin)
@@ -323,10 +339,89 @@ def _disasm(cubin: bytes) -> str:
         os.unlink(path)
 
 
-def _compile_key(launch: Launch, arch: int) -> str:
+def compile_key(launch: Launch, arch: int) -> str:
     sig, const, attrs, opts = launch.compile[arch]
     return repr(
         (launch.fn.fn.__module__, launch.fn.fn.__qualname__, arch, sig, const, attrs, sorted(opts.__dict__.items()))
+    )
+
+
+def compile_variant(launch: Launch, arch: int, cache: Optional[Dict[str, dict]] = None, maxnreg: Optional[int] = None):
+    """Compile a recorded launch for ``arch`` as the launch would (``maxnreg``: another register
+    ceiling, the cost model's geometry search) and analyse it: ``k`` (the compiled kernel),
+    ``use`` (registers, stack, local, shared bytes), ``func`` (its SASS, :mod:`sass_cost`),
+    ``ir`` (its TTGIR loops), ``access`` (which pointer arguments it reads / writes), ``seconds``.
+    ``cache``: a dict of earlier results by :func:`compile_key`."""
+    import dataclasses
+
+    import sass_cost
+
+    sig, const, attrs, opts = launch.compile[arch]
+    if maxnreg is not None:
+        opts = dataclasses.replace(opts, maxnreg=maxnreg)
+    key = compile_key(launch, arch) + ("" if maxnreg is None else f" maxnreg={maxnreg}")
+    if cache is not None and key in cache:
+        return cache[key]
+    t0 = time.perf_counter()
+    k = triton.compile(
+        ASTSource(launch.fn, sig, const, attrs), target=GPUTarget("cuda", arch, 32), options=opts.__dict__
+    )
+    out = dict(
+        k=k,
+        use=resource_usage(k.asm["cubin"]),
+        func=sass_cost.parse_sass(disasm(k.asm["cubin"]))[0],
+        ir=sass_cost.ttgir_loops(k.asm["ttgir"]),
+        access=sass_cost.pointer_access(k.asm["ttgir"]),
+        seconds=time.perf_counter() - t0,
+    )
+    if cache is not None:
+        cache[key] = out
+    return out
+
+
+def count_launch(launch: Launch, arch: int, variant: dict) -> dict:
+    """What one recorded launch of a compiled ``variant`` issues and moves: ``programs``,
+    ``warps``, ``regs``, ``smem`` and ``spill`` bytes, ``warp_instructions`` and ``bar_sync`` over
+    the grid (SASS counts at the IR's trip counts), DRAM ``read`` / ``written`` bytes and
+    ``scratch`` bytes (arguments both written and read, assumed cached), ``trips`` and how the
+    loops were ``matched``."""
+    import sass_cost
+
+    k, use, func, ir = variant["k"], variant["use"], variant["func"], variant["ir"]
+    warps = k.metadata.num_warps
+    programs = 1
+    for g in launch.grid:
+        programs *= g
+    ints = {n: int(v) for n, v in launch.args.items() if isinstance(v, (int, bool)) and not isinstance(v, float)}
+    iters, entries = sass_cost.loop_iterations(ir, {n: ints.get(n) for n in ir[0]}, launch.grid)
+    trips, matched = sass_cost.loop_trips(func, ir[2], iters, entries)
+    counts = sass_cost.warp_counts(func, trips, programs)
+    read = written = scratch = 0
+    for n, mode in variant["access"].items():
+        t = launch.args.get(n)
+        if not isinstance(t, _TensorInfo):
+            continue
+        if mode == "rw":
+            scratch += t.nbytes  # written and read back by the same program: assumed cached
+        elif mode == "r":
+            read += t.nbytes
+        else:
+            written += t.nbytes
+    return dict(
+        variant=variant,
+        programs=programs,
+        warps=warps,
+        regs=use["REG"],
+        spill=use.get("STACK", 0) + use.get("LOCAL", 0),
+        smem=max(int(k.metadata.shared), use.get("SHARED", 0)),
+        warp_instructions=counts.instructions * warps,
+        bar_sync=counts.bar_sync,
+        counts=counts,
+        trips=trips,
+        matched=matched,
+        read=read,
+        written=written,
+        scratch=scratch,
     )
 
 
@@ -335,7 +430,7 @@ def cost_main(archs, json_path=None) -> int:
 
     import sass_cost
 
-    recorded = _record_calls(archs, cost_calls())
+    recorded = record_calls(archs, cost_calls())
     compiled: Dict[str, dict] = {}
     failures: List[str] = []
     report = {"shape": list(COST_SHAPE), "dtype": "float32", "machines": {}, "arch": {}, "spills": 0}
@@ -362,51 +457,11 @@ def cost_main(archs, json_path=None) -> int:
                     tot["bound_s"] += max(t_issue, t_dram)
                     kernels.append(dict(kernel=f"torch {it.op}", glue=True, warp_instructions=wi, dram_bytes=it.nbytes))
                     continue
-                key = _compile_key(it, arch)
-                if key not in compiled:
-                    sig, const, attrs, opts = it.compile[arch]
-                    t0 = time.perf_counter()
-                    k = triton.compile(
-                        ASTSource(it.fn, sig, const, attrs), target=GPUTarget("cuda", arch, 32), options=opts.__dict__
-                    )
-                    use = resource_usage(k.asm["cubin"])
-                    func = sass_cost.parse_sass(_disasm(k.asm["cubin"]))[0]
-                    ir = sass_cost.ttgir_loops(k.asm["ttgir"])
-                    compiled[key] = dict(
-                        k=k,
-                        use=use,
-                        func=func,
-                        ir=ir,
-                        access=sass_cost.pointer_access(k.asm["ttgir"]),
-                        seconds=time.perf_counter() - t0,
-                    )
-                c = compiled[key]
-                k, use, func, ir = c["k"], c["use"], c["func"], c["ir"]
-                warps = k.metadata.num_warps
-                spill = use.get("STACK", 0) + use.get("LOCAL", 0)
-                smem = max(int(k.metadata.shared), use.get("SHARED", 0))
-                programs = 1
-                for g in it.grid:
-                    programs *= g
-                ints = {
-                    n: int(v) for n, v in it.args.items() if isinstance(v, (int, bool)) and not isinstance(v, float)
-                }
-                iters, entries = sass_cost.loop_iterations(ir, {n: ints.get(n) for n in ir[0]}, it.grid)
-                trips, matched = sass_cost.loop_trips(func, ir[2], iters, entries)
-                counts = sass_cost.warp_counts(func, trips, programs)
-                wi = counts.instructions * warps
-                read = written = scratch = 0
-                for n, mode in c["access"].items():
-                    t = it.args.get(n)
-                    if not isinstance(t, _TensorInfo):
-                        continue
-                    nb = t.nbytes
-                    if mode == "rw":
-                        scratch += nb  # written and read back by the same program: assumed cached
-                    elif mode == "r":
-                        read += nb
-                    else:
-                        written += nb
+                c = count_launch(it, arch, compile_variant(it, arch, compiled))
+                use, func = c["variant"]["use"], c["variant"]["func"]
+                warps, spill, smem, programs = c["warps"], c["spill"], c["smem"], c["programs"]
+                wi, trips, matched, counts = c["warp_instructions"], c["trips"], c["matched"], c["counts"]
+                read, written, scratch = c["read"], c["written"], c["scratch"]
                 ctas, res_warps = sass_cost.resident_warps(arch, use["REG"], warps, smem)
                 min_warps = res_warps if min_warps is None else min(min_warps, res_warps)
                 t_issue, t_dram = wi / issue_rate, (read + written) / mach["dram"]
@@ -515,13 +570,13 @@ def main(argv=None) -> int:
     print(header)
     print("-" * len(header))
     compiled: Dict[str, tuple] = {}
-    for label, items in _record_calls(args.arch, aot_calls(args.quick)).items():
+    for label, items in record_calls(args.arch, aot_calls(args.quick)).items():
         seen = set()
         for it in items:
             if isinstance(it, Glue):
                 continue
             for arch in args.arch:
-                key = _compile_key(it, arch)
+                key = compile_key(it, arch)
                 if key in seen:
                     continue
                 seen.add(key)
