@@ -107,14 +107,22 @@ def _moments(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, padding: str, s:
 
 def _ssim_terms(mx, my, exx, eyy, exy, c1: float, c2: float, s):
     """A1, B1, A2, B2 and the SSIM / cs maps from the moments of the shifted images (``mx + s`` is
-    the true mean)."""
+    the true mean).
+
+    The denominators are formed as numerator + a non-negative difference,
+    ``B1 = A1 + (mx - my)^2`` and ``B2 = A2 + max(0, (exx + eyy - 2 exy) - (mx - my)^2)`` (the local
+    variance of ``x - y``), so luminance and cs never exceed 1 through rounding and are exactly 1 for
+    identical images; both are kept >= -1 too.
+    """
     ux, uy = mx + s, my + s
+    dm = mx - my
+    dm2 = dm * dm
     a1 = 2 * ux * uy + c1
-    b1 = ux * ux + uy * uy + c1
+    b1 = a1 + dm2
     a2 = 2 * (exy - mx * my) + c2
-    b2 = (exx - mx * mx) + (eyy - my * my) + c2
-    lum = a1 / b1
-    cs = a2 / b2
+    b2 = a2 + ((exx + eyy - 2 * exy) - dm2).clamp_min(0)
+    lum = (a1 / b1).clamp_min(-1)
+    cs = (a2 / b2).clamp_min(-1)
     return a1, b1, a2, b2, lum, cs, lum * cs
 
 

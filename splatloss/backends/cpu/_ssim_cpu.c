@@ -225,6 +225,32 @@ static void fill_rows(ws_t *w, int m, int *next) {
     }
 }
 
+/* The SSIM algebra of one vector of map positions, from the moments of the shifted images (mx,
+ * my, ess = e[x'^2 + y'^2], exy = e[x' y']) and the true means ux, uy. The denominators are formed
+ * as numerator + a non-negative difference,
+ *   B1 = A1 + (mu_x - mu_y)^2,   B2 = A2 + max(0, (e_ss - 2 e_xy) - (mu_x - mu_y)^2)
+ * (the second difference is the local variance of x - y), so lum = A1 / B1 and cs = A2 / B2 never
+ * exceed 1 through rounding, and both are exactly 1 for identical images: then x' = y' bit for bit,
+ * e_ss = 2 e_xy exactly (a^2 + a^2 = 2 a^2 with or without an FMA) and mu_x = mu_y. Written as
+ * e_ss - mu_x^2 - mu_y^2 + C2, B2 rounds independently of A2 and SSIM(x, x) reached 1 + 2.4e-5
+ * on flat images. Both are also kept >= -1 (a rounding below it on anticorrelated windows). */
+static inline __attribute__((always_inline)) void ssim_terms(vr mx, vr my, vr ess, vr exy, vr ux, vr uy, vr c1,
+                                                             vr c2, vr *iB1, vr *iB2, vr *lum, vr *cs) {
+    const vr zero = {0}, mone = bc(-1);
+    vr dm = mx - my;
+    vr A1 = bc(2) * ux * uy + c1;
+    vr B1 = A1 + dm * dm;
+    vr A2 = bc(2) * (exy - mx * my) + c2;
+    vr D = (ess - bc(2) * exy) - dm * dm;
+    vr B2 = A2 + (vr)((vmask)D & ~(D < zero));  /* D < 0 only by rounding; a NaN stays */
+    *iB1 = 1 / B1;  /* never 1 / (B1 B2): it overflows or underflows */
+    *iB2 = 1 / B2;
+    vr l = A1 * *iB1, c = A2 * *iB2;
+    vmask lo = l < mone, co = c < mone;
+    *lum = (vr)(((vmask)l & ~lo) | ((vmask)mone & lo));
+    *cs = (vr)(((vmask)c & ~co) | ((vmask)mone & co));
+}
+
 /* Vertical filter for map row m (its K input rows are in the ring) and the SSIM algebra.
  * mode 0: add the row's sums of ssim and cs (valid lanes only) to sums[0], sums[1].
  * mode 1: write beta, gamma and the alpha(s) of map row m to aring slot m % K (pad lanes 0). */
@@ -254,12 +280,8 @@ static void map_row(ws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
             exy += gk * ld(h + 3 * qs);
         }
         vr ux = mx + sh, uy = my + sh;  /* true means (mx, my: means of the shifted images) */
-        vr A1 = two * ux * uy + c1;
-        vr B1 = ux * ux + uy * uy + c1;
-        vr A2 = two * (exy - mx * my) + c2;
-        vr B2 = (ess - (mx * mx + my * my)) + c2;
-        vr iB1 = 1 / B1, iB2 = 1 / B2;  /* never 1 / (B1 B2): it overflows or underflows */
-        vr lum = A1 * iB1, cs = A2 * iB2;
+        vr iB1, iB2, lum, cs;
+        ssim_terms(mx, my, ess, exy, ux, uy, c1, c2, &iB1, &iB2, &lum, &cs);
         vr ssim = lum * cs;
         vmask vm = (lane + j) < d.Wp;   /* all-ones bits in the map's lanes, 0 in the pad */
         if (mode == 0) {
@@ -675,12 +697,8 @@ static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
         vr iW = one / (vr)(((vmask)fw & pos) | ((vmask)one & ~pos));  /* W = 0: use 1 */
         vr mx = fx * iW, my = fy * iW, ess = fss * iW, exy = fxy * iW;
         vr ux = mx + sh, uy = my + sh;
-        vr A1 = two * ux * uy + c1;
-        vr B1 = ux * ux + uy * uy + c1;
-        vr A2 = two * (exy - mx * my) + c2;
-        vr B2 = (ess - (mx * mx + my * my)) + c2;
-        vr iB1 = 1 / B1, iB2 = 1 / B2;
-        vr lum = A1 * iB1, cs = A2 * iB2;
+        vr iB1, iB2, lum, cs;
+        ssim_terms(mx, my, ess, exy, ux, uy, c1, c2, &iB1, &iB2, &lum, &cs);
         vr ssim = lum * cs;
         vr c = ld(cw + j);
         vmask vm = (lane + j) < d.Wp;
