@@ -46,7 +46,7 @@ from ..filtering import pad, separable_valid, window_filter
 from .base import Backend
 from .masked import plane_shift
 
-__all__ = ["TorchBackend", "BACKEND", "ssim_map", "ssim_stats", "ssim_mean_and_grad"]
+__all__ = ["TorchBackend", "BACKEND", "ssim_map", "ssim_stats", "ssim_mean_and_grad", "ssim_backward"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -166,8 +166,10 @@ def _forward(x, y, w, padding, c1, c2):
     return ssim, cs, (mx, my, s, b1, b2, lum, cs, ssim)
 
 
-def _backward(x, y, w, padding, c1, c2, g_s, g_c, need_x: bool, need_y: bool):
-    """Gradients w.r.t. ``x`` and ``y`` (accumulation dtype) for map-shaped upstreams."""
+def ssim_backward(x, y, w, padding, c1, c2, g_s, g_c, need_x: bool, need_y: bool):
+    """Gradients w.r.t. ``x`` and ``y`` (accumulation dtype, differentiable torch ops) of
+    ``sum(g_s * ssim_map + g_c * cs_map)`` for upstreams ``g_s``, ``g_c`` that broadcast against the
+    maps (``None``: zero); ``w`` the 1-D window, ``padding`` "valid" | "same" | "reflect"."""
     if g_s is None and g_c is None:  # neither output was used: nothing flows back
         return None, None
     _, _, parts = _forward(x, y, w, padding, c1, c2)
@@ -240,7 +242,7 @@ class _SSIMMapCore(torch.autograd.Function):
     def backward(ctx, g_s, g_c):
         img1, img2, w = ctx.saved_tensors
         need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        gx, gy = _backward(_to_acc(img1), _to_acc(img2), w, ctx.padding, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
+        gx, gy = ssim_backward(_to_acc(img1), _to_acc(img2), w, ctx.padding, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
         gx = None if gx is None else gx.to(ctx.dtypes[0])
         gy = None if gy is None else gy.to(ctx.dtypes[1])
         return gx, gy, None, None, None, None
@@ -285,7 +287,7 @@ class _SSIMStatsCore(torch.autograd.Function):
         g_s = None if g_s is None else (g_s / n)[..., None, None]
         g_c = None if g_c is None else (g_c / n)[..., None, None]
         need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        gx, gy = _backward(_to_acc(img1), _to_acc(img2), w, ctx.padding, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
+        gx, gy = ssim_backward(_to_acc(img1), _to_acc(img2), w, ctx.padding, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
         gx = None if gx is None else gx.to(ctx.dtypes[0])
         gy = None if gy is None else gy.to(ctx.dtypes[1])
         return gx, gy, None, None, None, None
@@ -341,7 +343,7 @@ def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, 
     w = _window(img1, cfg)
     ssim, _, _ = _forward(x, y, w, cfg.padding, cfg.C1, cfg.C2)
     n = ssim.shape[-2] * ssim.shape[-1]
-    gx, _ = _backward(x, y, w, cfg.padding, cfg.C1, cfg.C2, (upstream / n)[..., None, None], None, True, False)
+    gx, _ = ssim_backward(x, y, w, cfg.padding, cfg.C1, cfg.C2, (upstream / n)[..., None, None], None, True, False)
     return ssim.mean(dim=(-2, -1)), gx.to(img1.dtype)
 
 

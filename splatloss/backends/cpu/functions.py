@@ -86,7 +86,7 @@ def _torch_ops_grads(x, y, w, pad, c1, c2, g_s, g_c, need_x, need_y):
     n = (x.shape[-2] + 2 * pad - k + 1) * (x.shape[-1] + 2 * pad - k + 1)
     g_s = None if g_s is None else (g_s / n)[..., None, None]
     g_c = None if g_c is None else (g_c / n)[..., None, None]
-    return torch_fused._backward(x, y, w, "same" if pad else "valid", c1, c2, g_s, g_c, need_x, need_y)
+    return torch_fused.ssim_backward(x, y, w, "same" if pad else "valid", c1, c2, g_s, g_c, need_x, need_y)
 
 
 def _tracing(*tensors: Tensor) -> bool:
@@ -124,7 +124,7 @@ def _zeros_bc(g: Optional[Tensor], x: Tensor) -> Tensor:
 
 
 def _backward_impl(g_s, g_c, g_l1, x, y, w, c1, c2, pad, need_x, need_y):
-    lib = library._lib(x.dtype, w.numel())
+    lib = library.require(x.dtype, w.numel())
     gx, gy = library.backward(lib, x, y, w, c1, c2, g_s, g_c, need_x, need_y, pad, g_l1)
     return _grad_or_empty(gx, x), _grad_or_empty(gy, y)
 
@@ -176,7 +176,7 @@ def _kernel_grads(x, y, w, c1, c2, pad, g_s, g_c, g_l1, need_x, need_y):
 
 def _stats_impl(x, y, w, c1, c2, pad):
     x, y = x.contiguous(), y.contiguous()
-    s, c = library.forward(library._lib(x.dtype, w.numel()), x, y, w, c1, c2, pad)
+    s, c = library.forward(library.require(x.dtype, w.numel()), x, y, w, c1, c2, pad)
     return s.clone(), c.clone()  # [B, C] each; may be views of one buffer, a custom op's outputs must not
 
 
@@ -227,7 +227,7 @@ def ssim_stats(img1: Tensor, img2: Tensor, cfg: SSIMConfig) -> Tuple[Tensor, Ten
 
 def _dssim_l1_impl(x, y, w, c1, c2, pad, lam):
     x, y = x.contiguous(), y.contiguous()
-    s, _, l1 = library.forward(library._lib(x.dtype, w.numel()), x, y, w, c1, c2, pad, l1=True)  # [B, C] each
+    s, _, l1 = library.forward(library.require(x.dtype, w.numel()), x, y, w, c1, c2, pad, l1=True)  # [B, C] each
     return (1 - lam) * l1.mean(dim=1) + lam * (1 - s.mean(dim=1))
 
 
@@ -288,7 +288,7 @@ def ssim_mean_and_grad(img1: Tensor, img2: Tensor, cfg: SSIMConfig, upstream: Te
     with torch.no_grad():
         x, y, pad = padded(img1.detach(), img2.detach(), cfg)
         x, y = x.contiguous(), y.contiguous()
-        lib = library._lib(x.dtype, cfg.window_size)
+        lib = library.require(x.dtype, cfg.window_size)
         w = cfg.window_1d(x.dtype, "cpu")
         s, _ = library.forward(lib, x, y, w, cfg.C1, cfg.C2, pad)
         up = upstream.to(x.dtype)
@@ -314,11 +314,11 @@ def _down2_adjoint_torch(g: Tensor, size) -> Tensor:
 
 
 def _down2_impl(x):
-    return library.down2(library._lib(x.dtype, FIXED_TAPS), x.contiguous())
+    return library.down2(library.require(x.dtype, FIXED_TAPS), x.contiguous())
 
 
 def _down2_bwd_impl(g, x):
-    return library.down2_backward(library._lib(g.dtype, FIXED_TAPS), g, x.shape[-2:])
+    return library.down2_backward(library.require(g.dtype, FIXED_TAPS), g, x.shape[-2:])
 
 
 @torch.library.custom_op("splatloss::cpu_downsample2x", mutates_args=())
@@ -373,7 +373,7 @@ def _pyramid(lib, x: Tensor, scales: int):
 
 def _ms_terms_impl(x, y, w, c1, c2, pad, scales):
     x, y = x.contiguous(), y.contiguous()
-    lib = library._lib(x.dtype, w.numel())
+    lib = library.require(x.dtype, w.numel())
     return multiscale.ms_terms(
         lambda a, b: library.forward(lib, a, b, w, c1, c2, pad),
         (x, y),
@@ -408,7 +408,7 @@ def _ms_terms_bwd_impl(
     """Walks the scales coarse to fine, adding each scale's kernel gradient to the adjoint of the
     pyramid step from the coarser one in place (the pyramids are recomputed: a third of an image)."""
     x, y = x.contiguous(), y.contiguous()
-    lib = library._lib(x.dtype, w.numel())
+    lib = library.require(x.dtype, w.numel())
     xs, ys = _pyramid(lib, x, scales), _pyramid(lib, y, scales)
     zeros = torch.zeros(x.shape[:2], dtype=x.dtype)
     g = g.to(x.dtype)
@@ -545,7 +545,7 @@ def _masked_torch_ops_grads(x, y, m, w, pad, c1, c2, g_s, g_c, need_x, need_y):
 
 
 def _masked_backward_impl(g_s, g_c, g_l1, x, y, m, w, c1, c2, pad, need_x, need_y):
-    lib = library._lib(x.dtype, w.numel())
+    lib = library.require(x.dtype, w.numel())
     gx, gy = library.masked_backward(lib, x, y, m, w, c1, c2, g_s, g_c, need_x, need_y, pad, g_l1)
     return _grad_or_empty(gx, x), _grad_or_empty(gy, y)
 
@@ -595,7 +595,7 @@ def _masked_kernel_grads(x, y, m, w, c1, c2, pad, g_s, g_c, g_l1, need_x, need_y
 
 def _mstats_impl(x, y, m, w, c1, c2, pad):
     x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
-    ss, cc, z = library.masked_forward(library._lib(x.dtype, w.numel()), x, y, m, w, c1, c2, pad)
+    ss, cc, z = library.masked_forward(library.require(x.dtype, w.numel()), x, y, m, w, c1, c2, pad)
     s, c = _masked_means(ss, cc, z, x.dtype)
     return s, c, z.to(x.dtype)  # z: the centre weights' sums, for the backward
 
@@ -648,7 +648,7 @@ def masked_ssim_stats(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig)
 
 def _mdssim_l1_impl(x, y, m, w, c1, c2, pad, lam):
     x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
-    lib = library._lib(x.dtype, w.numel())
+    lib = library.require(x.dtype, w.numel())
     ss, _, z, num, den = library.masked_forward(lib, x, y, m, w, c1, c2, pad, l1=True)  # [B, C] float64 each
     s, _ = _masked_means(ss, ss, z, x.dtype)
     num, den = num.sum(dim=1), den.sum(dim=1)  # per image, over channels and pixels

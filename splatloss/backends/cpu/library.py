@@ -27,6 +27,7 @@ from .build import FIXED_TAPS, build, compiler
 
 __all__ = [
     "get",
+    "require",
     "unavailable_reason",
     "forward",
     "backward",
@@ -109,7 +110,9 @@ def unavailable_reason() -> Optional[str]:
     return _reason
 
 
-def _lib(dtype: torch.dtype, taps: int):
+def require(dtype: torch.dtype, taps: int):
+    """The loaded kernel library for ``dtype`` and ``taps`` (as :func:`get`); a RuntimeError that says
+    why when it cannot be built or loaded here."""
     lib = get(dtype, taps)
     if lib is None:
         raise RuntimeError(f"the splatloss C kernel is unavailable: {_reason}")
