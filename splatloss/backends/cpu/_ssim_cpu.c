@@ -37,8 +37,11 @@
  * 1/B1 and 1/B2 are two divisions, never 1/(B1 B2): that product overflows (B1 ~ B2 ~ 1e19 at
  * data_range = 1e10) or underflows (C1 = C2 = 1e-20 on a black image) in float32.
  *
- * Cost: the work is all in the filters (FMA-bound on one core): forward 4 quantities x 2 passes,
- * backward 4 recomputed + 3 adjoint quantities x 2 passes, K taps each.
+ * Cost: the work is all in the filters (FMA-bound on one core): the statistics are 4 quantities x
+ * 2 passes, the adjoint 3 quantities (4 when both images need a gradient) x 2 passes, K taps each.
+ * splat_ssim_bwd can add the forward's row sums in the same sweep (`rows`): a caller that knows it
+ * will need the gradient runs the statistics once (4 + 3 quantities) instead of a forward and a
+ * recomputing backward (4 + 4 + 3).
  *
  * Vectorisation uses GCC/Clang vector extensions of the CPU's native width (64 bytes with
  * AVX-512, 32 with AVX, 16 otherwise). Row buffers are padded to whole vectors and the pad
@@ -252,10 +255,11 @@ static inline __attribute__((always_inline)) void ssim_terms(vr mx, vr my, vr es
 }
 
 /* Vertical filter for map row m (its K input rows are in the ring) and the SSIM algebra.
- * mode 0: add the row's sums of ssim and cs (valid lanes only) to sums[0], sums[1].
- * mode 1: write beta, gamma and the alpha(s) of map row m to aring slot m % K (pad lanes 0). */
+ * sums != NULL: add the row's sums of ssim and cs over the tile's own map columns [olo, ohi) to
+ * sums[0], sums[1]. mode 1: also write beta, gamma and the alpha(s) of map row m to aring slot
+ * m % K (pad lanes 0). */
 static void map_row(ws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
-                    REAL gS, REAL gC, int need_x, int need_y) {
+                    REAL gS, REAL gC, int need_x, int need_y, int olo, int ohi) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
     const size_t qs = (size_t)K * d.Wpp;
@@ -284,10 +288,12 @@ static void map_row(ws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
         ssim_terms(mx, my, ess, exy, ux, uy, c1, c2, &iB1, &iB2, &lum, &cs);
         vr ssim = lum * cs;
         vmask vm = (lane + j) < d.Wp;   /* all-ones bits in the map's lanes, 0 in the pad */
-        if (mode == 0) {
-            acc_s += (vr)((vmask)ssim & vm);
-            acc_c += (vr)((vmask)cs & vm);
-        } else {
+        if (sums) {  /* the map columns this tile owns */
+            vmask own = ((lane + j) >= olo) & ((lane + j) < ohi);
+            acc_s += (vr)((vmask)ssim & own);
+            acc_c += (vr)((vmask)cs & own);
+        }
+        if (mode == 1) {
             vr beta = -(vgs * ssim + vgc * cs) * iB2;
             vr gamma = two * (vgs * lum + vgc) * iB2;
             vr t = two * vgs * iB1;  /* 2 gS / B1 */
@@ -305,7 +311,7 @@ static void map_row(ws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
             }
         }
     }
-    if (mode == 0) {
+    if (sums) {
         double s = 0, c = 0;
         for (int i = 0; i < V; i++) { s += acc_s[i]; c += acc_c[i]; }
         sums[0] += s;
@@ -333,12 +339,12 @@ static inline __attribute__((always_inline)) void vadjoint(const REAL *const *ap
     }
 }
 
-/* Map rows [m0, m1) of the tile image x, y (width d.W, stride d.ld): adds each row's sums. */
-static void fwd_tile(ws_t *w, REAL C1, REAL C2, int m0, int m1, double *out) {
+/* Map rows [m0, m1) of the tile: adds each row's sums over the own columns to out[2 m], out[2 m + 1]. */
+static void fwd_tile(ws_t *w, REAL C1, REAL C2, int m0, int m1, double *out, int olo, int ohi) {
     int next = m0;
     for (int m = m0; m < m1; m++) {
         fill_rows(w, m, &next);
-        map_row(w, m, C1, C2, 0, out + 2 * (m - m0), 0, 0, 0, 0);
+        map_row(w, m, C1, C2, 0, out + 2 * m, 0, 0, 0, 0, olo, ohi);
     }
 }
 
@@ -347,7 +353,8 @@ static void fwd_tile(ws_t *w, REAL C1, REAL C2, int m0, int m1, double *out) {
  * H is the logical height. The caller chooses tiles whose map covers every map pixel that
  * reaches columns [c_lo, c_hi). gx / gy point at the physical planes. */
 static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1c,
-                     int q0, int q1, int c_lo, int c_hi, REAL *gx, REAL *gy) {
+                     int q0, int q1, int c_lo, int c_hi, REAL *gx, REAL *gy,
+                     double *rows, int own0, int own1, int olo, int ohi) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
     const REAL *g = w->g;
@@ -364,7 +371,8 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
         int mlo = q - K + 1 < 0 ? 0 : q - K + 1;
         while (next_m <= mhi) {
             fill_rows(w, next_m, &next_in);
-            map_row(w, next_m, C1, C2, 1, NULL, gS, gC, need_x, need_y);
+            double *sums = rows && next_m >= own0 && next_m < own1 ? rows + 2 * next_m : NULL;
+            map_row(w, next_m, C1, C2, 1, sums, gS, gC, need_x, need_y, olo, ohi);
             next_m++;
         }
         /* vertical adjoint: v(q) = sum_m g[q-m] a(m), over the map rows that exist */
@@ -416,48 +424,57 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
     }
 }
 
-/* Per-row sums of the SSIM and cs maps for map rows [m0, m1) of one plane (H x W, contiguous,
- * seen with `pad` zero rows / columns around it): out[2*(m-m0)] = sum_j ssim(m, j),
- * out[2*(m-m0)+1] = sum_j cs(m, j). The map may be swept in column tiles of `tile` map columns
- * (tile <= 0: whole rows); the tiles' partial row sums are added in a fixed order, so results do
- * not depend on the threading. */
-void splat_ssim_fwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
-                    REAL C1, REAL C2, int m0, int m1, REAL *work, double *out, int tile, int pad) {
-    const int Wp = W + 2 * pad - K + 1;
-    const int T = tile > 0 ? tile : Wp;
-    const REAL shift = plane_shift(x, y, H, W);
-    for (int m = m0; m < m1; m++) out[2 * (m - m0)] = out[2 * (m - m0) + 1] = 0;
-    for (int j0 = 0; j0 < Wp; j0 += T) {
-        int tw = Wp - j0 < T ? Wp - j0 : T;
-        dims_t d = make_dims(tw + K - 1, K);
-        img_t im = {x, y, H, W, W, pad, j0, shift};
-        memset(work, 0, ws_elems(d) * sizeof(REAL));
-        ws_t w = make_ws(d, im, g, work);
-        fwd_tile(&w, C1, C2, m0, m1, out);
-    }
-}
-
-/* Gradient rows [q0, q1) of one plane (H x W, seen with `pad` zero rows / columns around it) of
- * L = gS * sum(ssim map) + gC * sum(cs map) + l1c * sum|x - y|. gx / gy point at the plane's
- * gradient (NULL when that image needs none); rows outside [q0, q1) are not touched, so strips
- * can run in parallel. Column tiles of `tile` gradient columns (tile <= 0: whole rows) each
- * recompute the K-1 map columns they share with the next. */
-void splat_ssim_bwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
-                    REAL C1, REAL C2, REAL gS, REAL gC, int q0, int q1, REAL *work,
-                    REAL *gx, REAL *gy, int tile, int pad, REAL l1c) {
-    const int Wl = W + 2 * pad;
+/* One plane (H x W, contiguous, seen with `pad` zero rows / columns around it), swept in column
+ * tiles of `tile` gradient columns (tile <= 0: whole rows). A tile covers the logical image columns
+ * [a, b) its gradient columns [c0, c1) need and owns the map columns [c0 - K/2, c1 - K/2) (clipped
+ * to the map): those are the ones it adds to the row sums, so every map column is summed once, in
+ * the same lanes and the same order whatever the rows or threads, with or without a gradient. */
+static void plane_tiles(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K, REAL C1, REAL C2,
+                        REAL gS, REAL gC, REAL l1c, int r0, int r1, REAL *work, REAL *gx, REAL *gy, int tile,
+                        int pad, double *rows, int grad) {
+    const int Wl = W + 2 * pad, Hl = H + 2 * pad;
+    const int Wp = Wl - K + 1, Hp = Hl - K + 1, r = K / 2;
     const int T = tile > 0 ? tile : W;
     const REAL shift = plane_shift(x, y, H, W);
     for (int c0 = pad; c0 < pad + W; c0 += T) {
         int c1 = pad + W - c0 < T ? pad + W : c0 + T;
         int a = c0 - K + 1 < 0 ? 0 : c0 - K + 1;     /* tile image: logical columns [a, b) */
         int b = c1 + K - 1 > Wl ? Wl : c1 + K - 1;
+        int olo = c0 - r < 0 ? 0 : c0 - r, ohi = c1 - r > Wp ? Wp : c1 - r;
         dims_t d = make_dims(b - a, K);
         img_t im = {x, y, H, W, W, pad, a, shift};
         memset(work, 0, ws_elems(d) * sizeof(REAL));
         ws_t w = make_ws(d, im, g, work);
-        bwd_tile(&w, H + 2 * pad, C1, C2, gS, gC, l1c, q0 + pad, q1 + pad, c0 - a, c1 - a, gx, gy);
+        if (!grad) {
+            fwd_tile(&w, C1, C2, r0, r1, rows, olo - a, ohi - a);
+        } else {
+            int own0 = r0 + pad - r < 0 ? 0 : r0 + pad - r;
+            int own1 = r1 + pad - r > Hp ? Hp : r1 + pad - r;
+            bwd_tile(&w, Hl, C1, C2, gS, gC, l1c, r0 + pad, r1 + pad, c0 - a, c1 - a, gx, gy, rows, own0, own1,
+                     olo - a, ohi - a);
+        }
     }
+}
+
+/* Sums of the SSIM and cs maps over map rows [m0, m1) of one plane (H x W, seen with `pad` zero
+ * rows / columns around it): out[2 m] += sum_j ssim(m, j), out[2 m + 1] += sum_j cs(m, j) (out
+ * zeroed by the caller; `tile` as in splat_ssim_bwd, which gives the same sums). */
+void splat_ssim_fwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
+                    REAL C1, REAL C2, int m0, int m1, REAL *work, double *out, int tile, int pad) {
+    plane_tiles(x, y, H, W, g, K, C1, C2, 0, 0, 0, m0, m1, work, NULL, NULL, tile, pad, out, 0);
+}
+
+/* Gradient rows [q0, q1) of one plane (H x W, seen with `pad` zero rows / columns around it) of
+ * L = gS * sum(ssim map) + gC * sum(cs map) + l1c * sum|x - y|. gx / gy point at the plane's
+ * gradient (NULL when that image needs none); rows outside [q0, q1) are not touched, so strips
+ * can run in parallel. Column tiles of `tile` gradient columns (tile <= 0: whole rows) each
+ * recompute the K-1 map columns they share with the next. rows != NULL (zeroed by the caller):
+ * the forward's row sums in the same pass, out[2 m], out[2 m + 1] for the map rows m this strip
+ * owns, [q0 + pad - K/2, q1 + pad - K/2) clipped to the map, exactly as splat_ssim_fwd adds them. */
+void splat_ssim_bwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
+                    REAL C1, REAL C2, REAL gS, REAL gC, int q0, int q1, REAL *work,
+                    REAL *gx, REAL *gy, int tile, int pad, REAL l1c, double *rows) {
+    plane_tiles(x, y, H, W, g, K, C1, C2, gS, gC, l1c, q0, q1, work, gx, gy, tile, pad, rows, 1);
 }
 
 /* Per-row sums of |x - y| of one plane: out[r] = sum_j |x(r, j) - y(r, j)| (the L1 term). */
@@ -862,4 +879,22 @@ void splat_masked_l1_rows(const REAL *x, const REAL *y, const REAL *mask, int H,
         out[2 * r] = s;
         out[2 * r + 1] = z;
     }
+}
+
+/* The core's FMA peak, for the benchmark's arithmetic floor: `iters` rounds of 12 independent
+ * multiply-add chains of the kernel's own vector type (compiled with the kernel's flags, so it
+ * issues the instructions the filters issue). Returns the FMA lanes computed (12 V iters); the
+ * caller times the call. The result is written to *sink so the chains are not optimised away. */
+double splat_fma_peak(long iters, REAL *sink) {
+    vr a[12];
+    vr m = bc((REAL)0.999999), c = bc((REAL)1e-7);
+    for (int i = 0; i < 12; i++) a[i] = bc((REAL)i);
+    for (long k = 0; k < iters; k++) {
+        for (int i = 0; i < 12; i++) a[i] = a[i] * m + c;
+        __asm__ volatile("" : "+x"(m));  /* m is unknown to the compiler: no chain folds */
+    }
+    vr s = {0};
+    for (int i = 0; i < 12; i++) s += a[i];
+    st(sink, s);
+    return 12.0 * V * (double)iters;
 }
