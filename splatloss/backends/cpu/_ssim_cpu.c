@@ -66,6 +66,8 @@
 #endif
 #endif
 #define V ((int)(VBYTES / sizeof(REAL)))
+/* Ring slots of the unmasked kernel: K input / map rows plus one, for two map rows at a time. */
+#define NSLOT(k) ((k) + 1)
 typedef REAL vr __attribute__((vector_size(VBYTES)));
 typedef __typeof__((vr){0} < (vr){0}) vmask;
 
@@ -107,7 +109,7 @@ static dims_t make_dims(int W, int K) {
  *   grow:  2 rows of Wo   (finished gradient rows before the copy to the output)
  */
 static size_t ws_elems(dims_t d) {
-    return (size_t)4 * d.Lin + (size_t)8 * d.K * d.Wpp + (size_t)4 * d.Lv + (size_t)2 * d.Wo;
+    return (size_t)4 * d.Lin + (size_t)8 * NSLOT(d.K) * d.Wpp + (size_t)4 * d.Lv + (size_t)2 * d.Wo;
 }
 
 /* Workspace for column tiles of `tile` map columns (forward) / gradient columns (backward);
@@ -158,21 +160,25 @@ static ws_t make_ws(dims_t d, img_t im, const REAL *g, REAL *base) {
     w.d = d; w.im = im; w.g = g;
     w.in = base;
     w.hring = w.in + (size_t)4 * d.Lin;
-    w.aring = w.hring + (size_t)4 * d.K * d.Wpp;
-    w.vrow = w.aring + (size_t)4 * d.K * d.Wpp;
+    w.aring = w.hring + (size_t)4 * NSLOT(d.K) * d.Wpp;
+    w.vrow = w.aring + (size_t)4 * NSLOT(d.K) * d.Wpp;
     w.grow = w.vrow + (size_t)4 * d.Lv;
     return w;
 }
 
 /* dst[0..n) = logical columns c0 .. c0+n-1 of a physical row of width W (NULL: a padding row),
  * minus the shift (a zero padding sample becomes -shift). */
-static void copy_seg(REAL *dst, const REAL *row, int c0, int n, int W, REAL shift) {
+static void copy_seg(REAL *restrict dst, const REAL *restrict row, int c0, int n, int W, REAL shift) {
     int lo = c0 < 0 ? -c0 : 0;
     int hi = W - c0 < n ? W - c0 : n;
     if (row == NULL || hi <= lo) { for (int j = 0; j < n; j++) dst[j] = -shift; return; }
     for (int j = 0; j < lo; j++) dst[j] = -shift;
-    for (int j = lo; j < hi; j++) dst[j] = row[c0 + j] - shift;
-    for (int j = hi; j < n; j++) dst[j] = -shift;
+    const REAL *src = row + c0;
+    const vr sh = bc(shift);
+    int j = lo;
+    for (; j + V <= hi; j += V) st(dst + j, ld(src + j) - sh);
+    for (; j < hi; j++) dst[j] = src[j] - shift;
+    for (j = hi; j < n; j++) dst[j] = -shift;
 }
 
 /* x and y of logical row r of the current tile into the first two (zero-tailed) row buffers. */
@@ -201,7 +207,7 @@ static void hfilter(ws_t *w, int slot) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
     const REAL *src = w->in;
-    const size_t qs = (size_t)K * d.Wpp;
+    const size_t qs = (size_t)NSLOT(K) * d.Wpp;
     REAL *dst = w->hring + (size_t)slot * d.Wpp;
     for (int j = 0; j < d.Wpp; j += V) {
         vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
@@ -216,14 +222,14 @@ static void hfilter(ws_t *w, int slot) {
     }
 }
 
-/* Make sure ring slots hold the horizontal sums of input rows m .. m+K-1; *next is the next
- * input row not yet filtered. */
-static void fill_rows(ws_t *w, int m, int *next) {
+/* Make sure ring slots hold the horizontal sums of input rows m .. last; *next is the next input
+ * row not yet filtered. */
+static void fill_rows(ws_t *w, int m, int last, int *next) {
     const int K = KTAPS(w->d.K);
     if (*next < m) *next = m;
-    while (*next <= m + K - 1) {
+    while (*next <= last) {
         load_row(w, *next);
-        hfilter(w, *next % K);
+        hfilter(w, *next % NSLOT(K));
         (*next)++;
     }
 }
@@ -254,69 +260,123 @@ static inline __attribute__((always_inline)) void ssim_terms(vr mx, vr my, vr es
     *cs = (vr)(((vmask)c & ~co) | ((vmask)mone & co));
 }
 
-/* Vertical filter for map row m (its K input rows are in the ring) and the SSIM algebra.
- * sums != NULL: add the row's sums of ssim and cs over the tile's own map columns [olo, ohi) to
- * sums[0], sums[1]. mode 1: also write beta, gamma and the alpha(s) of map row m to aring slot
- * m % K (pad lanes 0). */
-static void map_row(ws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
-                    REAL gS, REAL gC, int need_x, int need_y, int olo, int ohi) {
-    const dims_t d = w->d;
-    const int K = KTAPS(d.K);
-    const size_t qs = (size_t)K * d.Wpp;
-    int sl[K];   /* ring slot of input row m + k */
-    for (int k = 0; k < K; k++) sl[k] = (m + k) % K;
+/* Per map row: where its adjoint quantities go, and its row sums (NULL: none). */
+typedef struct {
+    REAL *a0;
+    double *sums;
+    vr acc_s, acc_c;
+} rowout_t;
 
-    vr acc_s = {0}, acc_c = {0};
+/* The SSIM algebra of one vector j of a map row from its vertical sums, the row sums, and in mode 1
+ * beta, gamma and the alpha(s) into the row's aring slot. */
+static inline __attribute__((always_inline)) void row_epilogue(rowout_t *o, int j, vr mx, vr my, vr ess, vr exy,
+                                                               const ws_t *w, size_t qs, vr c1, vr c2, vr vgs,
+                                                               vr vgc, int mode, int need_x, int need_y, int olo,
+                                                               int ohi) {
     vmask lane;
     for (int i = 0; i < V; i++) lane[i] = i;
-    const int as = m % K;
-    REAL *a0 = w->aring + (size_t)as * d.Wpp;
-    const vr c1 = bc(C1), c2 = bc(C2), two = bc(2), vgs = bc(gS), vgc = bc(gC), sh = bc(w->im.shift);
+    const vr two = bc(2), sh = bc(w->im.shift);
+    vr ux = mx + sh, uy = my + sh;  /* true means (mx, my: means of the shifted images) */
+    vr iB1, iB2, lum, cs;
+    ssim_terms(mx, my, ess, exy, ux, uy, c1, c2, &iB1, &iB2, &lum, &cs);
+    vr ssim = lum * cs;
+    vmask vm = (lane + j) < w->d.Wp;   /* all-ones bits in the map's lanes, 0 in the pad */
+    if (o->sums) {  /* the map columns this tile owns */
+        vmask own = ((lane + j) >= olo) & ((lane + j) < ohi);
+        o->acc_s += (vr)((vmask)ssim & own);
+        o->acc_c += (vr)((vmask)cs & own);
+    }
+    if (mode == 1) {
+        REAL *a0 = o->a0;
+        vr beta = -(vgs * ssim + vgc * cs) * iB2;
+        vr gamma = two * (vgs * lum + vgc) * iB2;
+        vr t = two * vgs * iB1;  /* 2 gS / B1 */
+        st(a0 + j, (vr)((vmask)beta & vm));
+        st(a0 + qs + j, (vr)((vmask)gamma & vm));
+        int q = 2;
+        if (need_x) {
+            vr ax = t * (uy * cs - ux * ssim) - two * mx * beta - my * gamma;
+            st(a0 + q * qs + j, (vr)((vmask)ax & vm));
+            q++;
+        }
+        if (need_y) {
+            vr ay = t * (ux * cs - uy * ssim) - two * my * beta - mx * gamma;
+            st(a0 + q * qs + j, (vr)((vmask)ay & vm));
+        }
+    }
+}
 
-    for (int j = 0; j < d.Wpp; j += V) {
-        vr mx = {0}, my = {0}, ess = {0}, exy = {0};
-        for (int k = 0; k < K; k++) {
-            vr gk = bc(w->g[k]);
-            const REAL *h = w->hring + (size_t)sl[k] * d.Wpp + j;
-            mx += gk * ld(h);
-            my += gk * ld(h + qs);
-            ess += gk * ld(h + 2 * qs);
-            exy += gk * ld(h + 3 * qs);
-        }
-        vr ux = mx + sh, uy = my + sh;  /* true means (mx, my: means of the shifted images) */
-        vr iB1, iB2, lum, cs;
-        ssim_terms(mx, my, ess, exy, ux, uy, c1, c2, &iB1, &iB2, &lum, &cs);
-        vr ssim = lum * cs;
-        vmask vm = (lane + j) < d.Wp;   /* all-ones bits in the map's lanes, 0 in the pad */
-        if (sums) {  /* the map columns this tile owns */
-            vmask own = ((lane + j) >= olo) & ((lane + j) < ohi);
-            acc_s += (vr)((vmask)ssim & own);
-            acc_c += (vr)((vmask)cs & own);
-        }
-        if (mode == 1) {
-            vr beta = -(vgs * ssim + vgc * cs) * iB2;
-            vr gamma = two * (vgs * lum + vgc) * iB2;
-            vr t = two * vgs * iB1;  /* 2 gS / B1 */
-            st(a0 + j, (vr)((vmask)beta & vm));
-            st(a0 + qs + j, (vr)((vmask)gamma & vm));
-            int q = 2;
-            if (need_x) {
-                vr ax = t * (uy * cs - ux * ssim) - two * mx * beta - my * gamma;
-                st(a0 + q * qs + j, (vr)((vmask)ax & vm));
-                q++;
-            }
-            if (need_y) {
-                vr ay = t * (ux * cs - uy * ssim) - two * my * beta - mx * gamma;
-                st(a0 + q * qs + j, (vr)((vmask)ay & vm));
-            }
-        }
-    }
-    if (sums) {
+static void rowout_flush(rowout_t *o) {
+    if (o->sums) {
         double s = 0, c = 0;
-        for (int i = 0; i < V; i++) { s += acc_s[i]; c += acc_c[i]; }
-        sums[0] += s;
-        sums[1] += c;
+        for (int i = 0; i < V; i++) { s += o->acc_s[i]; c += o->acc_c[i]; }
+        o->sums[0] += s;
+        o->sums[1] += c;
     }
+}
+
+/* Vertical filter and SSIM algebra for map rows m .. m + nr - 1 (nr = 1 or 2; their K + nr - 1
+ * input rows are in the ring). Two rows at once read each input row's sums once for both: the
+ * vertical filter is bound by those reads (the ring lives in L2), not by its multiply-adds.
+ * sums[r] != NULL: add row m + r's sums of ssim and cs over the tile's own map columns [olo, ohi)
+ * to sums[r][0], sums[r][1]. mode 1: also write beta, gamma and the alpha(s) of each row to its
+ * aring slot (pad lanes 0). The arithmetic of each row is the same whether it is done alone or
+ * beside the next, so the numbers do not depend on the pairing. */
+static void map_rows(ws_t *w, int m, int nr, REAL C1, REAL C2, int mode, double *const *sums,
+                     REAL gS, REAL gC, int need_x, int need_y, int olo, int ohi) {
+    const dims_t d = w->d;
+    const int K = KTAPS(d.K);
+    const size_t qs = (size_t)NSLOT(K) * d.Wpp;
+    const REAL *hp[K + 1];   /* input row m + k's horizontal sums (quantity 0; the others qs apart) */
+    for (int k = 0; k < K + nr - 1; k++) hp[k] = w->hring + (size_t)((m + k) % NSLOT(K)) * d.Wpp;
+    rowout_t o[2];
+    for (int r = 0; r < nr; r++) {
+        o[r].a0 = w->aring + (size_t)((m + r) % NSLOT(K)) * d.Wpp;
+        o[r].sums = sums[r];
+        o[r].acc_s = o[r].acc_c = (vr){0};
+    }
+    const vr c1 = bc(C1), c2 = bc(C2), vgs = bc(gS), vgc = bc(gC);
+    const REAL *g = w->g;
+
+    if (nr == 2) {
+        for (int j = 0; j < d.Wpp; j += V) {
+            vr mx0 = {0}, my0 = {0}, es0 = {0}, ex0 = {0};
+            vr mx1 = {0}, my1 = {0}, es1 = {0}, ex1 = {0};
+            {   /* input row m: row m only */
+                const REAL *h = hp[0] + j;
+                vr gk = bc(g[0]);
+                mx0 += gk * ld(h); my0 += gk * ld(h + qs); es0 += gk * ld(h + 2 * qs); ex0 += gk * ld(h + 3 * qs);
+            }
+            for (int k = 1; k < K; k++) {  /* input row m + k: tap k of row m, tap k - 1 of row m + 1 */
+                const REAL *h = hp[k] + j;
+                vr a = ld(h), b = ld(h + qs), c = ld(h + 2 * qs), e = ld(h + 3 * qs);
+                vr g0 = bc(g[k]), g1 = bc(g[k - 1]);
+                mx0 += g0 * a; my0 += g0 * b; es0 += g0 * c; ex0 += g0 * e;
+                mx1 += g1 * a; my1 += g1 * b; es1 += g1 * c; ex1 += g1 * e;
+            }
+            {   /* input row m + K: row m + 1 only */
+                const REAL *h = hp[K] + j;
+                vr gk = bc(g[K - 1]);
+                mx1 += gk * ld(h); my1 += gk * ld(h + qs); es1 += gk * ld(h + 2 * qs); ex1 += gk * ld(h + 3 * qs);
+            }
+            row_epilogue(&o[0], j, mx0, my0, es0, ex0, w, qs, c1, c2, vgs, vgc, mode, need_x, need_y, olo, ohi);
+            row_epilogue(&o[1], j, mx1, my1, es1, ex1, w, qs, c1, c2, vgs, vgc, mode, need_x, need_y, olo, ohi);
+        }
+    } else {
+        for (int j = 0; j < d.Wpp; j += V) {
+            vr mx = {0}, my = {0}, ess = {0}, exy = {0};
+            for (int k = 0; k < K; k++) {
+                vr gk = bc(g[k]);
+                const REAL *h = hp[k] + j;
+                mx += gk * ld(h);
+                my += gk * ld(h + qs);
+                ess += gk * ld(h + 2 * qs);
+                exy += gk * ld(h + 3 * qs);
+            }
+            row_epilogue(&o[0], j, mx, my, ess, exy, w, qs, c1, c2, vgs, vgc, mode, need_x, need_y, olo, ohi);
+        }
+    }
+    for (int r = 0; r < nr; r++) rowout_flush(&o[r]);
 }
 
 /* v[q][j] = sum_t gw[t] * ap[t][q * qs + j] for the nq adjoint quantities (rows of Lv in vb). */
@@ -341,10 +401,14 @@ static inline __attribute__((always_inline)) void vadjoint(const REAL *const *ap
 
 /* Map rows [m0, m1) of the tile: adds each row's sums over the own columns to out[2 m], out[2 m + 1]. */
 static void fwd_tile(ws_t *w, REAL C1, REAL C2, int m0, int m1, double *out, int olo, int ohi) {
+    const int K = KTAPS(w->d.K);
     int next = m0;
-    for (int m = m0; m < m1; m++) {
-        fill_rows(w, m, &next);
-        map_row(w, m, C1, C2, 0, out + 2 * m, 0, 0, 0, 0, olo, ohi);
+    for (int m = m0; m < m1;) {
+        int nr = m + 1 < m1 ? 2 : 1;
+        double *sums[2] = {out + 2 * m, out + 2 * m + 2};
+        fill_rows(w, m, m + K + nr - 2, &next);
+        map_rows(w, m, nr, C1, C2, 0, sums, 0, 0, 0, 0, olo, ohi);
+        m += nr;
     }
 }
 
@@ -361,7 +425,7 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
     const int Hp = H - K + 1;
     const int need_x = gx != NULL, need_y = gy != NULL;
     const int nq = 2 + need_x + need_y;
-    const size_t qs = (size_t)K * d.Wpp;
+    const size_t qs = (size_t)NSLOT(K) * d.Wpp;
     REAL *vb = w->vrow + (K - 1);          /* vertical sums start after K-1 zeros */
     int next_in = q0 - K + 1 < 0 ? 0 : q0 - K + 1;
     int next_m = next_in;
@@ -369,18 +433,23 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
     for (int q = q0; q < q1; q++) {
         int mhi = q < Hp - 1 ? q : Hp - 1;  /* map rows touching input row q: [q-K+1, q] */
         int mlo = q - K + 1 < 0 ? 0 : q - K + 1;
-        while (next_m <= mhi) {
-            fill_rows(w, next_m, &next_in);
-            double *sums = rows && next_m >= own0 && next_m < own1 ? rows + 2 * next_m : NULL;
-            map_row(w, next_m, C1, C2, 1, sums, gS, gC, need_x, need_y, olo, ohi);
-            next_m++;
+        while (next_m <= mhi) {  /* two map rows at a time where the map has them (one ahead) */
+            int nr = next_m + 1 <= Hp - 1 ? 2 : 1;
+            double *sums[2];
+            for (int r = 0; r < nr; r++) {
+                int mm = next_m + r;
+                sums[r] = rows && mm >= own0 && mm < own1 ? rows + 2 * mm : NULL;
+            }
+            fill_rows(w, next_m, next_m + K + nr - 2, &next_in);
+            map_rows(w, next_m, nr, C1, C2, 1, sums, gS, gC, need_x, need_y, olo, ohi);
+            next_m += nr;
         }
         /* vertical adjoint: v(q) = sum_m g[q-m] a(m), over the map rows that exist */
         const REAL *ap[K];
         REAL gw[K];
         int n = 0;
         for (int m = mlo; m <= mhi; m++, n++) {
-            ap[n] = w->aring + (size_t)(m % K) * d.Wpp;
+            ap[n] = w->aring + (size_t)(m % NSLOT(K)) * d.Wpp;
             gw[n] = g[q - m];
         }
         if (n == K) {  /* interior rows: a compile-time trip count when K is fixed */
