@@ -66,8 +66,9 @@
 #endif
 #endif
 #define V ((int)(VBYTES / sizeof(REAL)))
-/* Ring slots of the unmasked kernel: K input / map rows plus one, for two map rows at a time. */
-#define NSLOT(k) ((k) + 1)
+/* Ring slots of the unmasked kernel: K input / map rows plus two (two map rows at a time, computed
+ * one row ahead of the two gradient rows that read K + 1 of them). */
+#define NSLOT(k) ((k) + 2)
 typedef REAL vr __attribute__((vector_size(VBYTES)));
 typedef __typeof__((vr){0} < (vr){0}) vmask;
 
@@ -103,13 +104,13 @@ static dims_t make_dims(int W, int K) {
 
 /* Workspace layout (REALs), all zero-initialised by the caller:
  *   in:    4 rows of Lin  (x, y, x^2 + y^2, xy of the current input row)
- *   hring: 4 * K rows of Wpp (horizontal sums of the last K input rows)
- *   aring: 4 * K rows of Wpp (beta, gamma, alpha(s) of the last K map rows)
- *   vrow:  4 rows of Lv   (vertical adjoint sums, stored at offset K-1 with zero borders)
+ *   hring: 4 * NSLOT(K) rows of Wpp (horizontal sums of the last input rows)
+ *   aring: 4 * NSLOT(K) rows of Wpp (beta, gamma, alpha(s) of the last map rows)
+ *   vrow:  8 rows of Lv   (vertical adjoint sums of two gradient rows, at offset K-1, zero borders)
  *   grow:  2 rows of Wo   (finished gradient rows before the copy to the output)
  */
 static size_t ws_elems(dims_t d) {
-    return (size_t)4 * d.Lin + (size_t)8 * NSLOT(d.K) * d.Wpp + (size_t)4 * d.Lv + (size_t)2 * d.Wo;
+    return (size_t)4 * d.Lin + (size_t)8 * NSLOT(d.K) * d.Wpp + (size_t)8 * d.Lv + (size_t)2 * d.Wo;
 }
 
 /* Workspace for column tiles of `tile` map columns (forward) / gradient columns (backward);
@@ -162,7 +163,7 @@ static ws_t make_ws(dims_t d, img_t im, const REAL *g, REAL *base) {
     w.hring = w.in + (size_t)4 * d.Lin;
     w.aring = w.hring + (size_t)4 * NSLOT(d.K) * d.Wpp;
     w.vrow = w.aring + (size_t)4 * NSLOT(d.K) * d.Wpp;
-    w.grow = w.vrow + (size_t)4 * d.Lv;
+    w.grow = w.vrow + (size_t)8 * d.Lv;
     return w;
 }
 
@@ -416,6 +417,82 @@ static void fwd_tile(ws_t *w, REAL C1, REAL C2, int m0, int m1, double *out, int
  * of L = gS * sum(ssim) + gC * sum(cs) over the tile's own "valid" map, plus l1c * sum|x - y|.
  * H is the logical height. The caller chooses tiles whose map covers every map pixel that
  * reaches columns [c_lo, c_hi). gx / gy point at the physical planes. */
+/* Two gradient rows' vertical adjoints at once, v0 for row q and v1 for row q + 1, from the K + 1
+ * map rows ap[0..K] = q - K + 1 .. q + 1 (all inside the map): each map row is read once for both.
+ * Each sum runs over its rows in the order vadjoint uses, so the numbers are the same. */
+static inline __attribute__((always_inline)) void vadjoint2(const REAL *const *ap, const REAL *g, int K, int nq,
+                                                            size_t qs, int Wpp, int Lv, REAL *v0, REAL *v1) {
+    for (int j = 0; j < Wpp; j += V) {
+        vr a0, a1, a2, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+        {
+            const REAL *a = ap[0] + j;
+            vr gk = bc(g[K - 1]);
+            a0 = gk * ld(a); a1 = gk * ld(a + qs); a2 = gk * ld(a + 2 * qs);
+            if (nq == 4) a3 = gk * ld(a + 3 * qs);
+            a0 = (vr){0} + a0; a1 = (vr){0} + a1; a2 = (vr){0} + a2; a3 = (vr){0} + a3;
+        }
+        for (int t = 1; t < K; t++) {
+            const REAL *a = ap[t] + j;
+            vr p0 = ld(a), p1 = ld(a + qs), p2 = ld(a + 2 * qs), p3 = nq == 4 ? ld(a + 3 * qs) : (vr){0};
+            vr ga = bc(g[K - 1 - t]), gb = bc(g[K - t]);
+            a0 += ga * p0; a1 += ga * p1; a2 += ga * p2;
+            b0 += gb * p0; b1 += gb * p1; b2 += gb * p2;
+            if (nq == 4) { a3 += ga * p3; b3 += gb * p3; }
+        }
+        {
+            const REAL *a = ap[K] + j;
+            vr gk = bc(g[0]);
+            b0 += gk * ld(a); b1 += gk * ld(a + qs); b2 += gk * ld(a + 2 * qs);
+            if (nq == 4) b3 += gk * ld(a + 3 * qs);
+        }
+        st(v0 + j, a0); st(v0 + Lv + j, a1); st(v0 + 2 * Lv + j, a2);
+        st(v1 + j, b0); st(v1 + Lv + j, b1); st(v1 + 2 * Lv + j, b2);
+        if (nq == 4) { st(v0 + 3 * Lv + j, a3); st(v1 + 3 * Lv + j, b3); }
+    }
+}
+
+/* Horizontal adjoint of gradient row q from its vertical sums (vrow set `vr0`, K-1 zeros before
+ * them) and the gradient row written out. */
+static void hadjoint_row(ws_t *w, int q, const REAL *vr0, REAL gS, REAL l1c, int c_lo, int c_hi, int nq,
+                         int need_x, int need_y, REAL *gx, REAL *gy) {
+    (void)gS;
+    const dims_t d = w->d;
+    const int K = KTAPS(d.K);
+    const REAL *g = w->g;
+    /* horizontal adjoint: h(j) = sum_k g[k] v(j-k) = sum_t g[K-1-t] vrow[j+t] */
+    const REAL *bx = w->in, *by = w->in + d.Lin;
+    load_xy(w, q);                                      /* x, y of row q (tails 0) */
+    REAL *ox = w->grow, *oy = w->grow + d.Wo;
+    const vr l1 = bc(l1c), one = bc(1);
+    for (int j = c_lo / V * V; j < c_hi; j += V) {
+        vr hb = {0}, hg = {0}, h2 = {0}, h3 = {0};
+        for (int t = 0; t < K; t++) {
+            vr gk = bc(g[K - 1 - t]);
+            const REAL *v = vr0 + j + t;
+            hb += gk * ld(v);
+            hg += gk * ld(v + d.Lv);
+            h2 += gk * ld(v + 2 * d.Lv);
+            if (nq == 4) h3 += gk * ld(v + 3 * d.Lv);
+        }
+        vr xv = ld(bx + j), yv = ld(by + j);
+        vr two_hb = hb + hb;
+        vr gxv = h2 + two_hb * xv + hg * yv;
+        vr gyv = (need_x ? h3 : h2) + two_hb * yv + hg * xv;
+        if (l1c != 0) {  /* + l1c * d|x - y|: sign(x - y), 0 where equal (torch's abs'); */
+                         /* x - s, y - s keep the order of x, y (ties only below an ulp of s) */
+            vr sg = (vr)((vmask)one & (xv > yv)) - (vr)((vmask)one & (xv < yv));
+            gxv += l1 * sg;
+            gyv -= l1 * sg;
+        }
+        if (need_x) st(ox + j, gxv);
+        if (need_y) st(oy + j, gyv);
+    }
+    const img_t im = w->im;
+    const size_t o = (size_t)(q - im.pad) * im.ld + (im.col0 + c_lo - im.pad);
+    if (need_x) memcpy(gx + o, ox + c_lo, sizeof(REAL) * (c_hi - c_lo));
+    if (need_y) memcpy(gy + o, oy + c_lo, sizeof(REAL) * (c_hi - c_lo));
+}
+
 static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1c,
                      int q0, int q1, int c_lo, int c_hi, REAL *gx, REAL *gy,
                      double *rows, int own0, int own1, int olo, int ohi) {
@@ -426,13 +503,16 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
     const int need_x = gx != NULL, need_y = gy != NULL;
     const int nq = 2 + need_x + need_y;
     const size_t qs = (size_t)NSLOT(K) * d.Wpp;
-    REAL *vb = w->vrow + (K - 1);          /* vertical sums start after K-1 zeros */
+    REAL *vrow1 = w->vrow + 4 * (size_t)d.Lv;  /* the second row's vertical sums */
+    REAL *vb = w->vrow + (K - 1), *vb1 = vrow1 + (K - 1);  /* vertical sums start after K-1 zeros */
     int next_in = q0 - K + 1 < 0 ? 0 : q0 - K + 1;
     int next_m = next_in;
 
-    for (int q = q0; q < q1; q++) {
-        int mhi = q < Hp - 1 ? q : Hp - 1;  /* map rows touching input row q: [q-K+1, q] */
-        int mlo = q - K + 1 < 0 ? 0 : q - K + 1;
+    for (int q = q0; q < q1;) {
+        /* two gradient rows at once where both see K map rows */
+        const int pair = q + 1 < q1 && q - K + 1 >= 0 && q + 1 <= Hp - 1;
+        const int qe = pair ? q + 1 : q;
+        int mhi = qe < Hp - 1 ? qe : Hp - 1;  /* map rows touching input rows q..qe: [q-K+1, qe] */
         while (next_m <= mhi) {  /* two map rows at a time where the map has them (one ahead) */
             int nr = next_m + 1 <= Hp - 1 ? 2 : 1;
             double *sums[2];
@@ -444,11 +524,23 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
             map_rows(w, next_m, nr, C1, C2, 1, sums, gS, gC, need_x, need_y, olo, ohi);
             next_m += nr;
         }
+        if (pair) {
+            const REAL *ap[K + 1];
+            for (int t = 0; t <= K; t++) ap[t] = w->aring + (size_t)((q - K + 1 + t) % NSLOT(K)) * d.Wpp;
+            if (nq == 4) vadjoint2(ap, g, K, 4, qs, d.Wpp, d.Lv, vb, vb1);
+            else vadjoint2(ap, g, K, 3, qs, d.Wpp, d.Lv, vb, vb1);
+            hadjoint_row(w, q, w->vrow, gS, l1c, c_lo, c_hi, nq, need_x, need_y, gx, gy);
+            hadjoint_row(w, q + 1, vrow1, gS, l1c, c_lo, c_hi, nq, need_x, need_y, gx, gy);
+            q += 2;
+            continue;
+        }
         /* vertical adjoint: v(q) = sum_m g[q-m] a(m), over the map rows that exist */
+        int mlo = q - K + 1 < 0 ? 0 : q - K + 1;
+        int mh1 = q < Hp - 1 ? q : Hp - 1;
         const REAL *ap[K];
         REAL gw[K];
         int n = 0;
-        for (int m = mlo; m <= mhi; m++, n++) {
+        for (int m = mlo; m <= mh1; m++, n++) {
             ap[n] = w->aring + (size_t)(m % NSLOT(K)) * d.Wpp;
             gw[n] = g[q - m];
         }
@@ -458,38 +550,8 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
         } else {
             vadjoint(ap, gw, n, nq, qs, d.Wpp, d.Lv, vb);
         }
-        /* horizontal adjoint: h(j) = sum_k g[k] v(j-k) = sum_t g[K-1-t] vrow[j+t] */
-        const REAL *bx = w->in, *by = w->in + d.Lin;
-        load_xy(w, q);                                      /* x, y of row q (tails 0) */
-        REAL *ox = w->grow, *oy = w->grow + d.Wo;
-        const vr l1 = bc(l1c), one = bc(1);
-        for (int j = c_lo / V * V; j < c_hi; j += V) {
-            vr hb = {0}, hg = {0}, h2 = {0}, h3 = {0};
-            for (int t = 0; t < K; t++) {
-                vr gk = bc(g[K - 1 - t]);
-                const REAL *v = w->vrow + j + t;
-                hb += gk * ld(v);
-                hg += gk * ld(v + d.Lv);
-                h2 += gk * ld(v + 2 * d.Lv);
-                if (nq == 4) h3 += gk * ld(v + 3 * d.Lv);
-            }
-            vr xv = ld(bx + j), yv = ld(by + j);
-            vr two_hb = hb + hb;
-            vr gxv = h2 + two_hb * xv + hg * yv;
-            vr gyv = (need_x ? h3 : h2) + two_hb * yv + hg * xv;
-            if (l1c != 0) {  /* + l1c * d|x - y|: sign(x - y), 0 where equal (torch's abs'); */
-                             /* x - s, y - s keep the order of x, y (ties only below an ulp of s) */
-                vr sg = (vr)((vmask)one & (xv > yv)) - (vr)((vmask)one & (xv < yv));
-                gxv += l1 * sg;
-                gyv -= l1 * sg;
-            }
-            if (need_x) st(ox + j, gxv);
-            if (need_y) st(oy + j, gyv);
-        }
-        const img_t im = w->im;
-        const size_t o = (size_t)(q - im.pad) * im.ld + (im.col0 + c_lo - im.pad);
-        if (need_x) memcpy(gx + o, ox + c_lo, sizeof(REAL) * (c_hi - c_lo));
-        if (need_y) memcpy(gy + o, oy + c_lo, sizeof(REAL) * (c_hi - c_lo));
+        hadjoint_row(w, q, w->vrow, gS, l1c, c_lo, c_hi, nq, need_x, need_y, gx, gy);
+        q++;
     }
 }
 
