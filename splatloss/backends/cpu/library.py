@@ -39,6 +39,7 @@ __all__ = [
     "down2",
     "down2_backward",
     "fma_peak",
+    "fma_lanes",
     "FIXED_TAPS",
 ]
 
@@ -447,6 +448,12 @@ def masked_backward(
 
     _run(task, P * ns)
     return gx, gy
+
+
+def fma_lanes(lib, iters: int) -> float:
+    """Run the FMA microkernel for ``iters`` rounds; the number of FMA lanes it computed (time it)."""
+    sink = torch.empty(64, dtype=torch.float64)
+    return lib.splat_fma_peak(int(iters), sink.data_ptr())
 
 
 def fma_peak(lib, seconds: float = 0.05, repeats: int = 5, clock=time.perf_counter) -> float:
