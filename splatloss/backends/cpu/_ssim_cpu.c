@@ -645,6 +645,20 @@ void splat_l1_rows(const REAL *x, const REAL *y, int H, int W, double *out) {
 #define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2)
 #define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3)
 #endif
+/* Each lane of the low / high half of v twice: (v0, v0, v1, v1, ...). */
+#if V_LANES == 16
+#define DUP_LO(v) __builtin_shufflevector(v, v, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
+#define DUP_HI(v) __builtin_shufflevector(v, v, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)
+#elif V_LANES == 8
+#define DUP_LO(v) __builtin_shufflevector(v, v, 0, 0, 1, 1, 2, 2, 3, 3)
+#define DUP_HI(v) __builtin_shufflevector(v, v, 4, 4, 5, 5, 6, 6, 7, 7)
+#elif V_LANES == 4
+#define DUP_LO(v) __builtin_shufflevector(v, v, 0, 0, 1, 1)
+#define DUP_HI(v) __builtin_shufflevector(v, v, 2, 2, 3, 3)
+#else
+#define DUP_LO(v) __builtin_shufflevector(v, v, 0, 0)
+#define DUP_HI(v) __builtin_shufflevector(v, v, 1, 1)
+#endif
 
 /* MS-SSIM pyramid step on `planes` planes of H x W: an odd side is padded by repeating its last
  * row / column (bottom / right), then 2x2 blocks are averaged (TF ssim_multiscale's SYMMETRIC pad
@@ -675,41 +689,65 @@ void splat_down2_fwd(const REAL *x, int planes, int H, int W, REAL *out) {
 
 /* Adjoint of splat_down2_fwd: gx (planes x H x W) = (add ? gx : 0) + each input pixel's share of
  * the output gradients it fed (a repeated last row / column feeds its block twice). */
-void splat_down2_bwd(const REAL *g, int planes, int H, int W, REAL *gx, int add) {
+/* splat_down2_bwd with gx first scaled per plane: gx = scale[p] * gx + adjoint (add != 0;
+ * scale == NULL: no scaling). MS-SSIM's backward scales each scale's unit gradient by its upstream
+ * and adds the coarser scale's share in this one pass over the gradient. */
+void splat_down2_bwd_scaled(const REAL *g, int planes, int H, int W, REAL *gx, int add, const REAL *scale) {
     const int Ho = (H + 1) / 2, Wo = (W + 1) / 2;
     for (int p = 0; p < planes; p++) {
         const REAL *gp = g + (size_t)p * Ho * Wo;
         REAL *xp = gx + (size_t)p * H * W;
+        const REAL sc = scale ? scale[p] : (REAL)1;
+        const vr vs = bc(sc);
         for (int i = 0; i < Ho; i++) {
             const REAL *gr = gp + (size_t)i * Wo;
             REAL rowf = (2 * i + 1 < H) ? (REAL)0.25 : (REAL)0.5;  /* repeated last row: twice */
+            const vr vf = bc(rowf);
             REAL *r0 = xp + (size_t)(2 * i) * W;
             REAL *r1 = (2 * i + 1 < H) ? xp + (size_t)(2 * i + 1) * W : NULL;
-            if (add) {
-                for (int j = 0; j < W / 2; j++) {
-                    REAL v = gr[j] * rowf;
-                    r0[2 * j] += v; r0[2 * j + 1] += v;
-                    if (r1) { r1[2 * j] += v; r1[2 * j + 1] += v; }
+            int j = 0;
+            for (; j + V <= W / 2; j += V) {  /* each coarse value to its 2 x 2 block */
+                vr v = ld(gr + j) * vf;
+                vr lo = DUP_LO(v), hi = DUP_HI(v);
+                REAL *rows[2] = {r0, r1};
+                for (int r = 0; r < 2; r++) {
+                    REAL *o = rows[r];
+                    if (!o) continue;
+                    if (add) {
+                        st(o + 2 * j, ld(o + 2 * j) * vs + lo);
+                        st(o + 2 * j + V, ld(o + 2 * j + V) * vs + hi);
+                    } else {
+                        st(o + 2 * j, lo);
+                        st(o + 2 * j + V, hi);
+                    }
                 }
-                if (W & 1) {
-                    REAL v = gr[Wo - 1] * rowf * 2;
-                    r0[W - 1] += v;
-                    if (r1) r1[W - 1] += v;
-                }
-            } else {
-                for (int j = 0; j < W / 2; j++) {
-                    REAL v = gr[j] * rowf;
+            }
+            for (; j < W / 2; j++) {
+                REAL v = gr[j] * rowf;
+                if (add) {
+                    r0[2 * j] = r0[2 * j] * sc + v; r0[2 * j + 1] = r0[2 * j + 1] * sc + v;
+                    if (r1) { r1[2 * j] = r1[2 * j] * sc + v; r1[2 * j + 1] = r1[2 * j + 1] * sc + v; }
+                } else {
                     r0[2 * j] = v; r0[2 * j + 1] = v;
                     if (r1) { r1[2 * j] = v; r1[2 * j + 1] = v; }
                 }
-                if (W & 1) {
-                    REAL v = gr[Wo - 1] * rowf * 2;
+            }
+            if (W & 1) {
+                REAL v = gr[Wo - 1] * rowf * 2;
+                if (add) {
+                    r0[W - 1] = r0[W - 1] * sc + v;
+                    if (r1) r1[W - 1] = r1[W - 1] * sc + v;
+                } else {
                     r0[W - 1] = v;
                     if (r1) r1[W - 1] = v;
                 }
             }
         }
     }
+}
+
+void splat_down2_bwd(const REAL *g, int planes, int H, int W, REAL *gx, int add) {
+    splat_down2_bwd_scaled(g, planes, H, W, gx, add, NULL);
 }
 
 /* ============================================================================================

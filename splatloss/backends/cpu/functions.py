@@ -604,13 +604,15 @@ def _ms_unit_walk(unit, g: Tensor, dtype: torch.dtype):
     g = g.to(dtype)
     gx = gy = None
     for j in range(len(per_scale) - 1, -1, -1):
-        gxj, gyj = _scaled(per_scale[j], g[..., j, None, None])
-        ref = gxj if gxj is not None else gyj
-        size = ref.shape[-2:]
-        if gxj is not None and gx is not None:
-            library.down2_backward(lib, gx, size, acc=gxj)
-        if gyj is not None and gy is not None:
-            library.down2_backward(lib, gy, size, acc=gyj)
+        gj = g[..., j]
+        if gx is None and gy is None:  # the coarsest scale: nothing to add
+            gxj, gyj = _scaled(per_scale[j], gj[..., None, None])
+        else:  # scale and add the coarser scale's share in one pass
+            gxj, gyj = per_scale[j]
+            size = (gxj if gxj is not None else gyj).shape[-2:]
+            for acc, coarse in ((gxj, gx), (gyj, gy)):
+                if acc is not None:
+                    library.down2_backward(lib, coarse, size, acc=acc, scale=gj)
         gx, gy = gxj, gyj
         per_scale[j] = None  # the finer scales' sums no longer need it
     return gx, gy

@@ -86,6 +86,8 @@ def _load(dtype: torch.dtype, taps: int):
     lib.splat_fma_peak.argtypes = [ctypes.c_long, P]
     lib.splat_down2_bwd.restype = None
     lib.splat_down2_bwd.argtypes = [P, I, I, I, P, I]
+    lib.splat_down2_bwd_scaled.restype = None
+    lib.splat_down2_bwd_scaled.argtypes = [P, I, I, I, P, I, P]
     return lib
 
 
@@ -488,12 +490,19 @@ def down2(lib, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def down2_backward(lib, g: torch.Tensor, size, acc: Optional[torch.Tensor] = None) -> torch.Tensor:
+def down2_backward(
+    lib, g: torch.Tensor, size, acc: Optional[torch.Tensor] = None, scale: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """Adjoint of :func:`down2` for an upstream ``g``: a new image-sized gradient, or added in place
-    to ``acc`` (contiguous, image-sized) when given."""
+    to ``acc`` (contiguous, image-sized) when given, ``acc`` first scaled per plane by ``scale``
+    ``[B, C]`` when that is given (one pass)."""
     g = g.contiguous()
     B, C = g.shape[:2]
     H, W = size
     out = torch.empty(B, C, H, W, dtype=g.dtype) if acc is None else acc
-    lib.splat_down2_bwd(g.data_ptr(), B * C, H, W, out.data_ptr(), 0 if acc is None else 1)
+    if scale is None:
+        lib.splat_down2_bwd(g.data_ptr(), B * C, H, W, out.data_ptr(), 0 if acc is None else 1)
+    else:
+        sc = scale.to(g.dtype).contiguous()
+        lib.splat_down2_bwd_scaled(g.data_ptr(), B * C, H, W, out.data_ptr(), 0 if acc is None else 1, sc.data_ptr())
     return out
