@@ -130,11 +130,14 @@ def _fused_function(name: str, fused, setup_context, backward):
     return type(name, (torch.autograd.Function,), methods)
 
 
-def _take_unit(ctx):
-    """The forward's unit gradients, once; computed again by the same pass for a second backward
-    (None where the forward was not fused)."""
+def _take_unit(ctx, usable: bool):
+    """The forward's unit gradients when this backward can use them (``usable``), once; computed
+    again by the same pass for a second backward. None where the forward was not fused or the
+    gradients are not usable (they are dropped either way: the memory goes back now)."""
     unit = getattr(ctx, "unit", None)
     ctx.unit = None
+    if not usable:
+        return None
     if unit is None and getattr(ctx, "fused", None) is not None:
         x, y, w = ctx.saved_tensors
         with torch.no_grad():
@@ -244,13 +247,15 @@ def _stats_setup(ctx, inputs, output):
 
 
 def _stats_backward(ctx, g_s, g_c):
-    unit = _take_unit(ctx)
-    x, y, w = ctx.saved_tensors
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    # the forward's unit gradient is that of the SSIM mean: usable when cs has no upstream
+    usable = (need_x or need_y) and g_s is not None and (g_c is None or not g_c.any()) and not _torch_ops(g_s)
+    unit = _take_unit(ctx, usable)
+    x, y, w = ctx.saved_tensors
     none = (None,) * 4
     if (g_s is None and g_c is None) or not (need_x or need_y):
         return (None, None) + none
-    if unit is not None and g_s is not None and (g_c is None or not g_c.any()) and not _torch_ops(g_s):
+    if unit is not None:
         return _scaled(unit, g_s[..., None, None]) + none  # the forward's d mean-SSIM / d x, scaled
     if _torch_ops(g_s, g_c):
         return _torch_ops_grads(x, y, w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y) + none
@@ -313,13 +318,13 @@ def _dssim_l1_setup(ctx, inputs, output):
 
 
 def _dssim_l1_backward(ctx, g):
-    unit = _take_unit(ctx)
-    x, y, w = ctx.saved_tensors
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    unit = _take_unit(ctx, g is not None and (need_x or need_y) and not _torch_ops(g))
+    x, y, w = ctx.saved_tensors
     none = (None,) * 5
     if g is None or not (need_x or need_y):
         return (None, None) + none
-    if unit is not None and not _torch_ops(g):
+    if unit is not None:
         return _scaled(unit, g[:, None, None, None]) + none  # the forward's d loss / d x, scaled per image
     C = x.shape[1]
     g_s = (-ctx.lam / C) * g[:, None].expand(-1, C)  # d loss / d mean-SSIM of each plane
@@ -541,14 +546,14 @@ def _ms_terms_setup(ctx, inputs, output):
 
 
 def _ms_terms_backward(ctx, g):
-    unit = _take_unit(ctx)
-    x, y, w = ctx.saved_tensors
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    unit = _take_unit(ctx, g is not None and (need_x or need_y) and not _torch_ops(g))
+    x, y, w = ctx.saved_tensors
     none = (None,) * 5
     if g is None or not (need_x or need_y):
         return (None, None) + none
     M = ctx.scales
-    if unit is not None and not _torch_ops(g):
+    if unit is not None:
         return _ms_unit_walk(unit, g, x.dtype) + none
     if not _torch_ops(g):
         bwd = _ms_terms_bwd_op if _tracing(g, x) else _ms_terms_bwd_impl
