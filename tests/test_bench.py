@@ -59,19 +59,25 @@ def test_bench_smoke_writes_json_and_plot(tmp_path):
         assert r["speedup_vs_pytorch_msssim"] > 0
         if r["mode"] == "fwdbwd":  # memory measured in a fresh process per library
             assert r["peak_added_bytes"] > 0, r
+        # each time as a multiple of its arithmetic floor at the FMA peak measured beside it
+        px = 176 * 184 if r["op"] == "ssim" else 176 * 184 + 88 * 92 + 44 * 46 + 22 * 23 + 11 * 12
+        assert r["floor_fma"] == (176 if r["mode"] == "fwdbwd" else 110) * 2 * px, r
+        assert r["cpu_x_floor"] > 0 and r["x_floor"] > 0 and r["fma_peak_lanes_per_s"] > 1e8, r
+    assert payload["machine"]["fma_peak_glanes_per_s"] > 0.1
+    assert payload["machine"]["kernel_vector_lanes"] in (2, 4, 8, 16)
     triton = [r for r in recs if r["lib"] == "splatloss-triton"]
     assert triton and all("CUDA" in r["skipped"] for r in triton)
     cold = payload["cold_start"]
     assert set(cold) == {"ssim"}
     assert all(c["first_call_ms"] > 0 and c["second_call_ms"] > 0 for c in cold.values())
     assert out_png.stat().st_size > 1000 and out_png.read_bytes()[:4] == b"\x89PNG"
-    assert "splatloss-torch" in proc.stdout and "pytorch_msssim" in proc.stdout
+    assert "splatloss-torch" in proc.stdout and "pytorch_msssim" in proc.stdout and "x floor" in proc.stdout
     md = subprocess.run(
         [sys.executable, str(BENCH), "--markdown", str(out_json)], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert md.returncode == 0, md.stderr[-2000:]
     rows = [l for l in md.stdout.splitlines() if l.startswith("| ssim | fwdbwd | 2x1x176x184 | splatloss-torch |")]
-    assert len(rows) == 1 and rows[0].count("|") == 11
+    assert len(rows) == 1 and rows[0].count("|") == 12
 
 
 @pytest.mark.slow

@@ -69,6 +69,12 @@ EXTRA_LIBS = ("compiled-reference",)
 DEFAULT_LIBS = SPLAT_LIBS + PEER_LIBS
 ALL_LIBS = DEFAULT_LIBS + EXTRA_LIBS
 LAM = 0.2  # 3DGS: (1 - lam) * L1 + lam * (1 - SSIM)
+PADDING = {"padding": "valid"}  # splatloss's ssim / ms_ssim padding (--padding); dssim_l1 is 3DGS's "same"
+# The arithmetic floor, FMA per pixel-channel: the five moment maps x, y, x^2, y^2, xy filtered with
+# 2 x 11 separable taps (forward) and three adjoint maps filtered the same way (backward), at the
+# core's measured FMA peak. MS-SSIM counts every scale's pixels.
+FLOOR_FMA = {"fwd": 5 * 22, "fwdbwd": 5 * 22 + 3 * 22}
+MS_SCALES = 5
 
 
 # ------------------------------------------------------------------------------------------------
@@ -89,9 +95,9 @@ def _splat(backend: str, op: str, device: str, plain_torch: bool = False):
         if device != "cpu":
             raise Unavailable("the compiled kernel is CPU-only; on other devices 'torch' is already the torch-ops path")
     if op == "ssim":
-        fn = lambda x, y: 1 - SF.ssim(x, y, backend=backend)  # noqa: E731
+        fn = lambda x, y: 1 - SF.ssim(x, y, backend=backend, **PADDING)  # noqa: E731
     elif op == "ms_ssim":
-        fn = lambda x, y: 1 - SF.ms_ssim(x, y, backend=backend)  # noqa: E731
+        fn = lambda x, y: 1 - SF.ms_ssim(x, y, backend=backend, **PADDING)  # noqa: E731
     elif op == "dssim_l1_masked":  # 3DGS's loss with an irregular soft (1, 1, H, W) alpha mask
         masks = {}
 
@@ -281,12 +287,45 @@ def make_call(loss, x, y, mode):
     return call
 
 
+def floor_fma(op: str, mode: str, shape) -> float:
+    """FMA lanes of the arithmetic floor of ``op`` in ``mode`` on ``shape`` (see FLOOR_FMA)."""
+    b, c, h, w = shape
+    pixels = 0
+    for _ in range(MS_SCALES if op == "ms_ssim" else 1):
+        pixels += h * w
+        h, w = (h + 1) // 2, (w + 1) // 2
+    return FLOOR_FMA[mode] * b * c * pixels
+
+
+class FmaPeak:
+    """The core's FMA rate, measured with the C kernel's own microkernel (same compiler, flags and
+    vector type as the kernel): one short run per call of :meth:`sample`, timed on the wall clock and
+    on this process's CPU time, so each timed round has its own peak beside it."""
+
+    def __init__(self, seconds: float = 0.02):
+        from splatloss.backends.cpu import library
+
+        self.library = library
+        self.lib = library.get(torch.float32, library.FIXED_TAPS)
+        if self.lib is None:
+            raise Unavailable(f"the C kernel is unavailable: {library.unavailable_reason()}")
+        rate = library.fma_peak(self.lib, seconds, 3)
+        self.iters = max(1, int(rate * seconds / library.fma_lanes(self.lib, 1)))
+        self.vector_width = int(self.lib.splat_ssim_vector_width())
+
+    def sample(self):
+        """(lanes per second on the wall clock, lanes per second of process CPU time)."""
+        c0, t0 = time.process_time(), time.perf_counter()
+        lanes = self.library.fma_lanes(self.lib, self.iters)
+        return lanes / max(time.perf_counter() - t0, 1e-9), lanes / max(time.process_time() - c0, 1e-9)
+
+
 def _sync(device):
     if device == "cuda":
         torch.cuda.synchronize()
 
 
-def time_config(libs, op, mode, shape, dtype, device, repeats, warmup, baseline):
+def time_config(libs, op, mode, shape, dtype, device, repeats, warmup, baseline, peak=None):
     """Median time of each library on one configuration, runs alternating; list of records."""
     b, c, h, w = shape
     x, y = make_inputs(b, c, h, w, dtype, device)
@@ -328,6 +367,9 @@ def time_config(libs, op, mode, shape, dtype, device, repeats, warmup, baseline)
             times[lib] = [do_bench(call, warmup=25, rep=max(100, 20 * repeats), return_mode="median")]
     else:
         order = list(calls)
+        fmas = floor_fma(op, mode, shape)
+        floors = {lib: [] for lib in calls}  # per run: (time / floor on the wall, on CPU time)
+        peaks = []
         for r in range(repeats):
             k = r % len(order) if order else 0
             for lib in order[k:] + order[:k]:  # rotate: nobody always runs right after the same peer
@@ -335,6 +377,17 @@ def time_config(libs, op, mode, shape, dtype, device, repeats, warmup, baseline)
                 calls[lib]()
                 times[lib].append(1e3 * (time.perf_counter() - t0))
                 cpu[lib].append(1e3 * (time.process_time() - c0))
+                if peak is not None:  # the peak right after each run: the same state of the machine
+                    pw, pc = peak.sample()
+                    peaks.append((pw, pc))
+                    floors[lib].append((times[lib][-1] * 1e-3 * pw / fmas, cpu[lib][-1] * 1e-3 * pc / fmas))
+        if peak is not None:
+            for lib, fl in floors.items():
+                if fl:
+                    records[lib]["floor_fma"] = fmas
+                    records[lib]["fma_peak_lanes_per_s"] = statistics.median(p for p, _ in peaks)
+                    records[lib]["x_floor"] = statistics.median(a for a, _ in fl)
+                    records[lib]["cpu_x_floor"] = statistics.median(b for _, b in fl)
     for lib, ts in times.items():
         records[lib]["median_ms"] = statistics.median(ts)
         records[lib]["times_ms"] = [round(t, 3) for t in ts]
@@ -495,7 +548,7 @@ def print_table(results, baseline, file=sys.stdout):
     mkey = f"memory_ratio_vs_{baseline}"
     head = (
         f"{'op':9} {'mode':6} {'shape':16} {'library':21} {'median ms':>10} {'x ' + baseline[:14]:>17} "
-        f"{'cpu ms':>8} {'peak MB':>8} {'x mem':>6} {'first ms':>9}"
+        f"{'cpu ms':>8} {'x floor':>8} {'peak MB':>8} {'x mem':>6} {'first ms':>9}"
     )
     print(head, file=file)
     print("-" * len(head), file=file)
@@ -506,9 +559,10 @@ def print_table(results, baseline, file=sys.stdout):
             mem = _fmt_mb(r.get("peak_added_bytes"))
             mratio = f"{r[mkey]:.1f}" if mkey in r else ""
             cpu = f"{r['cpu_median_ms']:.1f}" if "cpu_median_ms" in r else ""
+            floor = f"{r['cpu_x_floor']:.2f}" if "cpu_x_floor" in r else ""
             print(
                 f"{r['op']:9} {r['mode']:6} {shape:16} {r['lib']:21} {r['median_ms']:10.2f} {ratio:>17} "
-                f"{cpu:>8} {mem:>8} {mratio:>6} {r.get('first_call_ms', 0):9.0f}",
+                f"{cpu:>8} {floor:>8} {mem:>8} {mratio:>6} {r.get('first_call_ms', 0):9.0f}",
                 file=file,
             )
         else:
@@ -522,8 +576,8 @@ def markdown_table(results, baseline):
     lines = [
         f"| op | mode | B x C x H x W | library | wall ms (median) | x {baseline} | CPU ms (median) | x {baseline} "
         f"(CPU) "
-        f"| added peak MiB | x less memory |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+        f"| x arithmetic floor (CPU) | added peak MiB | x less memory |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if "median_ms" not in r:
@@ -537,6 +591,8 @@ def markdown_table(results, baseline):
             + (f"{r['cpu_median_ms']:.1f}" if "cpu_median_ms" in r else "")
             + " | "
             + (f"{r[ckey]:.1f}" if ckey in r else "")
+            + " | "
+            + (f"{r['cpu_x_floor']:.2f}" if "cpu_x_floor" in r else "")
             + " | "
             + ("" if mem is None else f"{mem / 2**20:.1f}")
             + " | "
@@ -635,6 +691,13 @@ def parse_args(argv=None):
         action="store_true",
         help="first-call time of splatloss-torch (first op, last shape) in a fresh process with an empty kernel cache",
     )
+    p.add_argument(
+        "--padding",
+        default="valid",
+        choices=["valid", "same", "reflect"],
+        help="splatloss's padding for ssim and ms_ssim (dssim_l1 is 3DGS's 'same'; peers keep their own)",
+    )
+    p.add_argument("--no-floor", action="store_true", help="skip the FMA-peak runs (CPU)")
     p.add_argument("--full", action="store_true", help="sizes 256x256..1080x1920, channels 1,3, batch 1,8")
     p.add_argument("--json", help="write every record (and the machine) to this JSON file")
     p.add_argument("--plot", help="write a plot of time against size to this image file")
@@ -688,12 +751,32 @@ def main(argv=None):
     sizes = [_size(s) for s in _csv(args.sizes)]
     shapes = [(b, c, h, w) for b in map(int, _csv(args.batch)) for c in map(int, _csv(args.channels)) for h, w in sizes]
 
-    print(f"# {machine_info(args.device)}", flush=True)
+    PADDING["padding"] = args.padding
+    peak = None
+    info = machine_info(args.device)
+    if args.device == "cpu" and not args.no_floor:
+        try:
+            peak = FmaPeak()
+        except Unavailable as exc:
+            print(f"# no arithmetic floor: {exc}")
+        else:
+            w, c = peak.sample()
+            info["fma_peak_glanes_per_s"] = round(c / 1e9, 1)
+            info["kernel_vector_lanes"] = peak.vector_width
+    print(f"# {info}", flush=True)
+    if peak is not None:
+        print(
+            "# 'x floor': CPU time over the arithmetic floor (176 FMA per pixel-channel forward+backward, "
+            "110 forward, every MS-SSIM scale counted) at the FMA peak measured after each run",
+            flush=True,
+        )
     results = []
     for shape in shapes:
         for op in ops:
             for mode in modes:
-                recs = time_config(libs, op, mode, shape, dtype, args.device, args.repeats, args.warmup, args.baseline)
+                recs = time_config(
+                    libs, op, mode, shape, dtype, args.device, args.repeats, args.warmup, args.baseline, peak
+                )
                 if args.memory and mode in _csv(args.memory_modes):
                     for r in recs:
                         if "median_ms" in r:
@@ -717,7 +800,7 @@ def main(argv=None):
         write_json(
             args.json,
             {
-                "machine": machine_info(args.device),
+                "machine": info,
                 "argv": sys.argv[1:],
                 "baseline": args.baseline,
                 "results": results,

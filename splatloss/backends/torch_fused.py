@@ -46,7 +46,7 @@ from ..filtering import pad, separable_valid, window_filter
 from .base import Backend
 from .masked import plane_shift
 
-__all__ = ["TorchBackend", "BACKEND", "ssim_map", "ssim_stats", "ssim_mean_and_grad"]
+__all__ = ["TorchBackend", "BACKEND", "ssim_map", "ssim_stats", "ssim_mean_and_grad", "ssim_backward"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -107,14 +107,22 @@ def _moments(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, padding: str, s:
 
 def _ssim_terms(mx, my, exx, eyy, exy, c1: float, c2: float, s):
     """A1, B1, A2, B2 and the SSIM / cs maps from the moments of the shifted images (``mx + s`` is
-    the true mean)."""
+    the true mean).
+
+    The denominators are formed as numerator + a non-negative difference,
+    ``B1 = A1 + (mx - my)^2`` and ``B2 = A2 + max(0, (exx + eyy - 2 exy) - (mx - my)^2)`` (the local
+    variance of ``x - y``), so luminance and cs never exceed 1 through rounding and are exactly 1 for
+    identical images; both are kept >= -1 too.
+    """
     ux, uy = mx + s, my + s
+    dm = mx - my
+    dm2 = dm * dm
     a1 = 2 * ux * uy + c1
-    b1 = ux * ux + uy * uy + c1
+    b1 = a1 + dm2
     a2 = 2 * (exy - mx * my) + c2
-    b2 = (exx - mx * mx) + (eyy - my * my) + c2
-    lum = a1 / b1
-    cs = a2 / b2
+    b2 = a2 + ((exx + eyy - 2 * exy) - dm2).clamp_min(0)
+    lum = (a1 / b1).clamp_min(-1)
+    cs = (a2 / b2).clamp_min(-1)
     return a1, b1, a2, b2, lum, cs, lum * cs
 
 
@@ -158,8 +166,10 @@ def _forward(x, y, w, padding, c1, c2):
     return ssim, cs, (mx, my, s, b1, b2, lum, cs, ssim)
 
 
-def _backward(x, y, w, padding, c1, c2, g_s, g_c, need_x: bool, need_y: bool):
-    """Gradients w.r.t. ``x`` and ``y`` (accumulation dtype) for map-shaped upstreams."""
+def ssim_backward(x, y, w, padding, c1, c2, g_s, g_c, need_x: bool, need_y: bool):
+    """Gradients w.r.t. ``x`` and ``y`` (accumulation dtype, differentiable torch ops) of
+    ``sum(g_s * ssim_map + g_c * cs_map)`` for upstreams ``g_s``, ``g_c`` that broadcast against the
+    maps (``None``: zero); ``w`` the 1-D window, ``padding`` "valid" | "same" | "reflect"."""
     if g_s is None and g_c is None:  # neither output was used: nothing flows back
         return None, None
     _, _, parts = _forward(x, y, w, padding, c1, c2)
@@ -232,7 +242,7 @@ class _SSIMMapCore(torch.autograd.Function):
     def backward(ctx, g_s, g_c):
         img1, img2, w = ctx.saved_tensors
         need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        gx, gy = _backward(_to_acc(img1), _to_acc(img2), w, ctx.padding, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
+        gx, gy = ssim_backward(_to_acc(img1), _to_acc(img2), w, ctx.padding, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
         gx = None if gx is None else gx.to(ctx.dtypes[0])
         gy = None if gy is None else gy.to(ctx.dtypes[1])
         return gx, gy, None, None, None, None
@@ -277,7 +287,7 @@ class _SSIMStatsCore(torch.autograd.Function):
         g_s = None if g_s is None else (g_s / n)[..., None, None]
         g_c = None if g_c is None else (g_c / n)[..., None, None]
         need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        gx, gy = _backward(_to_acc(img1), _to_acc(img2), w, ctx.padding, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
+        gx, gy = ssim_backward(_to_acc(img1), _to_acc(img2), w, ctx.padding, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
         gx = None if gx is None else gx.to(ctx.dtypes[0])
         gy = None if gy is None else gy.to(ctx.dtypes[1])
         return gx, gy, None, None, None, None
@@ -333,7 +343,7 @@ def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, 
     w = _window(img1, cfg)
     ssim, _, _ = _forward(x, y, w, cfg.padding, cfg.C1, cfg.C2)
     n = ssim.shape[-2] * ssim.shape[-1]
-    gx, _ = _backward(x, y, w, cfg.padding, cfg.C1, cfg.C2, (upstream / n)[..., None, None], None, True, False)
+    gx, _ = ssim_backward(x, y, w, cfg.padding, cfg.C1, cfg.C2, (upstream / n)[..., None, None], None, True, False)
     return ssim.mean(dim=(-2, -1)), gx.to(img1.dtype)
 
 

@@ -67,7 +67,8 @@ def build(cc: str, real: str, taps: int = 0) -> Path:
     errors = []
     # -march=native first; a compiler that does not know it gets the portable build.
     for arch in (["-march=native"], []):
-        flags = _BASE_FLAGS + arch + [f"-DREAL={real}"] + ([f"-DFIXED_TAPS={taps}"] if taps else [])
+        flags = _BASE_FLAGS + arch + [f"-DREAL={real}", f"-DREAL_BYTES={8 if real == 'double' else 4}"]
+        flags += [f"-DFIXED_TAPS={taps}"] if taps else []
         key = hashlib.sha256(src + " ".join(flags).encode() + version.encode() + _cpu_signature().encode())
         out = _cache_dir() / f"ssim_cpu_{real}_k{taps}_{key.hexdigest()[:16]}.so"
         if out.exists():

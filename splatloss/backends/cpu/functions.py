@@ -7,11 +7,14 @@ compile machinery, which imports ``torch._dynamo``; eager code does not need tha
 the accumulation dtype; "valid" runs as is, "same" is the kernel's implicit zero border (``pad``),
 "reflect" is an ``F.pad`` copy in front of the op whose adjoint autograd takes care of.
 
-Backward: the kernel's own backward pass (it recomputes the statistics row by row as it writes the
-gradient; only the two inputs are saved). Where a backward must itself be differentiable
-(``create_graph=True``) or runs batched (``autograd.grad(..., is_grads_batched=True)``) it uses the
-torch-ops adjoint of :mod:`splatloss.backends.torch_fused` instead: the same numbers to round-off,
-at torch-ops speed, instead of failing.
+Backward: eagerly, when an input needs a gradient, the forward runs the kernel's fused pass (the
+value and the gradient for a unit upstream in one sweep; the statistics are computed once) and the
+backward scales that gradient by the upstream per plane or image (:func:`_fused_function`). Traced
+custom ops keep the functional split: a forward, and a backward that recomputes the statistics row
+by row as it writes the gradient (only the two inputs are saved). Where a backward must itself be
+differentiable (``create_graph=True``) or runs batched (``autograd.grad(..., is_grads_batched=True)``)
+it uses the torch-ops adjoint of :mod:`splatloss.backends.torch_fused` instead: the same numbers to
+round-off, at torch-ops speed, instead of failing.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def _torch_ops_grads(x, y, w, pad, c1, c2, g_s, g_c, need_x, need_y):
     n = (x.shape[-2] + 2 * pad - k + 1) * (x.shape[-1] + 2 * pad - k + 1)
     g_s = None if g_s is None else (g_s / n)[..., None, None]
     g_c = None if g_c is None else (g_c / n)[..., None, None]
-    return torch_fused._backward(x, y, w, "same" if pad else "valid", c1, c2, g_s, g_c, need_x, need_y)
+    return torch_fused.ssim_backward(x, y, w, "same" if pad else "valid", c1, c2, g_s, g_c, need_x, need_y)
 
 
 def _tracing(*tensors: Tensor) -> bool:
@@ -104,6 +107,53 @@ def _function(name: str, forward, setup_context, backward):
         "backward": staticmethod(backward),
     }
     return type(name, (torch.autograd.Function,), methods)
+
+
+def _fused_function(name: str, fused, setup_context, backward):
+    """The eager twin of a custom op that computes its gradient *in the forward pass*, for a unit
+    upstream, when an input needs one: ``fused(ctx, *inputs)`` returns the output and leaves on
+    ``ctx.unit`` what ``backward`` turns into the gradient by one multiplication per plane.
+
+    Why: the gradient needs the same filtered statistics as the value; a forward that only reduces
+    them and a backward that recomputes them pay for the statistics twice. The unit gradient is the
+    size of the gradient the backward would allocate anyway, and the backward scales it in place
+    and hands it on, so the peak memory stays that of a backward that allocates its gradient. A
+    second backward through the same graph (``retain_graph=True``) finds it consumed and runs the
+    fused pass again, so every backward gives the same bits."""
+
+    def forward(ctx, *inputs):
+        setup_context(ctx, inputs, None)
+        ctx.fused, ctx.fused_args = fused, inputs[3:]  # inputs[:3] are saved: x, y, w
+        return fused(ctx, *inputs)
+
+    methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
+    return type(name, (torch.autograd.Function,), methods)
+
+
+def _take_unit(ctx, usable: bool):
+    """The forward's unit gradients when this backward can use them (``usable``), once; computed
+    again by the same pass for a second backward. None where the forward was not fused or the
+    gradients are not usable (they are dropped either way: the memory goes back now)."""
+    unit = getattr(ctx, "unit", None)
+    ctx.unit = None
+    if not usable:
+        return None
+    if unit is None and getattr(ctx, "fused", None) is not None:
+        x, y, w = ctx.saved_tensors
+        with torch.no_grad():
+            ctx.fused(ctx, x, y, w, *ctx.fused_args)
+        unit, ctx.unit = ctx.unit, None
+    return unit
+
+
+def _scaled(unit, k: Tensor):
+    """``unit`` gradients scaled in place by ``k`` (broadcasting per plane or per image)."""
+    return tuple(None if g is None else g.mul_(k.to(g.dtype)) for g in unit)
+
+
+def _wants_fused(x: Tensor, y: Tensor) -> bool:
+    """Whether an eager call will need gradients (then the forward computes them)."""
+    return torch.is_grad_enabled() and (x.requires_grad or y.requires_grad)
 
 
 def _none_if_empty(t: Tensor) -> Optional[Tensor]:
@@ -124,7 +174,7 @@ def _zeros_bc(g: Optional[Tensor], x: Tensor) -> Tensor:
 
 
 def _backward_impl(g_s, g_c, g_l1, x, y, w, c1, c2, pad, need_x, need_y):
-    lib = library._lib(x.dtype, w.numel())
+    lib = library.require(x.dtype, w.numel())
     gx, gy = library.backward(lib, x, y, w, c1, c2, g_s, g_c, need_x, need_y, pad, g_l1)
     return _grad_or_empty(gx, x), _grad_or_empty(gy, y)
 
@@ -176,7 +226,7 @@ def _kernel_grads(x, y, w, c1, c2, pad, g_s, g_c, g_l1, need_x, need_y):
 
 def _stats_impl(x, y, w, c1, c2, pad):
     x, y = x.contiguous(), y.contiguous()
-    s, c = library.forward(library._lib(x.dtype, w.numel()), x, y, w, c1, c2, pad)
+    s, c = library.forward(library.require(x.dtype, w.numel()), x, y, w, c1, c2, pad)
     return s.clone(), c.clone()  # [B, C] each; may be views of one buffer, a custom op's outputs must not
 
 
@@ -197,11 +247,16 @@ def _stats_setup(ctx, inputs, output):
 
 
 def _stats_backward(ctx, g_s, g_c):
-    x, y, w = ctx.saved_tensors
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    # the forward's unit gradient is that of the SSIM mean: usable when cs has no upstream
+    usable = (need_x or need_y) and g_s is not None and (g_c is None or not g_c.any()) and not _torch_ops(g_s)
+    unit = _take_unit(ctx, usable)
+    x, y, w = ctx.saved_tensors
     none = (None,) * 4
     if (g_s is None and g_c is None) or not (need_x or need_y):
         return (None, None) + none
+    if unit is not None:
+        return _scaled(unit, g_s[..., None, None]) + none  # the forward's d mean-SSIM / d x, scaled
     if _torch_ops(g_s, g_c):
         return _torch_ops_grads(x, y, w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y) + none
     x, y = x.contiguous(), y.contiguous()
@@ -212,12 +267,27 @@ _stats_op.register_autograd(_stats_backward, setup_context=_stats_setup)
 _StatsFn = _function("_StatsFn", _stats_impl, _stats_setup, _stats_backward)
 
 
+def _stats_fused(ctx, x, y, w, c1, c2, pad):
+    need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    x, y = x.contiguous(), y.contiguous()
+    ones = torch.ones(x.shape[:2], dtype=x.dtype)
+    lib = library.require(x.dtype, w.numel())
+    gx, gy, s, c = library.backward(lib, x, y, w, c1, c2, ones, ones * 0, need_x, need_y, pad, with_forward=True)
+    ctx.unit = (gx, gy)  # d mean-SSIM / d x and / d y, plane by plane
+    return s, c
+
+
+_StatsFusedFn = _fused_function("_StatsFusedFn", _stats_fused, _stats_setup, _stats_backward)
+
+
 def ssim_stats(img1: Tensor, img2: Tensor, cfg: SSIMConfig) -> Tuple[Tensor, Tensor]:
     """``(ssim_mean, cs_mean)`` [B, C] through the kernel."""
     x, y, pad = padded(img1, img2, cfg)
     w = cfg.window_1d(x.dtype, "cpu")
     args = (x, y, w, cfg.C1, cfg.C2, pad)
-    return _stats_op(*args) if _tracing(x, y) else _StatsFn.apply(*args)
+    if _tracing(x, y):
+        return _stats_op(*args)
+    return (_StatsFusedFn if _wants_fused(x, y) else _StatsFn).apply(*args)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,7 +297,7 @@ def ssim_stats(img1: Tensor, img2: Tensor, cfg: SSIMConfig) -> Tuple[Tensor, Ten
 
 def _dssim_l1_impl(x, y, w, c1, c2, pad, lam):
     x, y = x.contiguous(), y.contiguous()
-    s, _, l1 = library.forward(library._lib(x.dtype, w.numel()), x, y, w, c1, c2, pad, l1=True)  # [B, C] each
+    s, _, l1 = library.forward(library.require(x.dtype, w.numel()), x, y, w, c1, c2, pad, l1=True)  # [B, C] each
     return (1 - lam) * l1.mean(dim=1) + lam * (1 - s.mean(dim=1))
 
 
@@ -248,11 +318,14 @@ def _dssim_l1_setup(ctx, inputs, output):
 
 
 def _dssim_l1_backward(ctx, g):
-    x, y, w = ctx.saved_tensors
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    unit = _take_unit(ctx, g is not None and (need_x or need_y) and not _torch_ops(g))
+    x, y, w = ctx.saved_tensors
     none = (None,) * 5
     if g is None or not (need_x or need_y):
         return (None, None) + none
+    if unit is not None:
+        return _scaled(unit, g[:, None, None, None]) + none  # the forward's d loss / d x, scaled per image
     C = x.shape[1]
     g_s = (-ctx.lam / C) * g[:, None].expand(-1, C)  # d loss / d mean-SSIM of each plane
     g_l1 = ((1 - ctx.lam) / C) * g[:, None].expand(-1, C)  # d loss / d mean|x - y| of each plane
@@ -268,6 +341,22 @@ _dssim_l1_op.register_autograd(_dssim_l1_backward, setup_context=_dssim_l1_setup
 _DSSIML1Fn = _function("_DSSIML1Fn", _dssim_l1_impl, _dssim_l1_setup, _dssim_l1_backward)
 
 
+def _dssim_l1_fused(ctx, x, y, w, c1, c2, pad, lam):
+    need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    x, y = x.contiguous(), y.contiguous()
+    C = x.shape[1]
+    lib = library.require(x.dtype, w.numel())
+    g_s = torch.full(x.shape[:2], -lam / C, dtype=x.dtype)  # d loss / d mean-SSIM of each plane
+    g_l1 = torch.full(x.shape[:2], (1 - lam) / C, dtype=x.dtype)  # d loss / d mean|x - y| of each plane
+    gx, gy, s, _ = library.backward(lib, x, y, w, c1, c2, g_s, g_s * 0, need_x, need_y, pad, g_l1, with_forward=True)
+    (l1,) = library.l1_means(lib, x, y)
+    ctx.unit = (gx, gy)
+    return (1 - lam) * l1.mean(dim=1) + lam * (1 - s.mean(dim=1))
+
+
+_DSSIML1FusedFn = _fused_function("_DSSIML1FusedFn", _dssim_l1_fused, _dssim_l1_setup, _dssim_l1_backward)
+
+
 def dssim_l1(img1: Tensor, img2: Tensor, cfg: SSIMConfig, lam: float) -> Tensor:
     """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)`` ``[B]``. "valid" and "same" run
     fused; "reflect" adds a torch L1 to the kernel's SSIM (its padded copy must not enter the L1)."""
@@ -279,20 +368,23 @@ def dssim_l1(img1: Tensor, img2: Tensor, cfg: SSIMConfig, lam: float) -> Tensor:
     x, y, pad = padded(img1, img2, cfg)
     w = cfg.window_1d(x.dtype, "cpu")
     args = (x, y, w, cfg.C1, cfg.C2, pad, float(lam))
-    return _dssim_l1_op(*args) if _tracing(x, y) else _DSSIML1Fn.apply(*args)
+    if _tracing(x, y):
+        return _dssim_l1_op(*args)
+    return (_DSSIML1FusedFn if _wants_fused(x, y) else _DSSIML1Fn).apply(*args)
 
 
 def ssim_mean_and_grad(img1: Tensor, img2: Tensor, cfg: SSIMConfig, upstream: Tensor):
     """``(ssim_mean [B, C], d sum(upstream * ssim_mean) / d img1)`` without a graph (accumulation
-    dtype), two kernel passes."""
+    dtype), one kernel pass."""
     with torch.no_grad():
         x, y, pad = padded(img1.detach(), img2.detach(), cfg)
         x, y = x.contiguous(), y.contiguous()
-        lib = library._lib(x.dtype, cfg.window_size)
+        lib = library.require(x.dtype, cfg.window_size)
         w = cfg.window_1d(x.dtype, "cpu")
-        s, _ = library.forward(lib, x, y, w, cfg.C1, cfg.C2, pad)
         up = upstream.to(x.dtype)
-        gx, _ = library.backward(lib, x, y, w, cfg.C1, cfg.C2, up, torch.zeros_like(up), True, False, pad)
+        gx, _, s, _ = library.backward(
+            lib, x, y, w, cfg.C1, cfg.C2, up, torch.zeros_like(up), True, False, pad, with_forward=True
+        )
     return s, unpad_grad(gx, cfg, img1.shape[-2:])
 
 
@@ -314,11 +406,11 @@ def _down2_adjoint_torch(g: Tensor, size) -> Tensor:
 
 
 def _down2_impl(x):
-    return library.down2(library._lib(x.dtype, FIXED_TAPS), x.contiguous())
+    return library.down2(library.require(x.dtype, FIXED_TAPS), x.contiguous())
 
 
 def _down2_bwd_impl(g, x):
-    return library.down2_backward(library._lib(g.dtype, FIXED_TAPS), g, x.shape[-2:])
+    return library.down2_backward(library.require(g.dtype, FIXED_TAPS), g, x.shape[-2:])
 
 
 @torch.library.custom_op("splatloss::cpu_downsample2x", mutates_args=())
@@ -373,7 +465,7 @@ def _pyramid(lib, x: Tensor, scales: int):
 
 def _ms_terms_impl(x, y, w, c1, c2, pad, scales):
     x, y = x.contiguous(), y.contiguous()
-    lib = library._lib(x.dtype, w.numel())
+    lib = library.require(x.dtype, w.numel())
     return multiscale.ms_terms(
         lambda a, b: library.forward(lib, a, b, w, c1, c2, pad),
         (x, y),
@@ -408,7 +500,7 @@ def _ms_terms_bwd_impl(
     """Walks the scales coarse to fine, adding each scale's kernel gradient to the adjoint of the
     pyramid step from the coarser one in place (the pyramids are recomputed: a third of an image)."""
     x, y = x.contiguous(), y.contiguous()
-    lib = library._lib(x.dtype, w.numel())
+    lib = library.require(x.dtype, w.numel())
     xs, ys = _pyramid(lib, x, scales), _pyramid(lib, y, scales)
     zeros = torch.zeros(x.shape[:2], dtype=x.dtype)
     g = g.to(x.dtype)
@@ -454,12 +546,15 @@ def _ms_terms_setup(ctx, inputs, output):
 
 
 def _ms_terms_backward(ctx, g):
-    x, y, w = ctx.saved_tensors
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    unit = _take_unit(ctx, g is not None and (need_x or need_y) and not _torch_ops(g))
+    x, y, w = ctx.saved_tensors
     none = (None,) * 5
     if g is None or not (need_x or need_y):
         return (None, None) + none
     M = ctx.scales
+    if unit is not None:
+        return _ms_unit_walk(unit, g, x.dtype) + none
     if not _torch_ops(g):
         bwd = _ms_terms_bwd_op if _tracing(g, x) else _ms_terms_bwd_impl
         gx, gy = bwd(g, x, y, w, ctx.c1, ctx.c2, ctx.pad, M, need_x, need_y)
@@ -487,6 +582,50 @@ _ms_terms_op.register_autograd(_ms_terms_backward, setup_context=_ms_terms_setup
 _MSTermsFn = _function("_MSTermsFn", _ms_terms_impl, _ms_terms_setup, _ms_terms_backward)
 
 
+def _ms_terms_fused(ctx, x, y, w, c1, c2, pad, scales):
+    """The terms, and per scale the unit gradient of its term (cs mean, or the SSIM mean at the
+    coarsest scale) w.r.t. that scale's images, from one kernel pass per scale."""
+    need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    x, y = x.contiguous(), y.contiguous()
+    lib = library.require(x.dtype, w.numel())
+    ones = torch.ones(x.shape[:2], dtype=x.dtype)
+    unit = []
+
+    def term(last: bool, a: Tensor, b: Tensor) -> Tensor:
+        gs, gc = (ones, ones * 0) if last else (ones * 0, ones)
+        gx, gy, s, c = library.backward(lib, a, b, w, c1, c2, gs, gc, need_x, need_y, pad, with_forward=True)
+        unit.append((gx, gy))
+        return s if last else c
+
+    terms = multiscale.scale_terms(term, (x, y), scales, down=lambda t: library.down2(lib, t), cast=False)
+    ctx.unit = (lib, unit)
+    return terms
+
+
+def _ms_unit_walk(unit, g: Tensor, dtype: torch.dtype):
+    """Gradients from the forward's per-scale unit gradients: coarse to fine, scale j's scaled in
+    place by its upstream ``g[..., j]``, plus the pyramid step's adjoint of the coarser sum."""
+    lib, per_scale = unit
+    g = g.to(dtype)
+    gx = gy = None
+    for j in range(len(per_scale) - 1, -1, -1):
+        gj = g[..., j]
+        if gx is None and gy is None:  # the coarsest scale: nothing to add
+            gxj, gyj = _scaled(per_scale[j], gj[..., None, None])
+        else:  # scale and add the coarser scale's share in one pass
+            gxj, gyj = per_scale[j]
+            size = (gxj if gxj is not None else gyj).shape[-2:]
+            for acc, coarse in ((gxj, gx), (gyj, gy)):
+                if acc is not None:
+                    library.down2_backward(lib, coarse, size, acc=acc, scale=gj)
+        gx, gy = gxj, gyj
+        per_scale[j] = None  # the finer scales' sums no longer need it
+    return gx, gy
+
+
+_MSTermsFusedFn = _fused_function("_MSTermsFusedFn", _ms_terms_fused, _ms_terms_setup, _ms_terms_backward)
+
+
 def ms_terms(img1: Tensor, img2: Tensor, cfg: SSIMConfig, scales: int) -> Tensor:
     """MS-SSIM terms ``[B, C, M]`` (:func:`splatloss.multiscale.ms_terms`) through the kernel, the
     pyramid included: one op for every scale with "valid" and "same" padding; "reflect" (an
@@ -495,7 +634,9 @@ def ms_terms(img1: Tensor, img2: Tensor, cfg: SSIMConfig, scales: int) -> Tensor
         x, y, pad = padded(img1, img2, cfg)
         w = cfg.window_1d(x.dtype, "cpu")
         args = (x, y, w, cfg.C1, cfg.C2, pad, scales)
-        return _ms_terms_op(*args) if _tracing(x, y) else _MSTermsFn.apply(*args)
+        if _tracing(x, y):
+            return _ms_terms_op(*args)
+        return (_MSTermsFusedFn if _wants_fused(x, y) else _MSTermsFn).apply(*args)
     return multiscale.ms_terms(lambda a, b: ssim_stats(a, b, cfg), (img1, img2), scales, down=down2)
 
 
@@ -545,7 +686,7 @@ def _masked_torch_ops_grads(x, y, m, w, pad, c1, c2, g_s, g_c, need_x, need_y):
 
 
 def _masked_backward_impl(g_s, g_c, g_l1, x, y, m, w, c1, c2, pad, need_x, need_y):
-    lib = library._lib(x.dtype, w.numel())
+    lib = library.require(x.dtype, w.numel())
     gx, gy = library.masked_backward(lib, x, y, m, w, c1, c2, g_s, g_c, need_x, need_y, pad, g_l1)
     return _grad_or_empty(gx, x), _grad_or_empty(gy, y)
 
@@ -595,7 +736,7 @@ def _masked_kernel_grads(x, y, m, w, c1, c2, pad, g_s, g_c, g_l1, need_x, need_y
 
 def _mstats_impl(x, y, m, w, c1, c2, pad):
     x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
-    ss, cc, z = library.masked_forward(library._lib(x.dtype, w.numel()), x, y, m, w, c1, c2, pad)
+    ss, cc, z = library.masked_forward(library.require(x.dtype, w.numel()), x, y, m, w, c1, c2, pad)
     s, c = _masked_means(ss, cc, z, x.dtype)
     return s, c, z.to(x.dtype)  # z: the centre weights' sums, for the backward
 
@@ -648,7 +789,7 @@ def masked_ssim_stats(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig)
 
 def _mdssim_l1_impl(x, y, m, w, c1, c2, pad, lam):
     x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
-    lib = library._lib(x.dtype, w.numel())
+    lib = library.require(x.dtype, w.numel())
     ss, _, z, num, den = library.masked_forward(lib, x, y, m, w, c1, c2, pad, l1=True)  # [B, C] float64 each
     s, _ = _masked_means(ss, ss, z, x.dtype)
     num, den = num.sum(dim=1), den.sum(dim=1)  # per image, over channels and pixels

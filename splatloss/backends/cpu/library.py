@@ -17,7 +17,9 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import statistics
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Tuple
 
@@ -27,13 +29,17 @@ from .build import FIXED_TAPS, build, compiler
 
 __all__ = [
     "get",
+    "require",
     "unavailable_reason",
     "forward",
     "backward",
+    "l1_means",
     "masked_forward",
     "masked_backward",
     "down2",
     "down2_backward",
+    "fma_peak",
+    "fma_lanes",
     "FIXED_TAPS",
 ]
 
@@ -42,12 +48,11 @@ _libs: dict = {}  # (torch dtype, fixed taps or 0) -> ctypes library (or None af
 _reason: Optional[str] = None
 _pool: Optional[ThreadPoolExecutor] = None
 _pool_size = 0
-# Column tiles (map columns forward, gradient columns backward; 0 sweeps whole rows). Chosen with a
+# Column tiles of gradient columns (0 sweeps whole rows), the same forward and backward. Chosen with a
 # scratch timing loop (thread CPU time) on a Xeon with 48 KiB L1d / 2 MiB L2: tiles sized for L1
 # were slower (narrow tiles read the images in short strided rows the prefetcher does not follow),
 # whole rows were best up to 1920 columns, and at 7680 columns, where the backward's ring buffers
 # outgrow L2, 1024-column backward tiles cut its time by about 40 %.
-FWD_TILE = 0
 BWD_TILE = 1024
 
 
@@ -64,7 +69,7 @@ def _load(dtype: torch.dtype, taps: int):
     lib.splat_ssim_fwd.restype = None
     lib.splat_ssim_fwd.argtypes = [P, P, I, I, P, I, R, R, I, I, P, P, I, I]
     lib.splat_ssim_bwd.restype = None
-    lib.splat_ssim_bwd.argtypes = [P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I, I, R]
+    lib.splat_ssim_bwd.argtypes = [P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I, I, R, P]
     lib.splat_mssim_workspace.restype = ctypes.c_size_t
     lib.splat_mssim_workspace.argtypes = [I, I, I]
     lib.splat_mssim_fwd.restype = None
@@ -77,8 +82,12 @@ def _load(dtype: torch.dtype, taps: int):
     lib.splat_l1_rows.argtypes = [P, P, I, I, P]
     lib.splat_down2_fwd.restype = None
     lib.splat_down2_fwd.argtypes = [P, I, I, I, P]
+    lib.splat_fma_peak.restype = ctypes.c_double
+    lib.splat_fma_peak.argtypes = [ctypes.c_long, P]
     lib.splat_down2_bwd.restype = None
     lib.splat_down2_bwd.argtypes = [P, I, I, I, P, I]
+    lib.splat_down2_bwd_scaled.restype = None
+    lib.splat_down2_bwd_scaled.argtypes = [P, I, I, I, P, I, P]
     return lib
 
 
@@ -109,7 +118,9 @@ def unavailable_reason() -> Optional[str]:
     return _reason
 
 
-def _lib(dtype: torch.dtype, taps: int):
+def require(dtype: torch.dtype, taps: int):
+    """The loaded kernel library for ``dtype`` and ``taps`` (as :func:`get`); a RuntimeError that says
+    why when it cannot be built or loaded here."""
     lib = get(dtype, taps)
     if lib is None:
         raise RuntimeError(f"the splatloss C kernel is unavailable: {_reason}")
@@ -162,6 +173,12 @@ def _bounds(n: int, parts: int, i: int) -> Tuple[int, int]:
     return (n * i) // parts, (n * (i + 1)) // parts
 
 
+def _tile(W: int) -> int:
+    """Column tile of a plane W pixels wide (0: whole rows); the forward and the fused pass use the
+    same one, so their row sums are the same numbers."""
+    return BWD_TILE if W > 2.5 * BWD_TILE else 0
+
+
 def forward(
     lib, x: torch.Tensor, y: torch.Tensor, window: torch.Tensor, c1: float, c2: float, pad: int = 0, l1: bool = False
 ):
@@ -172,9 +189,10 @@ def forward(
     K = window.numel()
     Hp, Wp = H + 2 * pad - K + 1, W + 2 * pad - K + 1
     P = B * C
-    rows = torch.empty(P, Hp, 2, dtype=torch.float64)  # per-map-row sums: partition-independent
+    rows = torch.zeros(P, Hp, 2, dtype=torch.float64)  # per-map-row sums: partition-independent
     ns = _strips(Hp, P)
-    nws = lib.splat_ssim_workspace(W + 2 * pad, K, FWD_TILE)
+    tile = _tile(W)
+    nws = lib.splat_ssim_workspace(W + 2 * pad, K, tile)
     workspaces = threading.local()
     esz = x.element_size()
     xp, yp, rp, gp = x.data_ptr(), y.data_ptr(), rows.data_ptr(), window.data_ptr()
@@ -186,21 +204,28 @@ def forward(
         p, s = divmod(t, ns)
         m0, m1 = _bounds(Hp, ns, s)
         off = p * H * W * esz
-        lib.splat_ssim_fwd(
-            xp + off, yp + off, H, W, gp, K, c1, c2, m0, m1, ws.data_ptr(), rp + (p * Hp + m0) * 16, FWD_TILE, pad
-        )
+        lib.splat_ssim_fwd(xp + off, yp + off, H, W, gp, K, c1, c2, m0, m1, ws.data_ptr(), rp + p * Hp * 16, tile, pad)
 
     _run(task, P * ns)
-    sums = rows.sum(dim=1) / float(Hp * Wp)  # [P, 2], summed in float64 in a fixed order
-    sums = sums.to(x.dtype).view(B, C, 2)
-    out = (sums[..., 0].contiguous(), sums[..., 1].contiguous())
-    if l1:
-        l1rows = torch.empty(P, H, dtype=torch.float64)
-        for p in range(P):
-            off = p * H * W * esz
-            lib.splat_l1_rows(xp + off, yp + off, H, W, l1rows.data_ptr() + p * H * 8)
-        out += ((l1rows.sum(dim=1) / float(H * W)).to(x.dtype).view(B, C),)
-    return out
+    return _means(rows, Hp * Wp, x.dtype, B, C) + (l1_means(lib, x, y) if l1 else ())
+
+
+def _means(rows: torch.Tensor, n: int, dtype: torch.dtype, B: int, C: int):
+    sums = rows.sum(dim=1) / float(n)  # [P, 2], summed in float64 in a fixed order
+    sums = sums.to(dtype).view(B, C, 2)
+    return sums[..., 0].contiguous(), sums[..., 1].contiguous()
+
+
+def l1_means(lib, x: torch.Tensor, y: torch.Tensor):
+    """``(mean |x - y|,)`` per plane of contiguous ``x``, ``y`` [B, C, H, W], ``[B, C]``."""
+    B, C, H, W = x.shape
+    P, esz = B * C, x.element_size()
+    xp, yp = x.data_ptr(), y.data_ptr()
+    l1rows = torch.empty(P, H, dtype=torch.float64)
+    for p in range(P):
+        off = p * H * W * esz
+        lib.splat_l1_rows(xp + off, yp + off, H, W, l1rows.data_ptr() + p * H * 8)
+    return ((l1rows.sum(dim=1) / float(H * W)).to(x.dtype).view(B, C),)
 
 
 def backward(
@@ -216,9 +241,14 @@ def backward(
     need_y: bool,
     pad: int = 0,
     gl1: Optional[torch.Tensor] = None,
+    with_forward: bool = False,
 ):
     """Gradients of ``sum(gs * mean ssim + gc * mean cs + gl1 * mean |x - y|)`` (all per plane,
-    ``[B, C]``) w.r.t. ``x`` and ``y`` (None where not needed)."""
+    ``[B, C]``) w.r.t. ``x`` and ``y`` (None where not needed).
+
+    ``with_forward``: the forward in the same pass, ``(gx, gy, ssim_mean, cs_mean)`` with the means
+    bit for bit those of :func:`forward` (one sweep instead of two: the statistics the gradient
+    needs are those the forward computes)."""
     B, C, H, W = x.shape
     K = window.numel()
     Hp, Wp = H + 2 * pad - K + 1, W + 2 * pad - K + 1
@@ -229,14 +259,16 @@ def backward(
     gll = [0.0] * P if gl1 is None else (gl1.reshape(P).double() / float(H * W)).tolist()
     gx = torch.empty_like(x) if need_x else None
     gy = torch.empty_like(y) if need_y else None
+    rows = torch.zeros(P, Hp, 2, dtype=torch.float64) if with_forward else None
     ns = _strips(H, P)
-    tile = BWD_TILE if W > 2.5 * BWD_TILE else 0
+    tile = _tile(W)
     nws = lib.splat_ssim_workspace(W + 2 * pad, K, tile)
     workspaces = threading.local()
     esz = x.element_size()
     xp, yp, gp = x.data_ptr(), y.data_ptr(), window.data_ptr()
     gxp = gx.data_ptr() if need_x else 0
     gyp = gy.data_ptr() if need_y else 0
+    rp = rows.data_ptr() if with_forward else 0
 
     def task(t: int) -> None:
         ws = getattr(workspaces, "buf", None)
@@ -264,9 +296,12 @@ def backward(
             tile,
             pad,
             gll[p],
+            (rp + p * Hp * 16) if with_forward else None,
         )
 
     _run(task, P * ns)
+    if with_forward:
+        return (gx, gy) + _means(rows, Hp * Wp, x.dtype, B, C)
     return gx, gy
 
 
@@ -304,7 +339,7 @@ def masked_forward(
     P = B * C
     rows = torch.empty(P, Hp, 3, dtype=torch.float64)  # per-map-row sums: partition-independent
     ns = _strips(Hp, P)
-    nws = lib.splat_mssim_workspace(W + 2 * pad, K, FWD_TILE)
+    nws = lib.splat_mssim_workspace(W + 2 * pad, K, 0)
     workspaces = threading.local()
     esz = x.element_size()
     xp, yp, mp, rp, gp = x.data_ptr(), y.data_ptr(), m.data_ptr(), rows.data_ptr(), window.data_ptr()
@@ -331,7 +366,7 @@ def masked_forward(
             m1,
             ws.data_ptr(),
             rp + (p * Hp + m0) * 24,
-            FWD_TILE,
+            0,  # whole rows
             pad,
         )
 
@@ -417,6 +452,35 @@ def masked_backward(
     return gx, gy
 
 
+def fma_lanes(lib, iters: int) -> float:
+    """Run the FMA microkernel for ``iters`` rounds; the number of FMA lanes it computed (time it)."""
+    sink = torch.empty(64, dtype=torch.float64)
+    return lib.splat_fma_peak(int(iters), sink.data_ptr())
+
+
+def fma_peak(lib, seconds: float = 0.05, repeats: int = 5, clock=time.perf_counter) -> float:
+    """The core's measured FMA rate in lanes per second (the median of ``repeats`` timed runs of about
+    ``seconds`` each, one thread) with the kernel's own vector type and compiler flags: the arithmetic
+    peak that the benchmark measures the kernel against. ``clock``: the timer (``time.thread_time``
+    counts only the time this thread ran, on a shared machine)."""
+    sink = torch.empty(64, dtype=torch.float64)
+    iters = 1 << 16
+    while True:  # grow until one run takes long enough to time
+        t0 = clock()
+        lanes = lib.splat_fma_peak(iters, sink.data_ptr())
+        dt = clock() - t0
+        if dt >= seconds / 4 or iters > 1 << 34:
+            break
+        iters *= 2
+    iters = max(1, int(iters * seconds / max(dt, 1e-9)))
+    rates = []
+    for _ in range(repeats):
+        t0 = clock()
+        lanes = lib.splat_fma_peak(iters, sink.data_ptr())
+        rates.append(lanes / (clock() - t0))
+    return statistics.median(rates)
+
+
 def down2(lib, x: torch.Tensor) -> torch.Tensor:
     """TF ``ssim_multiscale``'s pyramid step on a contiguous ``[B, C, H, W]`` (the C version of
     :func:`splatloss.multiscale.downsample2x`)."""
@@ -426,12 +490,19 @@ def down2(lib, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def down2_backward(lib, g: torch.Tensor, size, acc: Optional[torch.Tensor] = None) -> torch.Tensor:
+def down2_backward(
+    lib, g: torch.Tensor, size, acc: Optional[torch.Tensor] = None, scale: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """Adjoint of :func:`down2` for an upstream ``g``: a new image-sized gradient, or added in place
-    to ``acc`` (contiguous, image-sized) when given."""
+    to ``acc`` (contiguous, image-sized) when given, ``acc`` first scaled per plane by ``scale``
+    ``[B, C]`` when that is given (one pass)."""
     g = g.contiguous()
     B, C = g.shape[:2]
     H, W = size
     out = torch.empty(B, C, H, W, dtype=g.dtype) if acc is None else acc
-    lib.splat_down2_bwd(g.data_ptr(), B * C, H, W, out.data_ptr(), 0 if acc is None else 1)
+    if scale is None:
+        lib.splat_down2_bwd(g.data_ptr(), B * C, H, W, out.data_ptr(), 0 if acc is None else 1)
+    else:
+        sc = scale.to(g.dtype).contiguous()
+        lib.splat_down2_bwd_scaled(g.data_ptr(), B * C, H, W, out.data_ptr(), 0 if acc is None else 1, sc.data_ptr())
     return out
