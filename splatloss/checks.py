@@ -2,7 +2,7 @@
 
 Every check raises a ``TypeError`` or ``ValueError`` that names the argument, says what was expected
 and what came, and, where there is one, the fix. What is validated, and what each backend then
-guarantees, is stated once in ``docs/conventions.md``.
+guarantees, is stated once in ``docs/validation.md``.
 
 Examples:
     >>> import torch
