@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import importlib  # noqa: E402
 
 # the package re-exports functions named like its modules: import the module by name
-_common = importlib.import_module("splatloss.backends.triton._common")
+tri_launch = importlib.import_module("splatloss.backends.triton.launch")
 
 #: Max shared memory per block (bytes, opt-in): A100 (sm_80) 163 KB, H100 (sm_90) 227 KB.
 SHARED_LIMIT = {80: 166912, 90: 232448}
@@ -157,7 +157,7 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
     T = "triton"
     small = (2, 3, 48, 160)
     out: Dict[str, Call] = {}
-    windows = (11,) if quick else range(3, _common.MAX_WINDOW + 1, 2)
+    windows = (11,) if quick else range(3, tri_launch.MAX_WINDOW + 1, 2)
     for K in windows:
         # with a gradient the loss runs the backward kernel only (its gradient is computed in the
         # forward); without one (evaluation), the forward kernel
@@ -225,9 +225,9 @@ def _record_calls(archs, calls: Dict[str, Call]):
     from triton.compiler import make_backend
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
-    if not hasattr(_common, "FORCE_CUDA_GEOMETRY"):
+    if not hasattr(tri_launch, "FORCE_CUDA_GEOMETRY"):
         raise RuntimeError(
-            "splatloss.backends.triton._common.FORCE_CUDA_GEOMETRY is gone: the cost model needs a "
+            "splatloss.backends.triton.launch.FORCE_CUDA_GEOMETRY is gone: the cost model needs a "
             "switch that makes the launchers plan CUDA launches for CPU tensors"
         )
     backends = {a: make_backend(GPUTarget("cuda", a, 32)) for a in archs}
@@ -271,9 +271,9 @@ def _record_calls(archs, calls: Dict[str, Call]):
             return out
 
     recorded = {}
-    saved = (JITFunction.run, _common.FORCE_CUDA_GEOMETRY, os.environ.get("TRITON_INTERPRET"))
+    saved = (JITFunction.run, tri_launch.FORCE_CUDA_GEOMETRY, os.environ.get("TRITON_INTERPRET"))
     JITFunction.run = run
-    _common.FORCE_CUDA_GEOMETRY = True
+    tri_launch.FORCE_CUDA_GEOMETRY = True
     os.environ["TRITON_INTERPRET"] = "1"  # only so that the input check accepts CPU tensors
     try:
         gen = torch.Generator().manual_seed(0)
@@ -289,7 +289,7 @@ def _record_calls(archs, calls: Dict[str, Call]):
             recorded[name] = list(current)
     finally:
         JITFunction.run = saved[0]
-        _common.FORCE_CUDA_GEOMETRY = saved[1]
+        tri_launch.FORCE_CUDA_GEOMETRY = saved[1]
         if saved[2] is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:

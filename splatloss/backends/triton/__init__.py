@@ -3,9 +3,11 @@
 Imported lazily by :mod:`splatloss.backends` (importing splatloss never imports Triton); runs on CUDA
 tensors, or on CPU tensors in the Triton interpreter when ``TRITON_INTERPRET=1`` was set before
 Triton was imported (that is how the test suite proves the kernels). :data:`BACKEND` implements
-:class:`splatloss.backends.base.Backend`; one module per op (``ssim``, ``dssim_l1``, ``ms_ssim``),
-shared device code in ``_common``. ``scripts/check_kernels.py`` compiles every kernel for
-sm_80 / sm_90.
+:class:`splatloss.backends.base.Backend`. One module per op (``ssim``: stats, map and loss
+term; ``dssim_l1``; ``ms_ssim``: the pyramid step); the kernels in ``forward`` / ``backward``;
+the jitted bodies they share in ``moments`` (the SSIM formula), ``columns`` / ``ring`` (the
+filters) and ``bodies`` (lanes and epilogues); launch geometry in ``launch``; host glue in
+``glue``. ``tools/check_kernels.py`` compiles every kernel for sm_80 / sm_90.
 """
 
 from __future__ import annotations
