@@ -114,7 +114,7 @@ def _backward(ctx, g, _gx, _gy):
     def recompute(img1, img2, window, need1, need2):
         return _dssim_l1_bwd_op(g, img1, img2, window, *ctx.cfg, need1, need2)
 
-    return backward_from_unit_grads(ctx, g, 1, recompute)
+    return backward_from_unit_grads(ctx, g, 1, recompute, "dssim_l1")
 
 
 _dssim_l1_op.register_autograd(_backward, setup_context=_save)

@@ -70,6 +70,21 @@ class functorch_guard:
         return False
 
 
+def refuse_double_backward(op: str) -> None:
+    """Called first in every backward of the Triton ops. Autograd runs a backward with gradient
+    mode on only when the caller asked for a graph of the gradient (``create_graph=True``:
+    double backward, a gradient penalty, a Hessian-vector product). The kernels' analytic
+    gradient is not differentiable again, and returned without a graph it would make the second
+    derivative silently zero, so it is refused here."""
+    if torch.is_grad_enabled():
+        raise ValueError(
+            f"the triton backend's {op} has no second derivative: its gradient was asked for with "
+            "create_graph=True (double backward, a gradient penalty, a Hessian-vector product), "
+            "which would silently differentiate as zero; use backend='torch' or 'reference' for "
+            "losses that are differentiated twice"
+        )
+
+
 #: The windows built so far, by (window, size, sigma, device).
 WINDOWS_CACHE: Dict[tuple, torch.Tensor] = {}
 
@@ -124,12 +139,14 @@ def save_unit_grads(ctx, img1: Tensor, img2: Tensor, window: Tensor, gx: Tensor,
     ctx.set_materialize_grads(False)  # no zero-filled upstream gradients for gx / gy (4 B each)
 
 
-def backward_from_unit_grads(ctx, upstream: Optional[Tensor], dims: int, recompute) -> tuple:
+def backward_from_unit_grads(ctx, upstream: Optional[Tensor], dims: int, recompute, op: str) -> tuple:
     """The backward of such an op (nine inputs, the two images first): scale the kept gradients by
     ``upstream``, one scalar per leading index (``dims`` of them: per image, or per image and
     channel), one elementwise pass each, and return them in each input's dtype. An input that
     needs a gradient its forward did not compute (it did not need one then) gets
-    ``recompute(img1, img2, window, need1, need2) -> (gx, gy)``."""
+    ``recompute(img1, img2, window, need1, need2) -> (gx, gy)``. ``op`` names the op in the
+    error a double backward gets (:func:`refuse_double_backward`)."""
+    refuse_double_backward(op)
     need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
     rest = (None,) * 7
     if not (need1 or need2) or upstream is None:

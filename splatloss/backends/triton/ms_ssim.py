@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ... import multiscale
 from . import launch
-from .glue import check_inputs, functorch_guard
+from .glue import check_inputs, functorch_guard, refuse_double_backward
 from .launch import device_guard, launch_options
 from .ssim import ssim_term
 
@@ -135,6 +135,7 @@ def _down_setup(ctx, inputs, output):
 
 
 def _down_backward(ctx, g):
+    refuse_double_backward("downsample2x")
     (x,) = ctx.saved_tensors
     return _down_bwd_op(g, x)
 

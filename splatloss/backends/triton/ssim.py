@@ -41,6 +41,7 @@ from .glue import (
     fake_unit_grads,
     functorch_guard,
     map_numel,
+    refuse_double_backward,
     save_unit_grads,
     wants_grad,
     window_taps,
@@ -98,6 +99,7 @@ def _save(ctx, inputs, output):
 
 
 def _stats_backward(ctx, g_s, g_cs):
+    refuse_double_backward("ssim_stats")
     img1, img2, window = ctx.saved_tensors
     need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
     if not (need1 or need2):
@@ -159,6 +161,7 @@ def _(g_s, g_cs, img1, img2, window, padding, c1, c2, has_cs, need1, need2):
 
 
 def _map_backward(ctx, g_s, g_cs):
+    refuse_double_backward("ssim_map")
     img1, img2, window = ctx.saved_tensors
     (return_cs,) = ctx.extra
     need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
@@ -245,7 +248,7 @@ def _term_backward(ctx, g_t, _gx, _gy):
         g_s, g_cs = (zero, g_t) if cs else (g_t, zero)
         return stats_bwd_op(g_s, g_cs, img1, img2, window, padding, c1, c2, need1, need2)
 
-    return backward_from_unit_grads(ctx, g_t, 2, recompute)
+    return backward_from_unit_grads(ctx, g_t, 2, recompute, "ssim_term")
 
 
 _term_op.register_autograd(_term_backward, setup_context=_term_save)
