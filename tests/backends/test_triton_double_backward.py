@@ -15,11 +15,19 @@ from conftest import device_for, make_pair
 pytestmark = pytest.mark.triton
 
 T = "triton"
+
+
+def _mask(x):
+    return torch.linspace(0, 1, x.shape[-1], device=x.device).expand(x.shape[-2:])
+
+
 CALLS = {
     "ssim": lambda x, y: splatloss.ssim(x, y, window_size=3, backend=T),
     "ssim_map": lambda x, y: splatloss.ssim_map(x, y, window_size=3, backend=T).mean(),
     "dssim_l1": lambda x, y: splatloss.dssim_l1(x, y, 0.2, window_size=3, backend=T).mean(),
     "ms_ssim": lambda x, y: splatloss.ms_ssim(x, y, weights=(0.5, 0.5), window_size=3, backend=T).mean(),
+    "masked ssim": lambda x, y: splatloss.ssim(x, y, mask=_mask(x), window_size=3, backend=T),
+    "masked ms_ssim": lambda x, y: splatloss.ms_ssim(x, y, mask=_mask(x), weights=(0.5, 0.5), window_size=3, backend=T),
 }
 REFUSAL = r"triton backend's .+ has no second derivative: .*create_graph=True.*use backend='torch' or 'reference'"
 

@@ -20,7 +20,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["load_taps", "add_tap", "hmoments", "push", "hadjoint_cols", "vadjoint_taps"]
+__all__ = [
+    "load_taps",
+    "add_tap",
+    "hmoments",
+    "add_masked_tap",
+    "hmoments_masked",
+    "push",
+    "hadjoint_cols",
+    "vadjoint_taps",
+]
 
 
 @triton.jit
@@ -126,6 +135,69 @@ def hmoments(
             yv = tl.load(yrow + a * sy_w).to(tl.float32) * rowf - shift
             h1, h2, h11, h12, l1 = add_tap(h1, h2, h11, h12, l1, xv, yv, wt[a], True, l1_own, l1_last, a, PAD, L1)
     return h1, h2, h11, h12, l1
+
+
+@triton.jit
+def add_masked_tap(h0, h1, h2, h11, h12, mv, xv, yv, w):
+    """Add tap (weight ``w``, mask ``mv``, shifted samples ``xv``, ``yv``) to a lane's masked
+    horizontal sums: ``m``, ``m x'``, ``m y'``, ``m (x'^2 + y'^2)``, ``m x'y'``. The tap's weight
+    and mask are multiplied once: the unmasked tap (:func:`add_tap`) plus a multiply and an add."""
+    wm = w * mv
+    sq = xv * xv + yv * yv
+    xy = xv * yv
+    h0 += wm
+    h1 += wm * xv
+    h2 += wm * yv
+    h11 += wm * sq
+    h12 += wm * xy
+    return h0, h1, h2, h11, h12
+
+
+@triton.jit
+def hmoments_masked(
+    x_ptr, y_ptr, m_ptr, x_lane, y_lane, m_lane, r, c0, H, W, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w,
+    lane_ok, shift, wt, K: tl.constexpr, REFLECT: tl.constexpr, EDGE: tl.constexpr,
+):  # fmt: skip
+    """:func:`hmoments` under a mask (``m_lane``: offsets of column ``c0`` of the mask in row 0):
+    window sums of ``m``, ``m x'``, ``m y'``, ``m (x'^2 + y'^2)``, ``m x'y'``. The mask is padded
+    with ones where the images are zero-padded ("same": a padded sample is ``x' = -shift`` with
+    weight 1) and mirrored with them ("reflect"), as docs/conventions.md states."""
+    rr = r
+    if REFLECT:  # padded position i holds input -i, or 2 (n - 1) - i past the end (no edge repeat)
+        rr = tl.where(rr < 0, -rr, rr)
+        rr = tl.where(rr >= H, 2 * (H - 1) - rr, rr)
+        rowf = 1.0
+    else:
+        rowf = tl.where((rr >= 0) & (rr < H), 1.0, 0.0)
+        rr = tl.minimum(tl.maximum(rr, 0), H - 1)
+    mpad = 1.0 - rowf  # a zero-padded row: mask 1
+    xrow = x_ptr + x_lane + rr.to(tl.int64) * sx_h  # column c0 of row rr
+    yrow = y_ptr + y_lane + rr.to(tl.int64) * sy_h
+    mrow = m_ptr + m_lane + rr.to(tl.int64) * sm_h
+    h0 = tl.zeros(c0.shape, dtype=tl.float32)
+    h1 = tl.zeros(c0.shape, dtype=tl.float32)
+    h2 = tl.zeros(c0.shape, dtype=tl.float32)
+    h11 = tl.zeros(c0.shape, dtype=tl.float32)
+    h12 = tl.zeros(c0.shape, dtype=tl.float32)
+    if EDGE:
+        for a in tl.static_range(K):
+            c = c0 + a
+            if REFLECT:
+                c = tl.where(c < 0, -c, c)
+                c = tl.where(c >= W, 2 * (W - 1) - c, c)
+            ok = lane_ok & (c >= 0) & (c < W)
+            d = (c - c0).to(tl.int64)
+            xv = tl.load(xrow + d * sx_w, mask=ok, other=0.0).to(tl.float32) * rowf - shift
+            yv = tl.load(yrow + d * sy_w, mask=ok, other=0.0).to(tl.float32) * rowf - shift
+            mv = tl.load(mrow + d * sm_w, mask=ok, other=1.0) * rowf + mpad  # zero padding: mask 1
+            h0, h1, h2, h11, h12 = add_masked_tap(h0, h1, h2, h11, h12, mv, xv, yv, wt[a])
+    else:
+        for a in tl.static_range(K):
+            xv = tl.load(xrow + a * sx_w).to(tl.float32) * rowf - shift
+            yv = tl.load(yrow + a * sy_w).to(tl.float32) * rowf - shift
+            mv = tl.load(mrow + a * sm_w) * rowf + mpad
+            h0, h1, h2, h11, h12 = add_masked_tap(h0, h1, h2, h11, h12, mv, xv, yv, wt[a])
+    return h0, h1, h2, h11, h12
 
 
 @triton.jit

@@ -131,10 +131,11 @@ def zeros_if_none(g: Optional[Tensor], like_shape, device) -> Tensor:
     return g if g is not None else torch.zeros(like_shape, dtype=torch.float32, device=device)
 
 
-def save_unit_grads(ctx, img1: Tensor, img2: Tensor, window: Tensor, gx: Tensor, gy: Tensor) -> None:
+def save_unit_grads(ctx, img1: Tensor, img2: Tensor, window: Tensor, gx: Tensor, gy: Tensor, *extra: Tensor) -> None:
     """setup_context of an op whose forward also returned its gradients for a unit upstream
-    gradient (``gx`` / ``gy``, float32, empty where not computed): keep them with the inputs."""
-    ctx.save_for_backward(img1, img2, window, gx, gy)
+    gradient (``gx`` / ``gy``, float32, empty where not computed): keep them with the inputs
+    (and ``extra`` inputs its recompute needs, such as a mask)."""
+    ctx.save_for_backward(img1, img2, window, gx, gy, *extra)
     ctx.mark_non_differentiable(gx, gy)
     ctx.set_materialize_grads(False)  # no zero-filled upstream gradients for gx / gy (4 B each)
 
@@ -144,16 +145,16 @@ def backward_from_unit_grads(ctx, upstream: Optional[Tensor], dims: int, recompu
     ``upstream``, one scalar per leading index (``dims`` of them: per image, or per image and
     channel), one elementwise pass each, and return them in each input's dtype. An input that
     needs a gradient its forward did not compute (it did not need one then) gets
-    ``recompute(img1, img2, window, need1, need2) -> (gx, gy)``. ``op`` names the op in the
+    ``recompute(img1, img2, window, need1, need2, *extra) -> (gx, gy)``. ``op`` names the op in the
     error a double backward gets (:func:`refuse_double_backward`)."""
     refuse_double_backward(op)
     need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
     rest = (None,) * 7
     if not (need1 or need2) or upstream is None:
         return (None, None) + rest
-    img1, img2, window, gx, gy = ctx.saved_tensors
+    img1, img2, window, gx, gy, *extra = ctx.saved_tensors
     if (need1 and gx.numel() == 0) or (need2 and gy.numel() == 0):
-        gx, gy = recompute(img1, img2, window, need1, need2)
+        gx, gy = recompute(img1, img2, window, need1, need2, *extra)
         return (gx if need1 else None, gy if need2 else None) + rest
     u = upstream.to(torch.float32)
     u = u.reshape(u.shape + (1,) * (4 - dims))
