@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .bodies import interior, lanes, stage_partials, store_grads, store_sums
+from .bodies import interior, l1_sign_term, lanes, stage_partials, store_grad, store_sums
 from .columns import hadjoint_cols, hmoments, load_taps, push, vadjoint_taps
 from .launch import COLUMN_TAPS, SIZES, bwd_maxnreg, device_guard, geometry, launch_options, problem
 from .moments import local_shift, partials
@@ -136,19 +136,17 @@ def _bwd_columns(
         xq = tl.load(x_ptr + x_lane + q64 * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32) - shift
         yq = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32) - shift
         o_offs = o_base + q64 * so_h + q_c.to(tl.int64) * so_w
-        g1 = 0.0
-        g2 = 0.0
+        l1_term, acc_l = l1_sign_term(xq, yq, l1, out, acc_l, HAS_L1, WRITE_SUMS)
         if NEED1:
             g1, a_1 = push(
                 a_1, hadjoint_cols(buf + 2 * BW, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT), wa, K, False
             )
+            store_grad(gx_ptr, o_offs, out, g1, xq, yq, g_sq, g_xy, l1_term, 1, HAS_L1)
         if NEED2:
             g2, a_2 = push(
                 a_2, hadjoint_cols(buf + 3 * BW, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT), wa, K, False
             )
-        acc_l = store_grads(
-            gx_ptr, gy_ptr, o_offs, out, xq, yq, g1, g2, g_sq, g_xy, l1, acc_l, HAS_L1, NEED1, NEED2, WRITE_SUMS
-        )
+            store_grad(gy_ptr, o_offs, out, g2, yq, xq, g_sq, g_xy, l1_term, -1, HAS_L1)
     if WRITE_SUMS:
         # per program and channel: the SSIM (cs) and, with HAS_L1, |x - y| sums of the pixels it owns
         store_sums(sum_ptr, acc_s, BC, n_chunks * n_strips, 2, F, BW)
@@ -272,15 +270,13 @@ def _bwd_ring(
         g_sq = tl.sum(tl.load(aring + ring_offs, mask=live, other=0.0) * wa, axis=0)
         g_xy = tl.sum(tl.load(aring + KP * BW + ring_offs, mask=live, other=0.0) * wa, axis=0)
         o_offs = o_base + q64 * so_h + q_c.to(tl.int64) * so_w
-        g1 = 0.0
-        g2 = 0.0
+        l1_term, acc_l = l1_sign_term(xq, yq, l1, out, acc_l, HAS_L1, WRITE_SUMS)
         if NEED1:
             g1 = tl.sum(tl.load(aring + 2 * KP * BW + ring_offs, mask=live, other=0.0) * wa, axis=0)
+            store_grad(gx_ptr, o_offs, out, g1, xq, yq, g_sq, g_xy, l1_term, 1, HAS_L1)
         if NEED2:
             g2 = tl.sum(tl.load(aring + 3 * KP * BW + ring_offs, mask=live, other=0.0) * wa, axis=0)
-        acc_l = store_grads(
-            gx_ptr, gy_ptr, o_offs, out, xq, yq, g1, g2, g_sq, g_xy, l1, acc_l, HAS_L1, NEED1, NEED2, WRITE_SUMS
-        )
+            store_grad(gy_ptr, o_offs, out, g2, yq, xq, g_sq, g_xy, l1_term, -1, HAS_L1)
     if WRITE_SUMS:
         store_sums(sum_ptr, acc_s, BC, n_chunks * n_strips, 2, F, BW)
         if HAS_L1:

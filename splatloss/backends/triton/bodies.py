@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["lanes", "interior", "stage_partials", "store_grads", "store_sums"]
+__all__ = ["interior", "l1_sign_term", "lanes", "stage_partials", "store_grad", "store_sums"]
 
 
 @triton.jit
@@ -57,31 +57,33 @@ def stage_partials(buf, ar, valid, dsq, dxy, d1, d2, NEED1: tl.constexpr, NEED2:
 
 
 @triton.jit
-def store_grads(
-    gx_ptr, gy_ptr, o_offs, out, xq, yq, g1, g2, g_sq, g_xy, l1, acc_l,
-    HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr, WRITE_SUMS: tl.constexpr,
-):  # fmt: skip
-    """Finish and store one gradient row: ``g1 + 2 x' g_sq + y' g_xy`` for img1 (``g1``: the
-    adjoined mu1 partials; ``g_sq`` / ``g_xy``: the adjoined E[x'^2] / E[x'y'] partials, applied
-    at the pixel itself), the same with the roles swapped for img2, plus with ``HAS_L1`` the L1
-    term ``l1 * sign(x - y)`` (subtracted for img2). Returns ``acc_l`` plus, with ``WRITE_SUMS``,
-    this row's ``|x - y|`` (the fused loss's value)."""
+def l1_sign_term(xq, yq, l1, out, acc_l, HAS_L1: tl.constexpr, WRITE_SUMS: tl.constexpr):
+    """The fused loss's L1 term of one gradient row, ``l1 * sign(x - y)`` (0 without ``HAS_L1``),
+    and ``acc_l`` plus, with ``WRITE_SUMS``, this row's ``|x - y|`` (the loss's value)."""
     if HAS_L1:
         dl = xq - yq
         l1_term = l1 * (tl.where(dl > 0, 1.0, 0.0) - tl.where(dl < 0, 1.0, 0.0))
         if WRITE_SUMS:
             acc_l += tl.where(out, tl.abs(dl), 0.0)
-    if NEED1:
-        gx = g1 + 2.0 * xq * g_sq + yq * g_xy
-        if HAS_L1:
-            gx += l1_term
-        tl.store(gx_ptr + o_offs, gx.to(gx_ptr.dtype.element_ty), mask=out)
-    if NEED2:
-        gy = g2 + 2.0 * yq * g_sq + xq * g_xy
-        if HAS_L1:
-            gy -= l1_term
-        tl.store(gy_ptr + o_offs, gy.to(gy_ptr.dtype.element_ty), mask=out)
-    return acc_l
+    else:
+        l1_term = 0.0
+    return l1_term, acc_l
+
+
+@triton.jit
+def store_grad(ptr, o_offs, out, g, own, other, g_sq, g_xy, l1_term, SIGN: tl.constexpr, HAS_L1: tl.constexpr):
+    """Finish and store one image's gradient row: ``g + 2 own' g_sq + other' g_xy`` (``g``: the
+    adjoined partials of the image's own mean; ``g_sq`` / ``g_xy``: the adjoined E[x'^2] / E[x'y']
+    partials, applied at the pixel itself; ``own`` / ``other``: the two images' shifted pixels),
+    plus ``SIGN`` times the L1 term. One image at a time: the second image's adjoint is formed
+    after the first gradient is stored, so that both are never live at once."""
+    gv = g + 2.0 * own * g_sq + other * g_xy
+    if HAS_L1:
+        if SIGN > 0:
+            gv += l1_term
+        else:
+            gv -= l1_term
+    tl.store(ptr + o_offs, gv.to(ptr.dtype.element_ty), mask=out)
 
 
 @triton.jit
