@@ -9,42 +9,43 @@ import pytest
 import torch
 
 import splatloss
-from splatloss.backends.triton import _common
+from splatloss.backends.triton import launch
 
 pytestmark = pytest.mark.triton
 
 
 def test_launch_options_pass_maxnreg_only_on_nvidia():
     # Triton's HIP backend rejects maxnreg: every launch on ROCm would fail with it
-    assert _common.launch_options(8, hip=True) == {"num_warps": 8}
-    assert _common.launch_options(8, hip=False) == {"num_warps": 8, "maxnreg": _common.MAXNREG}
+    assert launch.launch_options(8, hip=True) == {"num_warps": 8}
+    assert launch.launch_options(8, hip=False) == {"num_warps": 8, "maxnreg": launch.MAXNREG}
     # this torch is not a ROCm build: the default is the NVIDIA set
-    assert _common.launch_options(4) == {"num_warps": 4, "maxnreg": _common.MAXNREG}
+    assert launch.launch_options(4) == {"num_warps": 4, "maxnreg": launch.MAXNREG}
 
 
 def test_device_guard_selects_the_tensors_cuda_device():
     # Triton launches on the current device: the guard must switch to the tensor's own index
     cpu = torch.zeros(1)
-    assert isinstance(_common.device_guard(cpu), contextlib.nullcontext)
+    assert isinstance(launch.device_guard(cpu), contextlib.nullcontext)
     # the guard object for a cuda:1 tensor is built without touching CUDA (entering it would)
     guard = torch.cuda.device(torch.device("cuda", 1))
     assert guard.idx == 1
-    with _common.device_guard(cpu):  # the interpreter path runs through the same helper
+    with launch.device_guard(cpu):  # the interpreter path runs through the same helper
         pass
 
 
 def test_launchers_enter_the_device_guard(monkeypatch):
     # every launcher goes through device_guard with the tensor it launches on (real kernels run)
-    from splatloss.backends.triton import ms_ssim, ssim
+    from splatloss.backends.triton import backward, forward, ms_ssim
 
     seen = []
-    real = _common.device_guard
+    real = launch.device_guard
 
     def recording(t):
         seen.append(t.device)
         return real(t)
 
-    monkeypatch.setattr(ssim, "device_guard", recording)
+    monkeypatch.setattr(forward, "device_guard", recording)
+    monkeypatch.setattr(backward, "device_guard", recording)
     monkeypatch.setattr(ms_ssim, "device_guard", recording)
     x = torch.rand(1, 1, 12, 12, requires_grad=True)
     y = torch.rand(1, 1, 12, 12)
@@ -106,8 +107,8 @@ def test_size_arguments_are_not_specialised():
     import sys
 
     code = (
-        "from splatloss.backends.triton import ssim\n"
-        "for k in (ssim._ssim_fwd_kernel, ssim._ssim_bwd_kernel):\n"
+        "from splatloss.backends.triton import backward, forward\n"
+        "for k in (forward.ssim_fwd_kernel, backward.ssim_bwd_kernel):\n"
         "    print(','.join(p.name for p in k.params if p.do_not_specialize))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -138,8 +139,8 @@ def test_nan_or_inf_pixel_reaches_only_its_footprint(monkeypatch, window_size, b
     # moment shift samples (the middle row of the image, and of an 8-row chunk), so the shift must
     # skip it; the top-row pixel is the row that zero-padded rows above the image are read from.
     if geometry == "cuda-geometry-8-rows":
-        monkeypatch.setattr(_common, "FORCE_CUDA_GEOMETRY", True)
-        monkeypatch.setattr(_common, "CUDA_ROWS", 8)
+        monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
+        monkeypatch.setattr(launch, "CUDA_ROWS", 8)
     g = torch.Generator().manual_seed(0)
     x, y = torch.rand(2, 1, 1, 24, 24, generator=g)
     x[0, 0, 11 if row == "middle-row" else 0, 12] = bad

@@ -47,8 +47,8 @@ import importlib  # noqa: E402
 # the package re-exports functions named like its modules: import the module by name. The module
 # that plans launch geometry (``FORCE_CUDA_GEOMETRY``, ``CUDA_ROWS``...): the one place to re-point
 # when the kernels' modules move.
-GEOMETRY_MODULE = "splatloss.backends.triton._common"
-_common = importlib.import_module(GEOMETRY_MODULE)
+GEOMETRY_MODULE = "splatloss.backends.triton.launch"
+tri_launch = importlib.import_module(GEOMETRY_MODULE)
 
 #: Max shared memory per block (bytes, opt-in): A100 (sm_80) 163 KB, H100 (sm_90) 227 KB.
 SHARED_LIMIT = {80: 166912, 90: 232448}
@@ -160,7 +160,7 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
     T = "triton"
     small = (2, 3, 48, 160)
     out: Dict[str, Call] = {}
-    windows = (11,) if quick else range(3, _common.MAX_WINDOW + 1, 2)
+    windows = (11,) if quick else range(3, tri_launch.MAX_WINDOW + 1, 2)
     for K in windows:
         # with a gradient the loss runs the backward kernel only (its gradient is computed in the
         # forward); without one (evaluation), the forward kernel
@@ -232,9 +232,9 @@ def record_calls(archs, calls: Dict[str, Call], geometry: Optional[Dict[str, obj
     from triton.compiler import make_backend
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
-    if not hasattr(_common, "FORCE_CUDA_GEOMETRY"):
+    if not hasattr(tri_launch, "FORCE_CUDA_GEOMETRY"):
         raise RuntimeError(
-            "splatloss.backends.triton._common.FORCE_CUDA_GEOMETRY is gone: the cost model needs a "
+            "splatloss.backends.triton.launch.FORCE_CUDA_GEOMETRY is gone: the cost model needs a "
             "switch that makes the launchers plan CUDA launches for CPU tensors"
         )
     backends = {a: make_backend(GPUTarget("cuda", a, 32)) for a in archs}
@@ -279,15 +279,15 @@ def record_calls(archs, calls: Dict[str, Call], geometry: Optional[Dict[str, obj
 
     overrides = dict(geometry or {})
     for name in overrides:
-        if not hasattr(_common, name):
-            raise ValueError(f"record_calls: {_common.__name__} has no attribute {name!r} to override")
+        if not hasattr(tri_launch, name):
+            raise ValueError(f"record_calls: {tri_launch.__name__} has no attribute {name!r} to override")
     recorded = {}
-    saved = (JITFunction.run, _common.FORCE_CUDA_GEOMETRY, os.environ.get("TRITON_INTERPRET"))
-    saved_geometry = {name: getattr(_common, name) for name in overrides}
+    saved = (JITFunction.run, tri_launch.FORCE_CUDA_GEOMETRY, os.environ.get("TRITON_INTERPRET"))
+    saved_geometry = {name: getattr(tri_launch, name) for name in overrides}
     JITFunction.run = run
-    _common.FORCE_CUDA_GEOMETRY = True
+    tri_launch.FORCE_CUDA_GEOMETRY = True
     for name, value in overrides.items():
-        setattr(_common, name, value)
+        setattr(tri_launch, name, value)
     os.environ["TRITON_INTERPRET"] = "1"  # only so that the input check accepts CPU tensors
     try:
         gen = torch.Generator().manual_seed(0)
@@ -303,9 +303,9 @@ def record_calls(archs, calls: Dict[str, Call], geometry: Optional[Dict[str, obj
             recorded[name] = list(current)
     finally:
         JITFunction.run = saved[0]
-        _common.FORCE_CUDA_GEOMETRY = saved[1]
+        tri_launch.FORCE_CUDA_GEOMETRY = saved[1]
         for name, value in saved_geometry.items():
-            setattr(_common, name, value)
+            setattr(tri_launch, name, value)
         if saved[2] is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:

@@ -30,9 +30,9 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
     ],
 )
 def test_cuda_launch_geometry(monkeypatch, shape, padding, window_size):
-    tri_common = importlib.import_module("splatloss.backends.triton._common")
-    monkeypatch.setattr(tri_common, "FORCE_CUDA_GEOMETRY", True)
-    monkeypatch.setattr(tri_common, "CUDA_ROWS", 32)
+    tri_launch = importlib.import_module("splatloss.backends.triton.launch")
+    monkeypatch.setattr(tri_launch, "FORCE_CUDA_GEOMETRY", True)
+    monkeypatch.setattr(tri_launch, "CUDA_ROWS", 32)
     tri = splatloss.backends.get("triton")
     dev = device_for("triton")
     cfg = SSIMConfig(padding=padding, window_size=window_size, sigma=1.5 if window_size == 11 else 5.0)
@@ -61,9 +61,9 @@ def test_cuda_geometry_fused_loss(monkeypatch, layout):
     """The fused D-SSIM + L1 loss (L1 ownership across strips and chunks) on interior and edge
     strips, on a contiguous pair and on an (H, W, C) render seen as (1, C, H, W) (column stride 3:
     the unmasked pass with strided taps), against float64."""
-    tri_common = importlib.import_module("splatloss.backends.triton._common")
-    monkeypatch.setattr(tri_common, "FORCE_CUDA_GEOMETRY", True)
-    monkeypatch.setattr(tri_common, "CUDA_ROWS", 32)
+    tri_launch = importlib.import_module("splatloss.backends.triton.launch")
+    monkeypatch.setattr(tri_launch, "FORCE_CUDA_GEOMETRY", True)
+    monkeypatch.setattr(tri_launch, "CUDA_ROWS", 32)
     dev = device_for("triton")
     x, y = make_pair((1, 3, 40, 300), seed=5, device=dev)
     if layout == "hwc":
@@ -83,9 +83,9 @@ def test_cuda_geometry_fused_loss(monkeypatch, layout):
 def test_cuda_geometry_map_backward_on_interior_strips(monkeypatch):
     """The SSIM map's backward (a map-sized upstream gradient, both images) on interior and edge
     strips of the CUDA geometry, against float64."""
-    tri_common = importlib.import_module("splatloss.backends.triton._common")
-    monkeypatch.setattr(tri_common, "FORCE_CUDA_GEOMETRY", True)
-    monkeypatch.setattr(tri_common, "CUDA_ROWS", 32)
+    tri_launch = importlib.import_module("splatloss.backends.triton.launch")
+    monkeypatch.setattr(tri_launch, "FORCE_CUDA_GEOMETRY", True)
+    monkeypatch.setattr(tri_launch, "CUDA_ROWS", 32)
     tri = splatloss.backends.get("triton")
     dev = device_for("triton")
     cfg = SSIMConfig(padding="same")

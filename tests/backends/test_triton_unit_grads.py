@@ -66,7 +66,7 @@ def test_dssim_l1_gradient_from_the_forward_and_the_recompute_fallback():
     # The op's backward recomputes when an input needs a gradient its forward did not compute:
     # called with need1=False on an input that requires one, it takes that path.
     from splatloss.backends.triton import dssim_l1 as mod
-    from splatloss.backends.triton._common import window_taps
+    from splatloss.backends.triton.glue import window_taps
 
     dev = device_for("triton")
     cfg = SSIMConfig(window_size=7, padding="same")
@@ -90,7 +90,7 @@ def test_dssim_l1_gradient_from_the_forward_and_the_recompute_fallback():
 @pytest.mark.parametrize("cs", [False, True])
 def test_term_op_recompute_fallback(cs):
     from splatloss.backends.triton import ssim as mod
-    from splatloss.backends.triton._common import window_taps
+    from splatloss.backends.triton.glue import window_taps
 
     dev = device_for("triton")
     cfg = SSIMConfig(window_size=3, padding="valid")

@@ -3,15 +3,19 @@
 Imported lazily by :mod:`splatloss.backends` (importing splatloss never imports Triton); runs on CUDA
 tensors, or on CPU tensors in the Triton interpreter when ``TRITON_INTERPRET=1`` was set before
 Triton was imported (that is how the test suite proves the kernels). :data:`BACKEND` implements
-:class:`splatloss.backends.base.Backend`; one module per op (``ssim``, ``dssim_l1``, ``ms_ssim``),
-shared device code in ``_common``. ``scripts/check_kernels.py`` compiles every kernel for
-sm_80 / sm_90.
+:class:`splatloss.backends.base.Backend`. One module per op (``ssim``: stats, map and loss
+term; ``masked_ssim``: the masked statistics, their kernels in ``masked_kernels``;
+``dssim_l1``; ``ms_ssim``: the pyramid step); the kernels in ``forward`` / ``backward``; the
+jitted bodies they share in ``moments`` (the SSIM formula), ``columns`` / ``ring`` (the filters)
+and ``bodies`` (lanes and epilogues); launch geometry in ``launch``; host glue in ``glue``.
+``tools/check_kernels.py`` compiles every kernel for sm_80 / sm_90.
 """
 
 from __future__ import annotations
 
 from ..base import Backend
 from . import dssim_l1 as _dssim_l1
+from . import masked_ssim as _masked_ssim
 from . import ms_ssim as _ms_ssim
 from . import ssim as _ssim
 
@@ -29,11 +33,21 @@ class TritonBackend(Backend):
     def ssim_stats(self, img1, img2, cfg):
         return _ssim.ssim_stats(img1, img2, cfg)
 
-    # With a mask, the shared compositions of the base class run over the masked statistics.
+    # Masked statistics in the kernels (windows up to 11 taps; wider ones take the shared torch
+    # fallback); the masked maps (ssim_map with a mask) are the shared fallback's. MS-SSIM and the
+    # 3DGS loss under a mask are the base class's compositions over these statistics.
+    fused_masks = True
+
+    def masked_ssim_stats(self, img1, img2, mask, cfg):
+        if not _masked_ssim.fits(cfg):
+            return super().masked_ssim_stats(img1, img2, mask, cfg)
+        return _masked_ssim.masked_ssim_stats(img1, img2, mask, cfg)
 
     def ssim_mean(self, img1, img2, cfg, mask=None):
         if mask is not None:
-            return super().ssim_mean(img1, img2, cfg, mask)
+            if not _masked_ssim.fits(cfg):
+                return super().ssim_mean(img1, img2, cfg, mask)
+            return _masked_ssim.masked_ssim_term(img1, img2, mask, cfg)
         return _ssim.ssim_term(img1, img2, cfg)
 
     def ms_ssim(self, img1, img2, cfg, weights, tau=None, mask=None):

@@ -17,16 +17,19 @@ from typing import Tuple
 
 import torch
 
-from ._common import check_inputs, functorch_guard, out_size, window_taps
-from .ssim import (
-    _fake_grads,
-    _fake_unit_grads,
+from .backward import launch_bwd
+from .forward import launch_fwd
+from .glue import (
     backward_from_unit_grads,
-    launch_bwd,
-    launch_fwd,
+    check_inputs,
+    fake_grads,
+    fake_unit_grads,
+    functorch_guard,
     save_unit_grads,
     wants_grad,
+    window_taps,
 )
+from .launch import out_size
 
 __all__ = ["dssim_l1"]
 
@@ -70,7 +73,7 @@ def _dssim_l1_op(
 
 @_dssim_l1_op.register_fake
 def _(img1, img2, window, padding, c1, c2, lam, need1, need2):
-    gx, gy = _fake_unit_grads(img1, img2, need1, need2)
+    gx, gy = fake_unit_grads(img1, img2, need1, need2)
     return img1.new_empty(img1.shape[:1], dtype=torch.float32), gx, gy
 
 
@@ -98,7 +101,7 @@ def _dssim_l1_bwd_op(
 
 @_dssim_l1_bwd_op.register_fake
 def _(g, img1, img2, window, padding, c1, c2, lam, need1, need2):
-    return _fake_grads(img1, img2, need1, need2)
+    return fake_grads(img1, img2, need1, need2)
 
 
 def _save(ctx, inputs, output):
@@ -111,7 +114,7 @@ def _backward(ctx, g, _gx, _gy):
     def recompute(img1, img2, window, need1, need2):
         return _dssim_l1_bwd_op(g, img1, img2, window, *ctx.cfg, need1, need2)
 
-    return backward_from_unit_grads(ctx, g, 1, recompute)
+    return backward_from_unit_grads(ctx, g, 1, recompute, "dssim_l1")
 
 
 _dssim_l1_op.register_autograd(_backward, setup_context=_save)

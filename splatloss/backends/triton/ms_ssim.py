@@ -24,8 +24,9 @@ import triton
 import triton.language as tl
 
 from ... import multiscale
-from . import _common
-from ._common import check_inputs, device_guard, functorch_guard, launch_options
+from . import launch
+from .glue import check_inputs, functorch_guard, refuse_double_backward
+from .launch import device_guard, launch_options
 from .ssim import ssim_term
 
 __all__ = ["downsample2x", "ms_ssim"]
@@ -40,12 +41,12 @@ def _tile(width: int, rows: int, device: torch.device) -> tuple:
     up to a power of two, 128..1024 columns; in the interpreter (one program at a time, at a cost
     per operation) as many rows as make about 16k elements."""
     block = min(1024, max(128, triton.next_power_of_2(width)))
-    if device.type == "cuda" or _common.FORCE_CUDA_GEOMETRY:
+    if device.type == "cuda" or launch.FORCE_CUDA_GEOMETRY:
         return 1, block
     return min(triton.next_power_of_2(rows), max(1, 16384 // block)), block
 
 
-#: Sizes compiled as plain integers (no variant per image size; see ssim._SIZES).
+#: Sizes compiled as plain integers (no variant per image size; see launch.SIZES).
 _DOWN_SIZES = ("C", "H", "W", "Ho", "Wo", "N_ROWS")
 
 
@@ -134,6 +135,7 @@ def _down_setup(ctx, inputs, output):
 
 
 def _down_backward(ctx, g):
+    refuse_double_backward("downsample2x")
     (x,) = ctx.saved_tensors
     return _down_bwd_op(g, x)
 

@@ -1,0 +1,243 @@
+"""The SSIM forward kernel (map or per-program sums) and its launcher.
+
+``ssim_fwd_kernel``: one program per (lane group, row chunk, column strip) (:mod:`.launch`).
+Streams down the rows: horizontal K-tap pass of x', y', x'^2 (+ y'^2), x'y' per input row
+(``x' = x - s``, ``s`` a local mean: :func:`.moments.local_shift`), vertical K-tap pass, then
+either writes the SSIM (and cs) map row, or accumulates per-lane sums that end as one partial sum
+per (channel, program) in a ``[B*C, programs]`` buffer torch adds in a fixed order: no atomics,
+bitwise reproducible. In "stats_l1" mode it also sums ``|x - y|`` over the pixels each lane owns
+(the fused 3DGS loss). The body is chosen at compile time by the window size: the column body
+(:mod:`.columns`) up to ``COLUMN_TAPS`` taps, in an unmasked copy for programs whose taps all lie
+inside the image and a masked copy for the others; the ring body (:mod:`.ring`) above.
+
+Bytes per pixel-channel (fp32 I/O, DRAM): reads x, y = 8 B; the stats modes write 2 floats per
+program (negligible), the map modes 4 B per map (SSIM, cs).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .bodies import interior, lanes, store_sums
+from .columns import hmoments, load_taps, push
+from .launch import COLUMN_TAPS, SIZES, device_guard, fwd_maxnreg, geometry, launch_options, problem
+from .moments import local_shift, ssim_cs
+from .ring import ring_vsum, row_moments
+
+__all__ = ["ssim_fwd_kernel", "launch_fwd"]
+
+
+@triton.jit
+def _store_row(
+    s_ptr, cs_ptr, bc, p, p_c, Ho, Wo, ok, ssim, cs, acc_s, acc_c, WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr
+):
+    """Write map row ``p`` (maps are contiguous ``[B*C, Ho, Wo]``) or add it to the lanes' sums."""
+    if WRITE_MAP:
+        offs = (bc.to(tl.int64) * Ho + p) * Wo + p_c
+        tl.store(s_ptr + offs, ssim, mask=ok)
+        if WRITE_CS:
+            tl.store(cs_ptr + offs, cs, mask=ok)
+    else:
+        acc_s += tl.where(ok, ssim, 0.0)
+        acc_c += tl.where(ok, cs, 0.0)
+    return acc_s, acc_c
+
+
+@triton.jit
+def _fwd_columns(
+    x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+    sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2,
+    K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
+    WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr, HAS_L1: tl.constexpr, EDGE: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    group, chunk, strip, f, bc, lane_ok, b, ch = lanes(pid, BC, C, n_chunks, n_strips, F, BW)
+    x_base = b * sx_b + ch * sx_c
+    y_base = b * sy_b + ch * sy_c
+    p_c = strip * F + f  # map column of each lane
+    x_lane = x_base + (p_c - PAD).to(tl.int64) * sx_w  # first tap of each lane's window, row 0
+    y_lane = y_base + (p_c - PAD).to(tl.int64) * sy_w
+    col_ok = lane_ok & (p_c < Wo)
+    p_r0 = chunk * ROWS  # first map row of this chunk
+    n_rows = tl.minimum(ROWS, Ho - p_r0)
+    shift = local_shift(x_ptr, y_ptr, x_base, y_base, p_r0, n_rows, p_c, col_ok, sx_h, sx_w, sy_h, sy_w, F, BW)
+    wt = load_taps(w_ptr, K)
+    zero = tl.zeros([BW], dtype=tl.float32)
+    # pending vertical sums: slot j of map row p_r0 + i - (K - 1) + j + 1 (row p_r0 + i - (K - 1)
+    # completes at step i)
+    v1 = (zero,) * (K - 1)
+    v2 = (zero,) * (K - 1)
+    v11 = (zero,) * (K - 1)
+    v12 = (zero,) * (K - 1)
+    acc_s = zero
+    acc_c = zero
+    acc_l1 = zero
+    # L1 ownership: each input pixel is counted by one lane and one row step. Lane p_c owns
+    # input column p_c (tap PAD); with "valid" the last map column also owns the K - 1 columns
+    # past the map, and the last chunk the rows past it.
+    last_col = p_c == Wo - 1
+    last_chunk = p_r0 + n_rows == Ho
+    for i in tl.range(0, n_rows + K - 1, num_stages=1):
+        # padded input row p_r0 - PAD + i enters; map row p = p_r0 + i - (K - 1) completes
+        r_in = p_r0 - PAD + i
+        h1, h2, h11, h12, l1_row = hmoments(
+            x_ptr, y_ptr, x_lane, y_lane, r_in, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
+            lane_ok, col_ok, last_col, shift, wt, K, PAD, REFLECT, HAS_L1, EDGE,
+        )  # fmt: skip
+        if HAS_L1:
+            row_own = ((r_in >= p_r0) & (r_in < p_r0 + n_rows)) | (last_chunk & (r_in >= Ho) & (r_in < H))
+            acc_l1 += tl.where(row_own, l1_row, 0.0)
+        mu1, v1 = push(v1, h1, wt, K, True)
+        mu2, v2 = push(v2, h2, wt, K, True)
+        e11, v11 = push(v11, h11, wt, K, True)  # E[x'^2] + E[y'^2]: only their sum enters B2
+        e12, v12 = push(v12, h12, wt, K, True)
+        ssim, cs = ssim_cs(mu1, mu2, e11, None, e12, c1, c2, shift)
+        p = p_r0 + i - (K - 1)
+        ok = col_ok & (i >= K - 1)
+        acc_s, acc_c = _store_row(s_ptr, cs_ptr, bc, p, p_c, Ho, Wo, ok, ssim, cs, acc_s, acc_c, WRITE_MAP, WRITE_CS)
+    if not WRITE_MAP:
+        # one partial sum per (channel, chunk, strip): [BC, n_chunks * n_strips]
+        store_sums(s_ptr, acc_s, BC, n_chunks * n_strips, 1, F, BW)
+        store_sums(cs_ptr, acc_c, BC, n_chunks * n_strips, 1, F, BW)
+        if HAS_L1:
+            store_sums(l1_ptr, acc_l1, BC, n_chunks * n_strips, 1, F, BW)
+
+
+@triton.jit
+def _fwd_ring(
+    x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, scr_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+    sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2,
+    K: tl.constexpr, KP: tl.constexpr, REFLECT: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr,
+    BW: tl.constexpr, WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr, HAS_L1: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    group, chunk, strip, f, bc, lane_ok, b, ch = lanes(pid, BC, C, n_chunks, n_strips, F, BW)
+    x_base = b * sx_b + ch * sx_c
+    y_base = b * sy_b + ch * sy_c
+    ar = tl.arange(0, BW)
+    slots = tl.arange(0, KP)
+    p_c = strip * F + f  # map column of each lane
+    col_ok = lane_ok & (p_c < Wo)
+    p_r0 = chunk * ROWS  # first map row of this chunk
+    n_rows = tl.minimum(ROWS, Ho - p_r0)
+    shift = local_shift(x_ptr, y_ptr, x_base, y_base, p_r0, n_rows, p_c, col_ok, sx_h, sx_w, sy_h, sy_w, F, BW)
+
+    # scratch: 5 rings of the last KP horizontal-pass rows (slot i % KP), zeroed so that rows not
+    # yet written (weight 0) cannot inject NaN
+    ring = scr_ptr + pid.to(tl.int64) * (5 * KP * BW)
+    ring_offs = slots[:, None] * BW + ar[None, :]  # [KP, BW]
+    for j in tl.static_range(5):
+        tl.store(ring + j * KP * BW + ring_offs, tl.zeros([KP, BW], dtype=tl.float32))
+    acc_s = tl.zeros([BW], dtype=tl.float32)
+    acc_c = tl.zeros([BW], dtype=tl.float32)
+    acc_l1 = tl.zeros([BW], dtype=tl.float32)
+    # L1 ownership: as in the column body, by taps own_lo <= a < own_hi of each lane
+    own_lo = tl.where(col_ok, PAD, K)
+    if PAD == 0:
+        own_hi = tl.where(col_ok, tl.where(p_c == Wo - 1, K, 1), 0)
+    else:
+        own_hi = tl.where(col_ok, PAD + 1, 0)
+    last_chunk = p_r0 + n_rows == Ho
+    for i in range(0, n_rows + K - 1):
+        # padded input row p_r0 - PAD + i enters the ring
+        r_in = p_r0 - PAD + i
+        row_own = ((r_in >= p_r0) & (r_in < p_r0 + n_rows)) | (last_chunk & (r_in >= Ho) & (r_in < H))
+        h1, h2, h11, h22, h12, l1_row = row_moments(
+            x_ptr, y_ptr, x_base, y_base, r_in, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, w_ptr,
+            lane_ok, own_lo, own_hi, shift, K, KP, REFLECT, HAS_L1, F == BW,
+        )  # fmt: skip
+        if HAS_L1:
+            acc_l1 += tl.where(row_own, l1_row, 0.0)
+        slot = ring + (i % KP) * BW + ar
+        tl.store(slot, h1)
+        tl.store(slot + KP * BW, h2)
+        tl.store(slot + 2 * KP * BW, h11)
+        tl.store(slot + 3 * KP * BW, h22)
+        tl.store(slot + 4 * KP * BW, h12)
+        tl.debug_barrier()
+        # map row p = p_r0 + i - (K - 1) uses the K newest rows: a slot written g rows ago holds tap K-1-g
+        age = (i - slots + KP) % KP
+        wv = tl.load(w_ptr + (K - 1 - age), mask=age < K, other=0.0)[:, None]
+        live = (age < K)[:, None]  # only the K newest rows: 0 * NaN of an older row would be NaN
+        mu1, mu2, e11, e22, e12 = ring_vsum(ring, ring_offs, live, wv, KP, BW)
+        ssim, cs = ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift)
+        p = p_r0 + i - (K - 1)
+        ok = col_ok & (i >= K - 1)
+        acc_s, acc_c = _store_row(s_ptr, cs_ptr, bc, p, p_c, Ho, Wo, ok, ssim, cs, acc_s, acc_c, WRITE_MAP, WRITE_CS)
+    if not WRITE_MAP:
+        store_sums(s_ptr, acc_s, BC, n_chunks * n_strips, 1, F, BW)
+        store_sums(cs_ptr, acc_c, BC, n_chunks * n_strips, 1, F, BW)
+        if HAS_L1:
+            store_sums(l1_ptr, acc_l1, BC, n_chunks * n_strips, 1, F, BW)
+
+
+@triton.jit(do_not_specialize=SIZES)
+def ssim_fwd_kernel(
+    x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, scr_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+    sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2,
+    K: tl.constexpr, KP: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
+    WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr, HAS_L1: tl.constexpr,
+):  # fmt: skip
+    if K <= COLUMN_TAPS:
+        # interior programs read their rows without masks (``hmoments``); one loop or the other
+        strip = tl.program_id(0) % n_strips
+        if interior(strip * F - PAD, W, K, F, BW):
+            _fwd_columns(
+                x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+                sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2, K, PAD, REFLECT, F, BW, WRITE_MAP, WRITE_CS,
+                HAS_L1, False
+            )  # fmt: skip
+        else:
+            _fwd_columns(
+                x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+                sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2, K, PAD, REFLECT, F, BW, WRITE_MAP, WRITE_CS,
+                HAS_L1, True
+            )  # fmt: skip
+    else:
+        _fwd_ring(
+            x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, scr_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+            sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2, K, KP, REFLECT, PAD, F, BW, WRITE_MAP, WRITE_CS,
+            HAS_L1,
+        )  # fmt: skip
+
+
+def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str):
+    """Run the forward kernel. ``mode``: "stats" -> ``(ssim_sum, cs_sum)``, each ``[B, C]`` fp32
+    sums over the map; "stats_l1" -> ``(ssim_sum, cs_sum, abs_diff_sum)``, the last summed over
+    the image (the fused photometric loss); "map" -> ``(ssim_map, empty)``; "map_cs" ->
+    ``(ssim_map, cs_map)``."""
+    B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
+    BC = B * C
+    geo = geometry(Wo, Ho, K, BC, img1.device)
+    n_strips = triton.cdiv(Wo, geo.f)
+    n_chunks = triton.cdiv(Ho, geo.rows)
+    n_groups = triton.cdiv(BC, geo.bw // geo.f)
+    n_prog = n_groups * n_chunks * n_strips
+    dev = img1.device
+    stats = mode in ("stats", "stats_l1")
+    l1 = None
+    if stats:
+        s = torch.empty((BC, n_chunks * n_strips), dtype=torch.float32, device=dev)
+        cs = torch.empty_like(s)
+        l1 = torch.empty_like(s) if mode == "stats_l1" else None
+    else:
+        s = torch.empty((B, C, Ho, Wo), dtype=torch.float32, device=dev)
+        cs = torch.empty((B, C, Ho, Wo) if mode == "map_cs" else (0,), dtype=torch.float32, device=dev)
+    # the ring kernels (K > COLUMN_TAPS) keep 5 rings of KP rows per program; the column kernels none
+    ring = K > COLUMN_TAPS.value
+    scratch = torch.empty((n_prog, 5 * geo.kp * geo.bw) if ring else (1,), dtype=torch.float32, device=dev)
+    with device_guard(img1):
+        ssim_fwd_kernel[(n_prog,)](
+            img1, img2, window, s, cs if mode != "map" else s, l1 if l1 is not None else s, scratch,
+            BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows, *img1.stride(), *img2.stride(), float(c1), float(c2),
+            K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
+            WRITE_MAP=not stats, WRITE_CS=mode == "map_cs", HAS_L1=l1 is not None,
+            **launch_options(geo.warps, maxnreg=fwd_maxnreg(K)),
+        )  # fmt: skip
+    if stats:
+        # fixed-order reduction of the per-program partial sums: deterministic, no atomics
+        out = (s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C))
+        return out + (l1.sum(dim=1).view(B, C),) if l1 is not None else out
+    return s, cs

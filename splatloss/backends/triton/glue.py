@@ -1,0 +1,161 @@
+"""What the Triton op files share on the host: input checks, the window cache, fake outputs for
+``register_fake``, and the autograd of ops whose forward also returns their unit gradients."""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .launch import MAX_WINDOW, out_size
+
+Tensor = torch.Tensor
+
+
+def check_inputs(img1: torch.Tensor, img2: torch.Tensor, cfg) -> None:
+    """What only the Triton backend cannot do (functional has already validated the rest)."""
+    if img1.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(
+            "the triton backend computes in float32 and takes float32, float16 or bfloat16 images, "
+            f"got {img1.dtype}; use backend='torch' or 'reference' for float64"
+        )
+    if img2.dtype != img1.dtype:
+        raise TypeError(f"img1 and img2 must have the same dtype, got {img1.dtype} and {img2.dtype}")
+    if img1.dim() != 4 or img2.shape != img1.shape:
+        raise ValueError(
+            f"the triton backend expects two (B, C, H, W) images of one shape, got "
+            f"{tuple(img1.shape)} and {tuple(img2.shape)}"
+        )
+    if img1.device != img2.device:
+        raise ValueError(f"img1 and img2 must be on one device, got {img1.device} and {img2.device}")
+    if img1.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(
+            f"the triton backend needs CUDA tensors, got a tensor on {img1.device.type}; "
+            "set TRITON_INTERPRET=1 (before importing triton) to run the kernels in the interpreter"
+        )
+    if cfg.window_size > MAX_WINDOW:
+        raise ValueError(
+            f"the triton backend supports window_size <= {MAX_WINDOW} (wider programs than its halo), "
+            f"got {cfg.window_size}; use backend='torch' for larger windows"
+        )
+    if img1.shape[0] == 0 or img1.shape[1] == 0:
+        raise ValueError(
+            f"the triton backend needs at least one image and one channel, got shape {tuple(img1.shape)}; "
+            "drop empty batches before the loss, or use backend='torch' (empty / NaN results)"
+        )
+    h, w = img1.shape[-2:]
+    need = cfg.min_size()
+    if h < need or w < need:
+        raise ValueError(
+            f"images must be at least {need}x{need} for window_size={cfg.window_size} and "
+            f"padding={cfg.padding!r}, got {h}x{w}"
+        )
+
+
+class functorch_guard:
+    """Turn torch's message for a ``torch.func.grad`` / ``jvp`` transform over our custom ops
+    ("...autograd.Function with functorch transforms... must override the setup_context...") into
+    an error that says what to do. (``vmap`` works, through torch's per-sample fallback.)"""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is RuntimeError and "functorch transforms" in str(exc):
+            raise ValueError(
+                "the triton backend does not support torch.func transforms (grad, jvp, jacrev, ...); "
+                "use backend='torch' or 'reference' with torch.func"
+            ) from exc
+        return False
+
+
+def refuse_double_backward(op: str) -> None:
+    """Called first in every backward of the Triton ops. Autograd runs a backward with gradient
+    mode on only when the caller asked for a graph of the gradient (``create_graph=True``:
+    double backward, a gradient penalty, a Hessian-vector product). The kernels' analytic
+    gradient is not differentiable again, and returned without a graph it would make the second
+    derivative silently zero, so it is refused here."""
+    if torch.is_grad_enabled():
+        raise ValueError(
+            f"the triton backend's {op} has no second derivative: its gradient was asked for with "
+            "create_graph=True (double backward, a gradient penalty, a Hessian-vector product), "
+            "which would silently differentiate as zero; use backend='torch' or 'reference' for "
+            "losses that are differentiated twice"
+        )
+
+
+#: The windows built so far, by (window, size, sigma, device).
+WINDOWS_CACHE: Dict[tuple, torch.Tensor] = {}
+
+
+def window_taps(cfg, device: torch.device) -> torch.Tensor:
+    """The 1-D window as a float32 tensor on ``device``, built once per (window, device)."""
+    key = (cfg.window, cfg.window_size, cfg.sigma, str(device))
+    w = WINDOWS_CACHE.get(key)
+    if w is None:
+        w = cfg.window_1d(torch.float32, device).contiguous()
+        WINDOWS_CACHE[key] = w
+    return w
+
+
+def wants_grad(t: Tensor) -> bool:
+    """Whether autograd will ask for a gradient of ``t`` (decided in the forward)."""
+    return torch.is_grad_enabled() and t.requires_grad
+
+
+def map_numel(img: Tensor, window: Tensor, padding: str) -> int:
+    """Pixels of one channel's SSIM map."""
+    K = window.shape[0]
+    return out_size(img.shape[-2], K, padding) * out_size(img.shape[-1], K, padding)
+
+
+def fake_grads(img1: Tensor, img2: Tensor, need1: bool, need2: bool) -> Tuple[Tensor, Tensor]:
+    """Gradients as :func:`.backward.launch_bwd` allocates them: img1's layout, and img2's gradient
+    in img1's layout too when both are computed (img2's own layout only when it is the sole
+    gradient)."""
+    gx = torch.empty_like(img1) if need1 else img1.new_empty(0)
+    if not need2:
+        return gx, img2.new_empty(0)
+    return gx, (torch.empty_like(img1, dtype=img2.dtype) if need1 else torch.empty_like(img2))
+
+
+def fake_unit_grads(img1: Tensor, img2: Tensor, need1: bool, need2: bool) -> Tuple[Tensor, Tensor]:
+    """float32 gradients in the layouts :func:`.backward.launch_bwd` gives them (see
+    :func:`fake_grads`)."""
+    gx, gy = fake_grads(img1, img2, need1, need2)
+    return gx.to(torch.float32), gy.to(torch.float32)
+
+
+def zeros_if_none(g: Optional[Tensor], like_shape, device) -> Tensor:
+    return g if g is not None else torch.zeros(like_shape, dtype=torch.float32, device=device)
+
+
+def save_unit_grads(ctx, img1: Tensor, img2: Tensor, window: Tensor, gx: Tensor, gy: Tensor, *extra: Tensor) -> None:
+    """setup_context of an op whose forward also returned its gradients for a unit upstream
+    gradient (``gx`` / ``gy``, float32, empty where not computed): keep them with the inputs
+    (and ``extra`` inputs its recompute needs, such as a mask)."""
+    ctx.save_for_backward(img1, img2, window, gx, gy, *extra)
+    ctx.mark_non_differentiable(gx, gy)
+    ctx.set_materialize_grads(False)  # no zero-filled upstream gradients for gx / gy (4 B each)
+
+
+def backward_from_unit_grads(ctx, upstream: Optional[Tensor], dims: int, recompute, op: str) -> tuple:
+    """The backward of such an op (nine inputs, the two images first): scale the kept gradients by
+    ``upstream``, one scalar per leading index (``dims`` of them: per image, or per image and
+    channel), one elementwise pass each, and return them in each input's dtype. An input that
+    needs a gradient its forward did not compute (it did not need one then) gets
+    ``recompute(img1, img2, window, need1, need2, *extra) -> (gx, gy)``. ``op`` names the op in the
+    error a double backward gets (:func:`refuse_double_backward`)."""
+    refuse_double_backward(op)
+    need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
+    rest = (None,) * 7
+    if not (need1 or need2) or upstream is None:
+        return (None, None) + rest
+    img1, img2, window, gx, gy, *extra = ctx.saved_tensors
+    if (need1 and gx.numel() == 0) or (need2 and gy.numel() == 0):
+        gx, gy = recompute(img1, img2, window, need1, need2, *extra)
+        return (gx if need1 else None, gy if need2 else None) + rest
+    u = upstream.to(torch.float32)
+    u = u.reshape(u.shape + (1,) * (4 - dims))
+    return ((gx * u).to(img1.dtype) if need1 else None, (gy * u).to(img2.dtype) if need2 else None) + rest

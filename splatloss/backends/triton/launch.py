@@ -1,0 +1,175 @@
+"""Launch geometry of the Triton kernels: lanes, rows and warps per program, register ceilings,
+launch options, the device guard, and the sizes of the SSIM map.
+
+A program owns a strip of ``F`` map (or gradient) columns of one image channel -- or, when a whole
+row fits in ``F``, ``G = BW // F`` channel rows side by side ("lanes": one column of one channel
+per lane, ``BW`` lanes) -- and streams down ``ROWS`` rows of it (:mod:`.columns` and :mod:`.ring`
+describe the two bodies that do the filtering). Everything here runs on the host; the kernels
+import only :data:`COLUMN_TAPS` (which body a window size compiles).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+#: Largest window the kernels accept. Tap / ring tiles are ``KP = next_pow2(K)`` rows deep; up to
+#: 15 taps programs have 128 lanes, 17..31 taps 64 lanes (so a thread still holds 8 values of each
+#: ``[KP, lanes]`` tile and nothing spills, tools/check_kernels.py); 33+ taps would need 32-lane
+#: programs, narrower than the backward's ``K - 1`` halo, so they are refused.
+MAX_WINDOW = 31
+
+_PADDING_CODE = {"valid": 0, "same": 1, "reflect": 2}
+
+
+class Geometry(NamedTuple):
+    """Launch geometry: ``bw`` lanes per program, frame width ``f`` (map columns per strip in the
+    forward; gradient columns + ``K - 1`` halo in the backward), ``rows`` streamed per program,
+    ring depth ``kp`` (next power of two >= window size), ``warps``."""
+
+    bw: int
+    f: int
+    rows: int
+    kp: int
+    warps: int
+
+
+#: Rows streamed per program on CUDA; the interpreter (one program at a time) uses wider and longer
+#: programs, see :func:`geometry`. Tests set ``FORCE_CUDA_GEOMETRY`` to run the CUDA geometry in
+#: the interpreter.
+CUDA_ROWS = 128
+FORCE_CUDA_GEOMETRY = False
+
+#: Register ceilings passed to the launches (and seen by tools/check_kernels.py). Column kernels
+#: (``K <= COLUMN_TAPS``): 128 registers, so that four 4-warp CTAs (16 warps, 8-warp programs: two)
+#: are resident per SM; their pending sums fit without spilling at sm_80 and sm_90 (checked for
+#: every launched variant by tools/check_kernels.py), except the "reflect" backward's (its
+#: mirrored taps: :func:`bwd_maxnreg`). Those and the ring kernels: 255, without which ptxas
+#: chose 128 registers plus a 4-byte spill for several ring-kernel backward variants at sm_80.
+COLUMN_MAXNREG = 128
+MAXNREG = 255
+
+
+def launch_options(num_warps: int, hip: Optional[bool] = None, maxnreg: int = MAXNREG) -> dict:
+    """Keyword options of a kernel launch: ``num_warps``, and the register ceiling ``maxnreg`` only
+    on NVIDIA (Triton's HIP backend rejects it). ``hip`` defaults to whether torch was built for
+    ROCm."""
+    if hip is None:
+        hip = torch.version.hip is not None
+    return {"num_warps": num_warps} if hip else {"num_warps": num_warps, "maxnreg": maxnreg}
+
+
+def device_guard(t: torch.Tensor):
+    """Context in which to launch on ``t``'s device: Triton launches on the current CUDA device and
+    stream, not the tensor's, so a tensor on ``cuda:1`` needs ``torch.cuda.device(1)`` around the
+    launch. A no-op for CPU tensors (the interpreter)."""
+    if t.device.type == "cuda":
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+#: Windows up to this many taps run the column kernels: one image column per thread, taps unrolled
+#: into registers, the vertical sums as pending per-thread sums (registers grow with K: at 13+ taps
+#: the heaviest backward variants spilled). Wider windows run the ring kernels (``[KP, lanes]``
+#: tiles through an L1-resident scratch ring), whose registers do not grow with K.
+COLUMN_TAPS = tl.constexpr(11)
+
+
+def cuda_lanes(window_size: int) -> int:
+    """Lanes (columns) per program on CUDA: 128, or 64 for the ring kernels' 32-deep tap tiles
+    (K = 17..31)."""
+    return 128 if triton.next_power_of_2(window_size) <= 16 else 64
+
+
+def cuda_warps(window_size: int) -> int:
+    """Warps per program: one thread per lane for the column kernels; for the ring kernels each
+    thread holds ``KP * lanes / (32 * warps)`` <= 8 values of every ``[KP, lanes]`` tile, so that
+    no kernel spills (tools/check_kernels.py)."""
+    lanes = cuda_lanes(window_size)
+    if window_size <= COLUMN_TAPS.value:
+        return lanes // 32
+    return max(4, (triton.next_power_of_2(window_size) * lanes) // (8 * 32))
+
+
+def geometry(frame: int, rows: int, window_size: int, bc: int, device: torch.device, halo: bool = False) -> Geometry:
+    """Geometry for rows of ``frame`` lanes of work (map width, or image width + K - 1 halo).
+
+    On CUDA: 128 lanes (64 for windows of 17..31 taps), 128 rows per program; rows of at most
+    half the lanes are packed several channels per program (MS-SSIM's coarse scales). ``halo``
+    (the backward, whose programs recompute ``K - 1`` columns of their neighbours): the column
+    kernels take 256 lanes and 8 warps, so that the recomputed halo is 4 %, not 8 %, of the work. In the
+    interpreter programs run one after the other at a cost per operation, not per element: one
+    program takes every row and column (up to 2048 lanes) of as many channels as fit.
+    """
+    kp = triton.next_power_of_2(window_size)
+    need = triton.next_power_of_2(max(frame, 1))
+    if device.type == "cuda" or FORCE_CUDA_GEOMETRY:
+        lanes = cuda_lanes(window_size)
+        warps = cuda_warps(window_size)
+        if halo and window_size <= COLUMN_TAPS.value:
+            lanes, warps = 2 * lanes, 2 * warps
+        return Geometry(
+            bw=lanes,
+            f=min(lanes, need),
+            rows=CUDA_ROWS,
+            kp=kp,
+            warps=warps,
+        )
+    f = min(need, 2048)
+    bw = f * min(triton.next_power_of_2(bc), max(1, 2048 // f))
+    return Geometry(bw=bw, f=f, rows=max(rows, 1), kp=kp, warps=4)
+
+
+def bwd_maxnreg(K: int, reflect: bool) -> int:
+    """Register ceiling of a backward launch: 128 (16 resident warps per SM) for the column
+    kernels; under "reflect" their mirrored vertical taps do not fit in 128 registers (up to 440 B
+    of spills with both gradients), so those, like the ring kernels, get 255."""
+    return COLUMN_MAXNREG if K <= COLUMN_TAPS.value and not reflect else MAXNREG
+
+
+def fwd_maxnreg(K: int) -> int:
+    """Register ceiling of a forward launch: 128 for the column kernels, 255 for the ring kernels."""
+    return COLUMN_MAXNREG if K <= COLUMN_TAPS.value else MAXNREG
+
+
+#: Size arguments compiled as plain integers: Triton would otherwise specialise each that equals 1 or
+#: is a multiple of 16, compiling a new variant for new image sizes / MS-SSIM scales for no gain.
+SIZES = ("BC", "C", "H", "W", "Ho", "Wo", "n_chunks", "n_strips", "ROWS")
+
+
+def padding_code(padding: str) -> int:
+    if padding not in _PADDING_CODE:
+        raise ValueError(f"padding must be one of {tuple(_PADDING_CODE)}, got {padding!r}")
+    return _PADDING_CODE[padding]
+
+
+def out_size(n: int, window_size: int, padding: str) -> int:
+    """Side of the SSIM map: shrinks by ``window_size - 1`` with "valid", unchanged otherwise."""
+    return n - window_size + 1 if padding == "valid" else n
+
+
+class Problem(NamedTuple):
+    """The sizes of one SSIM call: ``B, C, H, W``, window ``K``, padding ``pad`` (taps left of the
+    centre, 0 for "valid"), ``reflect``, and the map's ``Ho x Wo``."""
+
+    B: int
+    C: int
+    H: int
+    W: int
+    K: int
+    pad: int
+    reflect: bool
+    Ho: int
+    Wo: int
+
+
+def problem(img1: torch.Tensor, window: torch.Tensor, padding: str) -> Problem:
+    B, C, H, W = img1.shape
+    K = window.shape[0]
+    code = padding_code(padding)
+    pad = 0 if code == 0 else K // 2
+    return Problem(B, C, H, W, K, pad, code == 2, out_size(H, K, padding), out_size(W, K, padding))

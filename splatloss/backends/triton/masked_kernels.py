@@ -1,0 +1,316 @@
+"""The masked SSIM kernels and their launchers (the ops are :mod:`.masked_ssim`'s).
+
+Kernels (column bodies, windows up to ``COLUMN_TAPS``; wider windows take the shared fallback):
+
+* ``masked_fwd_kernel``: the forward kernel's stream (:mod:`.forward`) with a fifth horizontal and
+  vertical sum, ``F(M)``, the four moment sums weighted by the mask per tap
+  (:func:`.columns.hmoments_masked`), the moments divided by ``F(M)``, and the SSIM / cs rows
+  summed with the centre mask as weight.
+* ``masked_bwd_kernel``: the backward kernel's stream (:mod:`.backward`). With ``N_P = F(M P)``
+  and ``mu_P = N_P / F(M)``, the partial derivative of the value with respect to ``N_P`` is the
+  unmasked one with respect to ``mu_P`` divided by ``F(M)`` (the mask gets no gradient, so
+  ``F(M)``'s own derivative is not needed), and ``N_P``'s derivative with respect to the pixel
+  ``q`` carries the factor ``M(q)``: the gradient is the unmasked adjoint of the partials over
+  ``F(M)``, times ``M(q)``. The upstream at map position ``p`` is the channel's scalar times the
+  centre mask at ``p`` (already divided by the channel's weight sum on the host).
+
+Costs per pixel-channel beyond the unmasked kernels: one more read (the mask, 4 B, or none where
+it broadcasts over channels and stays in cache), a fifth filtered sum and a multiply per tap.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .bodies import interior, lanes, stage_partials, store_sums
+from .columns import hadjoint_cols, hmoments_masked, load_taps, push, vadjoint_taps
+from .launch import (
+    MAXNREG,
+    SIZES,
+    bwd_maxnreg,
+    device_guard,
+    fwd_maxnreg,
+    geometry,
+    launch_options,
+    problem,
+)
+from .moments import local_shift, partials, ssim_cs
+
+__all__ = ["launch_masked_bwd", "launch_masked_fwd", "masked_bwd_kernel", "masked_fwd_kernel"]
+
+Tensor = torch.Tensor
+
+
+@triton.jit
+def _masked_fwd_columns(
+    x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+    sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, c1, c2,
+    K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
+    EDGE: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    group, chunk, strip, f, bc, lane_ok, b, ch = lanes(pid, BC, C, n_chunks, n_strips, F, BW)
+    x_base = b * sx_b + ch * sx_c
+    y_base = b * sy_b + ch * sy_c
+    m_base = b * sm_b + ch * sm_c
+    p_c = strip * F + f  # map column of each lane
+    x_lane = x_base + (p_c - PAD).to(tl.int64) * sx_w  # first tap of each lane's window, row 0
+    y_lane = y_base + (p_c - PAD).to(tl.int64) * sy_w
+    m_lane = m_base + (p_c - PAD).to(tl.int64) * sm_w
+    CEN: tl.constexpr = K // 2 - PAD  # a map position's centre pixel, in image coordinates: p + CEN
+    mc_lane = m_base + (p_c + CEN).to(tl.int64) * sm_w
+    col_ok = lane_ok & (p_c < Wo)
+    p_r0 = chunk * ROWS  # first map row of this chunk
+    n_rows = tl.minimum(ROWS, Ho - p_r0)
+    shift = local_shift(x_ptr, y_ptr, x_base, y_base, p_r0, n_rows, p_c, col_ok, sx_h, sx_w, sy_h, sy_w, F, BW)
+    wt = load_taps(w_ptr, K)
+    zero = tl.zeros([BW], dtype=tl.float32)
+    v0 = (zero,) * (K - 1)
+    v1 = (zero,) * (K - 1)
+    v2 = (zero,) * (K - 1)
+    v11 = (zero,) * (K - 1)
+    v12 = (zero,) * (K - 1)
+    acc_s = zero
+    acc_c = zero
+    for i in tl.range(0, n_rows + K - 1, num_stages=1):
+        r_in = p_r0 - PAD + i
+        h0, h1, h2, h11, h12 = hmoments_masked(
+            x_ptr, y_ptr, m_ptr, x_lane, y_lane, m_lane, r_in, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w,
+            lane_ok, shift, wt, K, REFLECT, EDGE,
+        )  # fmt: skip
+        fm, v0 = push(v0, h0, wt, K, True)
+        f1, v1 = push(v1, h1, wt, K, True)
+        f2, v2 = push(v2, h2, wt, K, True)
+        f11, v11 = push(v11, h11, wt, K, True)
+        f12, v12 = push(v12, h12, wt, K, True)
+        inv = 1.0 / tl.where(fm > 0, fm, 1.0)
+        ssim, cs = ssim_cs(f1 * inv, f2 * inv, f11 * inv, None, f12 * inv, c1, c2, shift)
+        p = p_r0 + i - (K - 1)
+        ok = col_ok & (i >= K - 1)
+        mc = tl.load(m_ptr + mc_lane + (p + CEN).to(tl.int64) * sm_h, mask=ok, other=0.0)
+        acc_s += tl.where(ok, mc * ssim, 0.0)
+        acc_c += tl.where(ok, mc * cs, 0.0)
+    store_sums(s_ptr, acc_s, BC, n_chunks * n_strips, 1, F, BW)
+    store_sums(cs_ptr, acc_c, BC, n_chunks * n_strips, 1, F, BW)
+
+
+@triton.jit(do_not_specialize=SIZES)
+def masked_fwd_kernel(
+    x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+    sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, c1, c2,
+    K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
+):  # fmt: skip
+    strip = tl.program_id(0) % n_strips
+    if interior(strip * F - PAD, W, K, F, BW):
+        _masked_fwd_columns(
+            x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+            sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, c1, c2, K, PAD, REFLECT, F, BW,
+            False,
+        )  # fmt: skip
+    else:
+        _masked_fwd_columns(
+            x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+            sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, c1, c2, K, PAD, REFLECT, F, BW,
+            True,
+        )  # fmt: skip
+
+
+@triton.jit
+def _masked_bwd_columns(
+    x_ptr, y_ptr, m_ptr, w_ptr, gs_ptr, gc_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
+    BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+    sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
+    K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
+    HAS_CS: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr, WRITE_SUMS: tl.constexpr, EDGE: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    group, chunk, strip, f, bc, lane_ok, b, ch = lanes(pid, BC, C, n_chunks, n_strips, F, BW)
+    x_base = b * sx_b + ch * sx_c
+    y_base = b * sy_b + ch * sy_c
+    m_base = b * sm_b + ch * sm_c
+    o_base = b * so_b + ch * so_c
+    ar = tl.arange(0, BW)
+
+    STEP: tl.constexpr = F - (K - 1)  # gradient columns per strip
+    q_c0 = strip * STEP
+    q_c = q_c0 + f  # gradient column of each lane (valid for f < STEP)
+    qcol_ok = lane_ok & (f < STEP) & (q_c < W)
+    p_c = q_c0 - (K - 1) + PAD + f  # map column whose partials the lane holds
+    pcol_ok = lane_ok & (p_c >= 0) & (p_c < Wo)
+    own_c = pcol_ok & (p_c >= q_c0) & (p_c < q_c0 + STEP)  # map columns this strip sums
+    x_lane = x_base + (p_c - PAD).to(tl.int64) * sx_w  # first tap of each lane's window, row 0
+    y_lane = y_base + (p_c - PAD).to(tl.int64) * sy_w
+    m_lane = m_base + (p_c - PAD).to(tl.int64) * sm_w
+    CEN: tl.constexpr = K // 2 - PAD  # a map position's centre pixel, in image coordinates: p + CEN
+    mc_lane = m_base + (p_c + CEN).to(tl.int64) * sm_w
+    q_r0 = chunk * ROWS
+    n_rows = tl.minimum(ROWS, H - q_r0)
+    shift = local_shift(x_ptr, y_ptr, x_base, y_base, q_r0, n_rows, q_c, qcol_ok, sx_h, sx_w, sy_h, sy_w, F, BW)
+    wt = load_taps(w_ptr, K)
+    zero = tl.zeros([BW], dtype=tl.float32)
+    scr = scr_ptr + pid.to(tl.int64) * (8 * BW + 32)  # two rows of 4 partials, as in the backward kernel
+
+    # per-channel upstream scalars (already divided by the channel's centre-weight sum)
+    sel = group if F == BW else bc
+    sel_ok = True if F == BW else lane_ok
+    gs = tl.load(gs_ptr + sel, mask=sel_ok, other=0.0).to(tl.float32)
+    if HAS_CS:
+        gc = tl.load(gc_ptr + sel, mask=sel_ok, other=0.0).to(tl.float32)
+    else:
+        gc = 0.0
+    acc_s = zero
+    v0 = (zero,) * (K - 1)
+    v1 = (zero,) * (K - 1)
+    v2 = (zero,) * (K - 1)
+    v11 = (zero,) * (K - 1)
+    v12 = (zero,) * (K - 1)
+    a_sq = (zero,) * (K - 1)
+    a_xy = (zero,) * (K - 1)
+    a_1 = (zero,) * (K - 1)
+    a_2 = (zero,) * (K - 1)
+    for i in tl.range(0, n_rows + 2 * (K - 1), num_stages=1):
+        # 1. padded input row r enters; the masked moments of map row p = r - (K - 1) + PAD complete
+        r = q_r0 - (K - 1) + i
+        h0, h1, h2, h11, h12 = hmoments_masked(
+            x_ptr, y_ptr, m_ptr, x_lane, y_lane, m_lane, r, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w,
+            lane_ok, shift, wt, K, REFLECT, EDGE,
+        )  # fmt: skip
+        fm, v0 = push(v0, h0, wt, K, True)
+        f1, v1 = push(v1, h1, wt, K, True)
+        f2, v2 = push(v2, h2, wt, K, True)
+        f11, v11 = push(v11, h11, wt, K, True)
+        f12, v12 = push(v12, h12, wt, K, True)
+        inv = 1.0 / tl.where(fm > 0, fm, 1.0)
+
+        # 2. partial derivatives on map row p (upstream: the channel's scalar times the centre
+        #    mask), with respect to the sums N_P = F(M P): those w.r.t. mu_P over F(M)
+        p = r - (K - 1) + PAD
+        valid = pcol_ok & (i >= K - 1) & (p >= 0) & (p < Ho)
+        mc = tl.load(m_ptr + mc_lane + (p + CEN).to(tl.int64) * sm_h, mask=valid, other=0.0)
+        d1, d2, dsq, dxy, ssim, cs = partials(
+            f1 * inv, f2 * inv, f11 * inv, None, f12 * inv, gs * mc, gc * mc, c1, c2, shift, HAS_CS
+        )
+        if WRITE_SUMS:
+            own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
+            acc_s += tl.where(own, mc * ssim, 0.0)
+
+        # 3. horizontal adjoint through the scratch row
+        buf = scr + (i % 2) * (4 * BW)
+        stage_partials(buf, ar, valid, dsq * inv, dxy * inv, d1 * inv, d2 * inv, NEED1, NEED2, BW)
+        h_sq = hadjoint_cols(buf, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT)
+        h_xy = hadjoint_cols(buf + BW, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT)
+
+        # 4. vertical adjoint, then the gradient row q = p - PAD, times the mask at q
+        wa = vadjoint_taps(w_ptr, wt, p, H, K, PAD, REFLECT)
+        g_sq, a_sq = push(a_sq, h_sq, wa, K, False)
+        g_xy, a_xy = push(a_xy, h_xy, wa, K, False)
+        q = p - PAD
+        out = qcol_ok & (i >= 2 * (K - 1)) & (q < q_r0 + n_rows)
+        q64 = q.to(tl.int64)
+        xq = tl.load(x_ptr + x_lane + q64 * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32) - shift
+        yq = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32) - shift
+        mq = tl.load(m_ptr + m_lane + q64 * sm_h + (K - 1) * sm_w, mask=out, other=0.0)
+        o_offs = o_base + q64 * so_h + q_c.to(tl.int64) * so_w
+        if NEED1:
+            adj1 = hadjoint_cols(buf + 2 * BW, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT)
+            g1, a_1 = push(a_1, adj1, wa, K, False)
+            gx = mq * (g1 + 2.0 * xq * g_sq + yq * g_xy)
+            tl.store(gx_ptr + o_offs, gx.to(gx_ptr.dtype.element_ty), mask=out)
+        if NEED2:
+            adj2 = hadjoint_cols(buf + 3 * BW, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT)
+            g2, a_2 = push(a_2, adj2, wa, K, False)
+            gy = mq * (g2 + 2.0 * yq * g_sq + xq * g_xy)
+            tl.store(gy_ptr + o_offs, gy.to(gy_ptr.dtype.element_ty), mask=out)
+    if WRITE_SUMS:
+        store_sums(sum_ptr, acc_s, BC, n_chunks * n_strips, 1, F, BW)
+
+
+@triton.jit(do_not_specialize=SIZES)
+def masked_bwd_kernel(
+    x_ptr, y_ptr, m_ptr, w_ptr, gs_ptr, gc_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
+    BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+    sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
+    K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
+    HAS_CS: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr, WRITE_SUMS: tl.constexpr,
+):  # fmt: skip
+    strip = tl.program_id(0) % n_strips
+    if interior(strip * (F - (K - 1)) - (K - 1), W, K, F, BW):
+        _masked_bwd_columns(
+            x_ptr, y_ptr, m_ptr, w_ptr, gs_ptr, gc_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H, W, Ho, Wo,
+            n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w,
+            so_b, so_c, so_h, so_w, c1, c2, K, PAD, REFLECT, F, BW, HAS_CS, NEED1, NEED2, WRITE_SUMS, False,
+        )  # fmt: skip
+    else:
+        _masked_bwd_columns(
+            x_ptr, y_ptr, m_ptr, w_ptr, gs_ptr, gc_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H, W, Ho, Wo,
+            n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w,
+            so_b, so_c, so_h, so_w, c1, c2, K, PAD, REFLECT, F, BW, HAS_CS, NEED1, NEED2, WRITE_SUMS, True,
+        )  # fmt: skip
+
+
+def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: float) -> Tuple[Tensor, Tensor]:
+    """``(ssim_sum, cs_sum)``, each ``[B, C]``: the maps summed with the centre mask as weight."""
+    B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
+    BC = B * C
+    geo = geometry(Wo, Ho, K, BC, img1.device)
+    n_strips, n_chunks = triton.cdiv(Wo, geo.f), triton.cdiv(Ho, geo.rows)
+    n_prog = triton.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
+    s = torch.empty((BC, n_chunks * n_strips), dtype=torch.float32, device=img1.device)
+    cs = torch.empty_like(s)
+    with device_guard(img1):
+        masked_fwd_kernel[(n_prog,)](
+            img1, img2, mask, window, s, cs, BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
+            *img1.stride(), *img2.stride(), *mask.stride(), float(c1), float(c2),
+            K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
+            **launch_options(geo.warps, maxnreg=fwd_maxnreg(K)),
+        )  # fmt: skip
+    return s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C)
+
+
+def _bwd_maxnreg(K: int, reflect: bool, both: bool) -> int:
+    """The backward kernel's ceiling (:func:`.launch.bwd_maxnreg`), and 255 with both gradients: the
+    fifth pending sum and the mask loads do not fit in 128 registers then (40 B of spills at
+    sm_80)."""
+    return MAXNREG if both else bwd_maxnreg(K, reflect)
+
+
+def launch_masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, need1, need2, sums=False, grad_dtype=None):
+    """Gradients of ``sum(g_s * ssim_sum + g_cs * cs_sum)`` (the centre-weighted sums; ``g_cs`` may
+    be None), ``(grad1 or None, grad2 or None)`` in img1's layout, and with ``sums`` also the
+    ``[B, C]`` centre-weighted SSIM sum computed on the way."""
+    B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
+    BC = B * C
+    geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True)
+    n_strips, n_chunks = triton.cdiv(W, geo.f - (K - 1)), triton.cdiv(H, geo.rows)
+    n_prog = triton.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
+    dev = img1.device
+    g_s = g_s.to(torch.float32).contiguous()
+    g_cs = g_cs.to(torch.float32).contiguous() if g_cs is not None else None
+    gx = torch.empty_like(img1, dtype=grad_dtype) if need1 else None
+    gy = None
+    if need2:
+        gy = (
+            torch.empty_like(img2, dtype=grad_dtype)
+            if gx is None
+            else torch.empty_strided(gx.shape, gx.stride(), dtype=grad_dtype or img2.dtype, device=dev)
+        )
+    out = gx if gx is not None else gy
+    scratch = torch.empty((n_prog, 8 * geo.bw + 32), dtype=torch.float32, device=dev)
+    sum_buf = torch.empty((BC, n_chunks * n_strips) if sums else (1,), dtype=torch.float32, device=dev)
+    with device_guard(img1):
+        masked_bwd_kernel[(n_prog,)](
+            img1, img2, mask, window, g_s, g_cs if g_cs is not None else g_s,
+            gx if gx is not None else scratch, gy if gy is not None else scratch, scratch, sum_buf,
+            BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
+            *img1.stride(), *img2.stride(), *mask.stride(), *out.stride(), float(c1), float(c2),
+            K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, HAS_CS=g_cs is not None,
+            NEED1=need1, NEED2=need2, WRITE_SUMS=sums,
+            **launch_options(geo.warps, maxnreg=_bwd_maxnreg(K, reflect, need1 and need2)),
+        )  # fmt: skip
+    if sums:
+        return gx, gy, sum_buf.sum(dim=1).view(B, C)
+    return gx, gy

@@ -1,0 +1,208 @@
+"""Masked SSIM on Triton: the mask read inside the kernels, the masked statistics and their analytic
+adjoint, and the ops ``ssim_stats`` / ``ssim_term`` under a mask.
+
+The semantics are docs/conventions.md's ("Masks"), the CPU kernel's and the shared fallback's
+(:mod:`splatloss.backends.masked`): the window statistics are normalised by the filtered mask,
+``mu_x = F(M X) / F(M)`` and likewise for the second moments (``F`` the window, the mask padded with
+ones for "same" and mirrored for "reflect"), and the maps are averaged with the mask at each map
+position's centre as weight; a channel whose centre weights sum to 0 counts as 1. Where
+``F(M) = 0`` the centre weight is 0 too, so those positions take ``F(M) = 1`` and never reach the
+value or the gradient.
+
+The kernels and their launchers are :mod:`.masked_kernels`'s.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from .glue import (
+    backward_from_unit_grads,
+    check_inputs,
+    fake_grads,
+    fake_unit_grads,
+    functorch_guard,
+    refuse_double_backward,
+    save_unit_grads,
+    wants_grad,
+    window_taps,
+    zeros_if_none,
+)
+from .launch import COLUMN_TAPS
+from .masked_kernels import launch_masked_bwd, launch_masked_fwd
+
+__all__ = ["centre_weights", "fits", "masked_ssim_stats", "masked_ssim_term"]
+
+Tensor = torch.Tensor
+
+
+def fits(cfg) -> bool:
+    """Whether the masked kernels take this window (the column bodies' sizes)."""
+    return cfg.window_size <= COLUMN_TAPS.value
+
+
+def _float_mask(mask: Tensor, img: Tensor) -> Tensor:
+    """The mask as float32, broadcast to the images' shape (stride 0 along broadcast dimensions:
+    a mask shared by the channels is read once per pixel, from cache)."""
+    return mask.to(device=img.device, dtype=torch.float32).expand(img.shape)
+
+
+def centre_weights(mask: Tensor, window: Tensor, padding: str) -> Tensor:
+    """``[B, C]`` sums of the mask at the map positions' centres (the means' denominators)."""
+    K = window.shape[0]
+    if padding == "valid":
+        r = K // 2
+        H, W = mask.shape[-2:]
+        mask = mask[..., r : H - (K - 1 - r), r : W - (K - 1 - r)]
+    return mask.sum(dim=(-2, -1))
+
+
+def _inverse_weights(z: Tensor) -> Tensor:
+    """``1 / z`` where the channel has weight, else 0 (an empty channel's mean is the constant 1)."""
+    return torch.where(z > 0, 1.0 / torch.where(z > 0, z, torch.ones_like(z)), torch.zeros_like(z))
+
+
+def _means(sums: Tensor, z: Tensor) -> Tensor:
+    return torch.where(z > 0, sums * _inverse_weights(z), torch.ones_like(sums))
+
+
+# ------------------------------------------------------------------------------------------------
+# Registered ops
+# ------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("splatloss::triton_masked_ssim_stats", mutates_args=())
+def _stats_op(
+    img1: Tensor, img2: Tensor, mask: Tensor, window: Tensor, padding: str, c1: float, c2: float
+) -> Tuple[Tensor, Tensor]:
+    m = _float_mask(mask, img1)
+    s, cs = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
+    z = centre_weights(m, window, padding)
+    return _means(s, z), _means(cs, z)
+
+
+@_stats_op.register_fake
+def _(img1, img2, mask, window, padding, c1, c2):
+    shape = img1.shape[:2]
+    return img1.new_empty(shape, dtype=torch.float32), img1.new_empty(shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("splatloss::triton_masked_ssim_stats_bwd", mutates_args=())
+def _stats_bwd_op(
+    g_s: Tensor,
+    g_cs: Tensor,
+    img1: Tensor,
+    img2: Tensor,
+    mask: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    need1: bool,
+    need2: bool,
+) -> Tuple[Tensor, Tensor]:
+    m = _float_mask(mask, img1)
+    inv = _inverse_weights(centre_weights(m, window, padding))
+    gx, gy = launch_masked_bwd(img1, img2, m, window, padding, c1, c2, g_s * inv, g_cs * inv, need1, need2)
+    return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
+
+
+@_stats_bwd_op.register_fake
+def _(g_s, g_cs, img1, img2, mask, window, padding, c1, c2, need1, need2):
+    return fake_grads(img1, img2, need1, need2)
+
+
+def _stats_save(ctx, inputs, output):
+    img1, img2, mask, window, padding, c1, c2 = inputs
+    ctx.save_for_backward(img1, img2, mask, window)  # references: the backward recomputes the moments
+    ctx.cfg = (padding, c1, c2)
+
+
+def _stats_backward(ctx, g_s, g_cs):
+    refuse_double_backward("masked ssim_stats")
+    img1, img2, mask, window = ctx.saved_tensors
+    need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
+    if not (need1 or need2):
+        return (None,) * 7
+    shape = img1.shape[:2]
+    g_s = zeros_if_none(g_s, shape, img1.device)
+    g_cs = zeros_if_none(g_cs, shape, img1.device)
+    gx, gy = _stats_bwd_op(g_s, g_cs, img1, img2, mask, window, *ctx.cfg, need1, need2)
+    return (gx if need1 else None), (gy if need2 else None), None, None, None, None, None
+
+
+_stats_op.register_autograd(_stats_backward, setup_context=_stats_save)
+
+
+@torch.library.custom_op("splatloss::triton_masked_ssim_term", mutates_args=())
+def _term_op(
+    img1: Tensor,
+    img2: Tensor,
+    mask: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    need1: bool,
+    need2: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The ``[B, C]`` masked SSIM mean and, for each image that needs one, its gradient for a unit
+    upstream (float32), from one pass of the masked backward kernel (as ``ssim.ssim_term``)."""
+    m = _float_mask(mask, img1)
+    z = centre_weights(m, window, padding)
+    empty = img1.new_empty(0, dtype=torch.float32)
+    if not (need1 or need2):
+        s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
+        return _means(s, z), empty, empty.clone()
+    gx, gy, s = launch_masked_bwd(
+        img1, img2, m, window, padding, c1, c2, _inverse_weights(z), None, need1, need2, True, torch.float32
+    )
+    return _means(s, z), (gx if need1 else empty), (gy if need2 else empty.clone())
+
+
+@_term_op.register_fake
+def _(img1, img2, mask, window, padding, c1, c2, need1, need2):
+    gx, gy = fake_unit_grads(img1, img2, need1, need2)
+    return img1.new_empty(img1.shape[:2], dtype=torch.float32), gx, gy
+
+
+def _term_save(ctx, inputs, output):
+    img1, img2, mask, window, padding, c1, c2, need1, need2 = inputs
+    save_unit_grads(ctx, img1, img2, window, *output[1:], mask)
+    ctx.cfg = (padding, c1, c2)
+
+
+def _term_backward(ctx, g_t, _gx, _gy):
+    def recompute(img1, img2, window, need1, need2, mask):
+        return _stats_bwd_op(g_t, torch.zeros_like(g_t), img1, img2, mask, window, *ctx.cfg, need1, need2)
+
+    return backward_from_unit_grads(ctx, g_t, 2, recompute, "masked ssim_term")
+
+
+_term_op.register_autograd(_term_backward, setup_context=_term_save)
+
+
+# ------------------------------------------------------------------------------------------------
+# Backend entry points
+# ------------------------------------------------------------------------------------------------
+
+
+def _args(img1: Tensor, img2: Tensor, mask: Tensor, cfg):
+    check_inputs(img1, img2, cfg)
+    return mask.detach(), window_taps(cfg, img1.device), cfg.padding, float(cfg.C1), float(cfg.C2)
+
+
+def masked_ssim_stats(img1: Tensor, img2: Tensor, mask: Tensor, cfg) -> Tuple[Tensor, Tensor]:
+    """Masked ``(ssim_mean, cs_mean)``, each ``[B, C]`` float32 (the mask gets no gradient)."""
+    with functorch_guard():
+        return _stats_op(img1, img2, *_args(img1, img2, mask, cfg))
+
+
+def masked_ssim_term(img1: Tensor, img2: Tensor, mask: Tensor, cfg) -> Tensor:
+    """The masked ``[B, C]`` SSIM mean for a loss: with a gradient to compute, the masked backward
+    kernel's single pass computes it in the forward (as :func:`.ssim.ssim_term`)."""
+    with functorch_guard():
+        s, _, _ = _term_op(img1, img2, *_args(img1, img2, mask, cfg), wants_grad(img1), wants_grad(img2))
+    return s

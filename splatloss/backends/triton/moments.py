@@ -1,0 +1,137 @@
+"""The SSIM formula inside the kernels: the moment shift, SSIM / cs from the filtered moments, and
+their partial derivatives (jitted device functions, inlined into every kernel body)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["local_shift", "ssim_cs", "partials"]
+
+
+@triton.jit
+def local_shift(
+    x_ptr,
+    y_ptr,
+    x_base,
+    y_base,
+    r0,
+    n_rows,
+    cols,
+    ok,
+    sx_h,
+    sx_w,
+    sy_h,
+    sy_w,
+    F: tl.constexpr,
+    BW: tl.constexpr,
+):
+    """The moment shift of each lane [BW]: the mean of ``(x + y) / 2`` over the finite pixels of
+    three rows (first, middle, last of the ``n_rows`` from ``r0``) at the lanes' columns ``cols``
+    (where ``ok``), one number per channel (per group of ``F`` lanes; a scalar when the program
+    holds one channel), 0 if none is finite.
+
+    Why local: the shift must be near the pixels' values for the moments of ``x - shift`` to
+    avoid fp32 cancellation (``ssim_cs``); ``data_range / 2`` is far from a dark image's values
+    (gradient 1.7e-5 from float64 on images in [0, 0.01]) and a whole-plane mean costs a pass.
+    One number per channel and program, because the backward's horizontal adjoint mixes the
+    lanes of a channel. Finite pixels only, so a NaN / Inf pixel cannot reach beyond its own
+    footprint through the shift; exactly 0 on black images (tiny C1 / C2 stay exact)."""
+    G: tl.constexpr = BW // F
+    tot = tl.zeros([BW], dtype=tl.float32)
+    cnt = tl.zeros([BW], dtype=tl.float32)
+    for k in tl.static_range(3):
+        r = (r0 + (k * (n_rows - 1)) // 2).to(tl.int64)
+        c = cols.to(tl.int64)
+        xv = tl.load(x_ptr + x_base + r * sx_h + c * sx_w, mask=ok, other=0.0).to(tl.float32)
+        yv = tl.load(y_ptr + y_base + r * sy_h + c * sy_w, mask=ok, other=0.0).to(tl.float32)
+        good = ok & (xv - xv == 0.0) & (yv - yv == 0.0)
+        tot += tl.where(good, 0.5 * xv + 0.5 * yv, 0.0)
+        cnt += tl.where(good, 1.0, 0.0)
+    if G == 1:  # one channel per program: a scalar (no per-lane copy, no layout conversion)
+        tot_s = tl.sum(tot, axis=0)
+        cnt_s = tl.sum(cnt, axis=0)
+        res = tl.where(cnt_s > 0.0, tot_s / tl.maximum(cnt_s, 1.0), 0.0)
+    else:
+        tot_g = tl.sum(tl.reshape(tot, [G, F]), axis=1)
+        cnt_g = tl.sum(tl.reshape(cnt, [G, F]), axis=1)
+        s_g = tl.where(cnt_g > 0.0, tot_g / tl.maximum(cnt_g, 1.0), 0.0)
+        res = tl.reshape(tl.broadcast_to(s_g[:, None], [G, F]), [BW])
+    return res
+
+
+@triton.jit
+def ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift):
+    """SSIM and contrast-structure from the moments of the *shifted* images ``x - shift``,
+    ``y - shift`` (same formula as reference.ssim_map: population (co)variances).
+
+    Why shifted: ``var = E[x^2] - mu^2`` cancels catastrophically in fp32 where the local variance
+    is small against ``mu^2`` (flat regions, MS-SSIM's coarse scales); moments of ``x - shift``
+    with ``shift`` a local mean (:func:`local_shift`) remove most of it. Variances and covariance
+    are shift-invariant; the luminance term uses the true means ``mu + shift``."""
+    m1 = mu1 + shift
+    m2 = mu2 + shift
+    a1 = 2.0 * m1 * m2 + c1
+    a2 = 2.0 * (e12 - mu1 * mu2) + c2
+    b1 = m1 * m1 + m2 * m2 + c1
+    if e22 is None:  # e11 holds E[x'^2] + E[y'^2]
+        b2 = (e11 - mu1 * mu1 - mu2 * mu2) + c2
+    else:
+        b2 = (e11 - mu1 * mu1) + (e22 - mu2 * mu2) + c2
+    cs = a2 / b2
+    ssim = (a1 / b1) * cs
+    return ssim, cs
+
+
+@triton.jit
+def partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, HAS_CS: tl.constexpr):
+    """Partial derivatives of ``gs * SSIM + gc * cs`` (``gc`` only with ``HAS_CS``; ``HAS_CS == 2``:
+    of ``gc * cs`` alone, ``gs`` ignored, cs returned in the SSIM's place) w.r.t. the shifted
+    moments (mu1, mu2, E[x'^2] = E[y'^2] (shared), E[x'y']), ``x' = x - shift``; ``m = mu +
+    shift`` the true means. Returns them and (SSIM, cs).
+
+    With ``S = l cs``, ``l = A1 / B1``, ``cs = A2 / B2``, ``A1 = 2 m1 m2 + C1``,
+    ``B1 = m1^2 + m2^2 + C1``, ``A2 = 2 (E[x'y'] - mu1 mu2) + C2``,
+    ``B2 = E[x'^2] - mu1^2 + E[y'^2] - mu2^2 + C2``:
+
+    * d/dE[x'^2] = -(gs S + gc cs) / B2 (``p_sq``), d/dE[x'y'] = 2 (gs l + gc) / B2 (``p_xy``);
+    * d/dmu1 = gs (2 cs / B1) (m2 - l m1) - 2 p_sq mu1 - p_xy mu2 (the luminance term, through
+      m1, then the variance and covariance terms, through mu1: ``A2`` and ``B2`` depend on mu1 as
+      on E[x'^2] and E[x'y'] times ``-2 mu1`` and ``-mu2``); d/dmu2 likewise.
+
+    ``m2 - l m1`` is one fused multiply-add, rounded once: it is where the two luminance terms
+    cancel."""
+    a2 = 2.0 * (e12 - mu1 * mu2) + c2
+    if e22 is None:  # e11 holds E[x'^2] + E[y'^2]
+        b2 = (e11 - mu1 * mu1 - mu2 * mu2) + c2
+    else:
+        b2 = (e11 - mu1 * mu1) + (e22 - mu2 * mu2) + c2
+    # Divide by B1 and B2 one at a time, never by their product: with data_range = 1e10 both are
+    # ~1e20 (the product overflows fp32), with C1 = C2 = 1e-20 on black both are 1e-20 (1 / (B1 B2)
+    # overflows, A1 A2 underflows). Every factor below stays within a few orders of 1 / data_range.
+    inv_b2 = 1.0 / b2
+    cs = a2 * inv_b2
+    if HAS_CS == 2:  # cs alone (MS-SSIM's finer scales): no luminance term
+        ssim = cs  # (the SSIM is not computed: the sums take cs)
+        p_sq = -(gc * cs) * inv_b2
+        p_xy = 2.0 * inv_b2 * gc
+        p_mu1 = -2.0 * p_sq * mu1 - p_xy * mu2
+        p_mu2 = -2.0 * p_sq * mu2 - p_xy * mu1
+    else:
+        m1 = mu1 + shift
+        m2 = mu2 + shift
+        a1 = 2.0 * m1 * m2 + c1
+        b1 = m1 * m1 + m2 * m2 + c1
+        inv_b1 = 1.0 / b1
+        lum = a1 * inv_b1
+        ssim = lum * cs
+        if HAS_CS:
+            p_sq = -(gs * ssim + gc * cs) * inv_b2
+            p_xy = 2.0 * inv_b2 * (gs * lum + gc)
+        else:
+            p_sq = -(gs * ssim) * inv_b2
+            p_xy = 2.0 * inv_b2 * (gs * lum)
+        k_l = 2.0 * gs * cs * inv_b1
+        p_mu1 = k_l * (m2 - lum * m1) - 2.0 * p_sq * mu1 - p_xy * mu2
+        p_mu2 = k_l * (m1 - lum * m2) - 2.0 * p_sq * mu2 - p_xy * mu1
+    return p_mu1, p_mu2, p_sq, p_xy, ssim, cs

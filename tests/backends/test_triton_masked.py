@@ -1,0 +1,143 @@
+"""Masked SSIM in the Triton kernels: the mask is read inside the kernels (no torch composition),
+values and the gradients to both images against the float64 oracle of the masked semantics
+(tests/_mask_truth.py) and the float64 reference backend, in the interpreter on CPU or compiled on a
+GPU.
+
+Tolerances: values 2e-5 absolute and gradients 1e-4 normwise, the bars of tests/backends/
+test_masks.py; measured here (fp32, 14x17 and 13x16, soft masks): values <= 7e-8, gradients <= 4e-7.
+"""
+
+import pytest
+import torch
+from _mask_truth import masked_ssim, masked_ssim_stats, soft_mask
+
+import splatloss
+from conftest import device_for, make_pair, rel
+from splatloss.backends import get
+from splatloss.config import SSIMConfig
+
+pytestmark = pytest.mark.triton
+
+VALUE_TOL, GRAD_TOL = 2e-5, 1e-4
+T = "triton"
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The masked kernels' launches, recorded (each launcher still runs)."""
+    from splatloss.backends.triton import masked_ssim as mod
+
+    seen = []
+    for name in ("launch_masked_fwd", "launch_masked_bwd"):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _real=real, _name=name, **k: seen.append(_name) or _real(*a, **k))
+    return seen
+
+
+def _grads(fn, x, y):
+    xr, yr = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+    v = fn(xr, yr)
+    gx, gy = torch.autograd.grad(v.sum(), (xr, yr))
+    return v.detach(), gx, gy
+
+
+@pytest.mark.parametrize(
+    "padding,window_size",
+    [("same", 5), pytest.param("valid", 7, marks=pytest.mark.slow), pytest.param("reflect", 5, marks=pytest.mark.slow)],
+)
+def test_masked_ssim_loss_equals_the_float64_oracle(launches, padding, window_size):
+    dev = device_for(T)
+    x, y = make_pair((2, 2, 14, 17), seed=5, device=dev)
+    m = soft_mask(14, 17, seed=1)
+    v, gx, gy = _grads(
+        lambda a, b: splatloss.ssim(
+            a, b, mask=m.to(dev), padding=padding, window_size=window_size, reduction="none", backend=T
+        ),
+        x,
+        y,
+    )
+    assert launches == ["launch_masked_bwd"]  # the loss: one pass, its gradient computed in the forward
+    tv, tgx, tgy = _grads(
+        lambda a, b: masked_ssim(a, b, m.double(), padding=padding, window_size=window_size),
+        x.cpu().double(),
+        y.cpu().double(),
+    )
+    assert float((v.cpu().double() - tv).abs().max()) <= VALUE_TOL
+    assert rel(gx.cpu(), tgx) <= GRAD_TOL and rel(gy.cpu(), tgy) <= GRAD_TOL
+
+
+@pytest.mark.parametrize("padding", ["same", pytest.param("reflect", marks=pytest.mark.slow)])
+def test_masked_stats_both_means_and_gradients(launches, padding):
+    # ssim and cs means per (image, channel), an upstream on each, a mask per image and channel
+    dev = device_for(T)
+    cfg = SSIMConfig(window_size=5, padding=padding)
+    x, y = make_pair((1, 2, 13, 16), seed=7, device=dev)
+    m = torch.stack([soft_mask(13, 16, seed=2), soft_mask(13, 16, seed=3)])[None]  # (1, 2, H, W)
+    up_s, up_c = torch.tensor([[0.7, -1.3]]), torch.tensor([[2.0, 0.4]])
+
+    def run(backend, a, b, mask):
+        s, c = get(backend).masked_ssim_stats(a, b, mask, cfg)
+        return s, c, (up_s.to(s) * s + up_c.to(c) * c).sum()
+
+    xr, yr = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+    s, c, v = run(T, xr, yr, m.to(dev))
+    gx, gy = torch.autograd.grad(v, (xr, yr))
+    assert launches == ["launch_masked_fwd", "launch_masked_bwd"]
+    x6, y6 = x.cpu().double().requires_grad_(True), y.cpu().double().requires_grad_(True)
+    s6, c6, v6 = run("reference", x6, y6, m.double())
+    tgx, tgy = torch.autograd.grad(v6, (x6, y6))
+    ts, tc = masked_ssim_stats(x.cpu().double(), y.cpu().double(), m.double(), window_size=5, padding=padding)
+    assert torch.allclose(s6, ts, atol=1e-12) and torch.allclose(c6, tc, atol=1e-12)  # the reference is the oracle
+    assert (s.cpu().double() - ts).abs().max() <= VALUE_TOL and (c.cpu().double() - tc).abs().max() <= VALUE_TOL
+    assert rel(gx.cpu(), tgx) <= GRAD_TOL and rel(gy.cpu(), tgy) <= GRAD_TOL
+
+
+def test_all_ones_mask_is_the_unmasked_value(launches):
+    dev = device_for(T)
+    x, y = make_pair((1, 3, 12, 15), seed=9, device=dev)
+    ones = torch.ones(12, 15, dtype=torch.bool, device=dev)
+    a = _grads(lambda p, q: splatloss.ssim(p, q, mask=ones, window_size=5, backend=T), x, y)
+    b = _grads(lambda p, q: splatloss.ssim(p, q, window_size=5, backend=T), x, y)
+    assert launches == ["launch_masked_bwd"]
+    # two float32 roundings of one value: the masked moments divide by F(1), one ulp from 1
+    assert abs(a[0].item() - b[0].item()) <= 1e-6
+    assert rel(a[1], b[1]) <= 1e-5 and rel(a[2], b[2]) <= 1e-5
+
+
+def test_empty_channel_counts_as_one_and_gets_no_gradient(launches):
+    dev = device_for(T)
+    cfg = SSIMConfig(window_size=5, padding="same")
+    x, y = make_pair((1, 2, 12, 12), seed=11, device=dev)
+    m = torch.ones(1, 2, 12, 12, device=dev)
+    m[:, 1] = 0  # channel 1 empty
+    xr = x.clone().requires_grad_(True)
+    s, c = get(T).masked_ssim_stats(xr, y, m, cfg)
+    (g,) = torch.autograd.grad(s.sum() + c.sum(), xr)
+    assert s[0, 1].item() == 1.0 and c[0, 1].item() == 1.0
+    assert bool((g[:, 1] == 0).all()) and float(g[:, 0].abs().max()) > 0
+
+
+def test_dssim_l1_and_ms_ssim_under_a_mask_run_the_masked_kernels(launches):
+    dev = device_for(T)
+    x, y = make_pair((1, 2, 24, 26), seed=13, device=dev)
+    m = soft_mask(24, 26, seed=4)
+    v, gx, gy = _grads(lambda a, b: splatloss.dssim_l1(a, b, 0.2, mask=m.to(dev), window_size=3, backend=T), x, y)
+    tv, tgx, tgy = _grads(
+        lambda a, b: splatloss.dssim_l1(a, b, 0.2, mask=m.double(), window_size=3, backend="reference"),
+        x.cpu().double(),
+        y.cpu().double(),
+    )
+    assert launches == ["launch_masked_bwd"]
+    assert abs(v.item() - tv.item()) <= VALUE_TOL
+    assert rel(gx.cpu(), tgx) <= GRAD_TOL and rel(gy.cpu(), tgy) <= GRAD_TOL
+    launches.clear()
+    w = (0.5, 0.5)
+    v, gx, gy = _grads(lambda a, b: splatloss.ms_ssim(a, b, mask=m.to(dev), weights=w, window_size=3, backend=T), x, y)
+    tv, tgx, tgy = _grads(
+        lambda a, b: splatloss.ms_ssim(a, b, mask=m.double(), weights=w, window_size=3, backend="reference"),
+        x.cpu().double(),
+        y.cpu().double(),
+    )
+    assert launches.count("launch_masked_fwd") == 2  # one per scale
+    assert abs(v.item() - tv.item()) <= VALUE_TOL
+    assert rel(gx.cpu(), tgx) <= GRAD_TOL and rel(gy.cpu(), tgy) <= GRAD_TOL
