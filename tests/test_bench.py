@@ -85,3 +85,27 @@ def test_bench_rejects_unknown_library():
     proc = subprocess.run([sys.executable, str(BENCH), "--libs", "nope"], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "unknown libraries ['nope']" in proc.stderr
+
+
+def test_dtypes_are_one_more_axis_and_the_gpu_table_is_one_command(tmp_path):
+    out_json = tmp_path / "bench.json"
+    cmd = [sys.executable, str(BENCH), "--sizes", "24x24", "--channels", "1", "--ops", "ssim", "--modes", "fwd"]
+    cmd += ["--libs", "splatloss-torch", "--dtype", "float32,bfloat16", "--repeats", "1", "--warmup", "0"]
+    cmd += ["--no-floor", "--json", str(out_json)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", SPLATLOSS_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(r["dtype"] for r in json.loads(out_json.read_text())["results"]) == ["bfloat16", "float32"]
+    assert "1x1x24x24 bfloat16" in proc.stdout
+    bad = subprocess.run(cmd[:-2] + ["--dtype", "float8"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert bad.returncode != 0 and "--dtype must be a subset of" in bad.stderr
+
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import bench
+    finally:
+        sys.path.pop(0)
+    args = bench.parse_args(["--gpu-table"])
+    assert (args.sizes, args.batch, args.dtype) == ("1080x1920,2160x3840", "1,5", "float32,bfloat16")
+    assert set(args.ops.split(",")) == {"ssim", "dssim_l1", "ms_ssim", "dssim_l1_masked"}
+    assert set(args.libs.split(",")) == {"splatloss-triton", "fused_ssim", "pytorch_msssim"}

@@ -543,17 +543,26 @@ def _fmt_mb(b):
     return "" if b is None else f"{b / 2**20:.1f}"
 
 
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+def _dtype_suffix(record) -> str:
+    """`` bfloat16`` after the shape of a record that is not float32 (float32 goes unsaid)."""
+    dt = record.get("dtype", "float32")
+    return "" if dt == "float32" else f" {dt}"
+
+
 def print_table(results, baseline, file=sys.stdout):
     key = f"speedup_vs_{baseline}"
     mkey = f"memory_ratio_vs_{baseline}"
     head = (
-        f"{'op':9} {'mode':6} {'shape':16} {'library':21} {'median ms':>10} {'x ' + baseline[:14]:>17} "
+        f"{'op':9} {'mode':6} {'shape':25} {'library':21} {'median ms':>10} {'x ' + baseline[:14]:>17} "
         f"{'cpu ms':>8} {'x floor':>8} {'peak MB':>8} {'x mem':>6} {'first ms':>9}"
     )
     print(head, file=file)
     print("-" * len(head), file=file)
     for r in results:
-        shape = f"{r['batch']}x{r['channels']}x{r['height']}x{r['width']}"
+        shape = f"{r['batch']}x{r['channels']}x{r['height']}x{r['width']}" + _dtype_suffix(r)
         if "median_ms" in r:
             ratio = f"{r[key]:.2f}" if key in r else ""
             mem = _fmt_mb(r.get("peak_added_bytes"))
@@ -561,13 +570,13 @@ def print_table(results, baseline, file=sys.stdout):
             cpu = f"{r['cpu_median_ms']:.1f}" if "cpu_median_ms" in r else ""
             floor = f"{r['cpu_x_floor']:.2f}" if "cpu_x_floor" in r else ""
             print(
-                f"{r['op']:9} {r['mode']:6} {shape:16} {r['lib']:21} {r['median_ms']:10.2f} {ratio:>17} "
+                f"{r['op']:9} {r['mode']:6} {shape:25} {r['lib']:21} {r['median_ms']:10.2f} {ratio:>17} "
                 f"{cpu:>8} {floor:>8} {mem:>8} {mratio:>6} {r.get('first_call_ms', 0):9.0f}",
                 file=file,
             )
         else:
             why = r.get("skipped") or r.get("error", "")
-            print(f"{r['op']:9} {r['mode']:6} {shape:16} {r['lib']:21} {'-':>10}  ({why[:70]})", file=file)
+            print(f"{r['op']:9} {r['mode']:6} {shape:25} {r['lib']:21} {'-':>10}  ({why[:70]})", file=file)
 
 
 def markdown_table(results, baseline):
@@ -582,7 +591,7 @@ def markdown_table(results, baseline):
     for r in results:
         if "median_ms" not in r:
             continue
-        shape = f"{r['batch']}x{r['channels']}x{r['height']}x{r['width']}"
+        shape = f"{r['batch']}x{r['channels']}x{r['height']}x{r['width']}" + _dtype_suffix(r)
         mem = r.get("peak_added_bytes")
         lines.append(
             f"| {r['op']} | {r['mode']} | {shape} | {r['lib']} | {r['median_ms']:.1f} | "
@@ -674,7 +683,7 @@ def parse_args(argv=None):
         help=f"subset of {','.join(ALL_LIBS)} (default: all but {','.join(EXTRA_LIBS)})",
     )
     p.add_argument("--baseline", default="pytorch_msssim", help="library the ratios are taken against")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "float64"])
+    p.add_argument("--dtype", default="float32", help="input dtypes, e.g. float32,bfloat16 (float16, float64 too)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument(
         "--threads",
@@ -699,6 +708,12 @@ def parse_args(argv=None):
     )
     p.add_argument("--no-floor", action="store_true", help="skip the FMA-peak runs (CPU)")
     p.add_argument("--full", action="store_true", help="sizes 256x256..1080x1920, channels 1,3, batch 1,8")
+    p.add_argument(
+        "--gpu-table",
+        action="store_true",
+        help="the GPU check's one table: splatloss-triton vs fused-ssim vs pytorch-msssim; SSIM, D-SSIM + L1, "
+        "MS-SSIM, masked D-SSIM + L1; fwd and fwdbwd; float32 and bfloat16; batch 1 and 5; 1080p and 4K",
+    )
     p.add_argument("--json", help="write every record (and the machine) to this JSON file")
     p.add_argument("--plot", help="write a plot of time against size to this image file")
     p.add_argument(
@@ -711,6 +726,10 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.full:
         args.sizes, args.channels, args.batch = "256x256,512x512,720x1280,1080x1920", "1,3", "1,8"
+    if args.gpu_table:
+        args.sizes, args.channels, args.batch = "1080x1920,2160x3840", "3", "1,5"
+        args.ops, args.modes, args.dtype = "ssim,dssim_l1,ms_ssim,dssim_l1_masked", "fwd,fwdbwd", "float32,bfloat16"
+        args.libs = "splatloss-triton,fused_ssim,pytorch_msssim"
     return args
 
 
@@ -737,7 +756,12 @@ def main(argv=None):
         print(json.dumps(cold_start_child(op, tuple(int(v) for v in shape.split("x")), getattr(torch, dt))))
         return 0
 
-    dtype = getattr(torch, args.dtype)
+    dtype_names = _csv(args.dtype)
+    bad = [d for d in dtype_names if d not in DTYPES]
+    if bad or not dtype_names:
+        raise SystemExit(f"--dtype must be a subset of {DTYPES}, got {args.dtype!r}")
+    dtypes = [getattr(torch, d) for d in dtype_names]
+    dtype = dtypes[0]
     libs = _csv(args.libs)
     unknown = [l for l in libs if l not in ALL_LIBS]
     if unknown:
@@ -771,7 +795,7 @@ def main(argv=None):
             flush=True,
         )
     results = []
-    for shape in shapes:
+    for dtype, shape in [(d, s) for d in dtypes for s in shapes]:
         for op in ops:
             for mode in modes:
                 recs = time_config(
