@@ -10,7 +10,7 @@ from _mask_truth import masked_l1_gaussian, masked_lp, masked_ms_ssim, masked_ss
 from _truth import distort, photo, to_torch
 
 import splatloss
-from conftest import backend_cases, backend_params, device_for, rel
+from conftest import backend_params, device_for, rel
 
 NAMES = ("reference",) + tuple(p.values[0] for p in backend_params())
 # Bars from the issue: values 2e-5 absolute, gradients 1e-4 normwise (max-norm relative) for fp32 inputs.
@@ -31,25 +31,6 @@ def _both_grads(fn, x, y):
     v = fn(xr, yr)
     gx, gy = torch.autograd.grad(v.sum(), (xr, yr))
     return v.detach(), gx, gy
-
-
-@pytest.mark.parametrize(
-    "name,padding", backend_cases(["same", "reflect", "valid"], fast_triton=("same",), names=NAMES)
-)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
-def test_masked_ssim_equals_oracle(name, padding, dtype):
-    if name == "triton" and dtype == torch.float64:
-        pytest.skip("Triton computes in fp32 and refuses float64 inputs (TypeError) -- tested in fp32")
-    dev = device_for(name)
-    x, y = _photo(37, 45, dtype, dev)  # odd and even sides
-    m = soft_mask(37, 45, seed=1)
-    v, gx, gy = _both_grads(
-        lambda a, b: splatloss.ssim(a, b, mask=m.to(dev, dtype), padding=padding, backend=name), x, y
-    )
-    tv, tgx, tgy = _both_grads(lambda a, b: masked_ssim(a, b, m, padding=padding), x.cpu().double(), y.cpu().double())
-    tol_v, tol_g = (VALUE_TOL, GRAD_TOL) if dtype == torch.float32 else (1e-12, 1e-10)
-    assert abs(v.item() - tv.item()) <= tol_v
-    assert rel(gx, tgx) <= tol_g and rel(gy, tgy) <= tol_g
 
 
 @pytest.mark.parametrize("name", backend_params(NAMES, slow_triton=True))
