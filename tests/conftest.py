@@ -127,14 +127,15 @@ def side(name: str, big: int, small: int) -> int:
     return small if name == "triton" and not has_cuda() else big
 
 
-def make_pair(shape, dtype=torch.float32, seed=0, device="cpu", *, mix=0.6, scale=1.0):
+def make_pair(shape, dtype=torch.float32, seed=0, device="cpu", *, mix=0.6, scale=1.0, requires_grad=False):
     """The suite's random image pair: ``x`` uniform in [0, scale), ``y = mix x + (1 - mix) noise``
     (correlated, so SSIM is far from 0 and both of its terms matter; ``mix=0`` gives an independent
     pair). Drawn in float64 then cast, so every dtype sees the same values."""
     g = torch.Generator().manual_seed(seed)
     x = torch.rand(shape, generator=g, dtype=torch.float64)
     y = (mix * x + (1 - mix) * torch.rand(shape, generator=g, dtype=torch.float64)).clamp(0, 1)
-    return (x * scale).to(device=device, dtype=dtype), (y * scale).to(device=device, dtype=dtype)
+    x, y = (x * scale).to(device=device, dtype=dtype), (y * scale).to(device=device, dtype=dtype)
+    return x.requires_grad_(requires_grad), y.requires_grad_(requires_grad)
 
 
 def photo_arrays(h: int, w: int, seed: int = 0, *, name: str = "astronaut", top: int = 100, left: int = 150):
