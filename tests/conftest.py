@@ -30,7 +30,7 @@ PADDINGS = ("valid", "same", "reflect")
 #     reference's own MS-SSIM gradient is 5.1e-5 off).
 #   triton: every value and gradient within 1e-5 (the kernels' documented bar).
 #   "map": SSIM / cs maps, whose pixels are O(1): the fp32 per-pixel bar of 1e-5 (measured <= 2.4e-6 on
-#     the tiny images and borders of test_values.py).
+#     the tiny images and borders of test_options_and_borders.py).
 TOL = {
     "torch": {"values": 1e-6, "grads": 1e-5, "map": 1e-5, "ms_values": 2e-5, "ms_grads": 1e-4},
     "cpu": {"values": 1e-6, "grads": 1e-5, "map": 1e-5, "ms_values": 2e-5, "ms_grads": 1e-4},

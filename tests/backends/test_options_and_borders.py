@@ -61,7 +61,7 @@ def test_window_and_constant_options(backend, dtype, kw):
     dev = device_for(backend)
     h, w = side(backend, 23, 16), side(backend, 29, 17)
     if MAX_WINDOW[backend] is not None and kw.get("window_size", 11) > MAX_WINDOW[backend]:
-        pytest.skip("beyond this backend's window (tested in test_errors.py)")
+        pytest.skip("beyond this backend's window (tested in test_refusals.py)")
     x, y = make_pair((2, 3, h, w), dtype, seed=13, device=dev)
     scale = kw.get("data_range", 1.0) if kw.get("data_range", 1.0) > 2 else 1.0
     x, y = (x * scale).requires_grad_(True), (y * scale).requires_grad_(True)
