@@ -1,4 +1,4 @@
-"""dssim_with_gradient: the D-SSIM value and its gradient without a graph, on every backend, against autograd and float64."""
+"""dssim_with_gradient: the D-SSIM value and its gradient without a graph, against autograd and float64."""
 
 import pytest
 import torch
