@@ -68,6 +68,12 @@ def _fast(backend, entry, dtype, padding, masked):
     return padding == "same" and not masked
 
 
+def _redundant(backend, dtype, padding, masked):
+    """Triton in the interpreter (seconds a case): half precision with "same" only, as the kernels
+    convert a loaded fp16 / bf16 value to fp32 before any padding-dependent code."""
+    return backend == "triton" and not has_cuda() and dtype != torch.float32 and padding != "same" and not masked
+
+
 def _cases():
     """backend x entry x dtype x padding x mask, ``slow`` where ``_fast`` says so."""
     out = []
@@ -77,6 +83,8 @@ def _cases():
             for dtype in _dtypes(backend, entry):
                 for padding in PADDINGS:
                     for masked in (False, True):
+                        if _redundant(backend, dtype, padding, masked):
+                            continue
                         fast = _fast(backend, entry, dtype, padding, masked)
                         marks = list(p.marks) + ([] if fast else [pytest.mark.slow])
                         case_id = "-".join((backend, entry, DTYPE_IDS[dtype], padding, "masked" if masked else "plain"))
@@ -130,7 +138,8 @@ def _truth(entry, x, y, padding, mask, up):
 def test_values_and_both_gradients_equal_float64_truth(backend, entry, dtype, padding, masked):
     dev = device_for(backend)
     h, w = side(backend, 23, 16), side(backend, 29, 17)
-    x, y = make_pair((2, 3, h, w), dtype, seed=3, device=dev)
+    c = side(backend, 3, 1)  # Triton in the interpreter: one channel (each plane is a program)
+    x, y = make_pair((2, c, h, w), dtype, seed=3, device=dev)
     y[0, 0, 3, 4] = x[0, 0, 3, 4]  # |x - y|' at equality is 0, as torch's abs backward
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     mask = None
