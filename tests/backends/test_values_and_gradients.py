@@ -44,12 +44,9 @@ MS_WEIGHTS = (0.2, 0.3, 0.5)
 MS_CFG = dict(window_size=3, sigma=0.8)
 
 
-def _dtypes(backend, entry):
-    """The dtypes ``backend`` takes; bf16 only where one rounding is promised: the composed losses'
-    bf16 gradients on the reference round more than once (measured up to 9.3e-7 beyond one bf16 ulp
-    for MS-SSIM and the cpu L1 + D-SSIM), so there bf16 is covered by its values alone elsewhere."""
-    out = DTYPES.get(backend, DTYPES["torch"])
-    return [d for d in out if not (d == torch.bfloat16 and entry in ("dssim_l1", "ms_ssim"))]
+def _dtypes(backend):
+    """The dtypes ``backend`` takes (Triton refuses float64: tests/backends/test_refusals.py)."""
+    return DTYPES.get(backend, DTYPES["torch"])
 
 
 def _fast(backend, entry, dtype, padding, masked):
@@ -80,7 +77,7 @@ def _cases():
     for backend in ("reference",) + CONFORMING:
         (p,) = backend_params([backend]) if backend != "reference" else [pytest.param("reference")]
         for entry in ENTRIES:
-            for dtype in _dtypes(backend, entry):
+            for dtype in _dtypes(backend):
                 for padding in PADDINGS:
                     for masked in (False, True):
                         if _redundant(backend, dtype, padding, masked):
@@ -168,6 +165,11 @@ def test_values_and_both_gradients_equal_float64_truth(backend, entry, dtype, pa
     if dtype == torch.float32:
         for i, (a, t) in enumerate(zip(got_g, truth_g)):
             assert_rel(a, t, tol[gkey], f"{entry} gradient {i}")
+    elif dtype == torch.bfloat16 and entry in ("dssim_l1", "ms_ssim"):
+        # The reference's own bf16 gradient of a composed loss rounds more than once (autograd sums
+        # bf16 partial gradients: measured up to 9.3e-7 beyond one bf16 ulp), so it is no one-ulp
+        # yardstick there; the values above and the dtype and shape are what these cases check.
+        pass
     elif backend != "reference":
         # fp16 / bf16 gradients: within one ulp of the dtype of the reference's own gradient on the same
         # inputs (both round fp32 gradients to the dtype), plus the fp32 bar of the scale
