@@ -5,16 +5,10 @@ import torch
 import torch.nn.functional as F
 
 import splatloss
+from conftest import make_pair
 from splatloss import compat
 
 pytorch_msssim = pytest.importorskip("pytorch_msssim")
-
-
-def _pair(shape, seed, scale=1.0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(shape, generator=g, dtype=dtype)
-    y = (0.6 * x + 0.4 * torch.rand(shape, generator=g, dtype=dtype)).clamp(0, 1)
-    return x * scale, y * scale
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 37, 53), (1, 1, 64, 64), (3, 5, 20, 31)])
@@ -28,7 +22,7 @@ def _pair(shape, seed, scale=1.0, dtype=torch.float32):
     ],
 )
 def test_ssim_equals_pytorch_msssim(shape, kwargs):
-    x, y = _pair(shape, seed=shape[-1], scale=255.0)  # the package's default data_range=255
+    x, y = make_pair(shape, seed=shape[-1], scale=255.0)  # the package's default data_range=255
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     theirs = pytorch_msssim.ssim(xa, y, **kwargs)
     ours = compat.ssim(xb, y, **kwargs)
@@ -43,7 +37,7 @@ def test_ssim_equals_pytorch_msssim(shape, kwargs):
 
 
 def test_ssim_data_range_1_and_float64():
-    x, y = _pair((1, 3, 30, 33), 1, dtype=torch.float64)
+    x, y = make_pair((1, 3, 30, 33), torch.float64, seed=1)
     torch.testing.assert_close(
         compat.ssim(x, y, data_range=1.0), pytorch_msssim.ssim(x, y, data_range=1.0), atol=1e-7, rtol=1e-6
     )
@@ -51,7 +45,7 @@ def test_ssim_data_range_1_and_float64():
 
 @pytest.mark.parametrize("hw", [(161, 161), (163, 171), (176, 192), (201, 167)])
 def test_ms_ssim_equals_pytorch_msssim_including_odd_sizes(hw):
-    x, y = _pair((2, 3) + hw, seed=hw[0] + hw[1])
+    x, y = make_pair((2, 3) + hw, seed=hw[0] + hw[1])
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     theirs = pytorch_msssim.ms_ssim(xa, y, data_range=1.0)
     ours = compat.ms_ssim(xb, y, data_range=1.0)
@@ -62,7 +56,7 @@ def test_ms_ssim_equals_pytorch_msssim_including_odd_sizes(hw):
 
 
 def test_ms_ssim_options_equal_pytorch_msssim():
-    x, y = _pair((2, 2, 170, 165), 3, scale=255.0)
+    x, y = make_pair((2, 2, 170, 165), seed=3, scale=255.0)
     kw = dict(size_average=False, weights=[0.2, 0.3, 0.5], K=(0.01, 0.04))
     torch.testing.assert_close(compat.ms_ssim(x, y, **kw), pytorch_msssim.ms_ssim(x, y, **kw), atol=2e-6, rtol=1e-5)
     # and the odd-size pyramid really is pytorch_msssim's, not TF's: they differ here
@@ -71,7 +65,7 @@ def test_ms_ssim_options_equal_pytorch_msssim():
 
 
 def test_modules_equal_pytorch_msssim_modules():
-    x, y = _pair((2, 3, 165, 170), 4)
+    x, y = make_pair((2, 3, 165, 170), seed=4)
     for ours, theirs in (
         (compat.SSIM(data_range=1.0, channel=3), pytorch_msssim.SSIM(data_range=1.0, channel=3)),
         (
@@ -88,7 +82,7 @@ def test_modules_equal_pytorch_msssim_modules():
 
 
 def test_fused_ssim_conventions():
-    x, y = _pair((2, 3, 40, 45), 5)
+    x, y = make_pair((2, 3, 40, 45), seed=5)
     # fused-ssim: 11x11 Gaussian (sigma 1.5), C1 = 0.01^2, C2 = 0.03^2, "same" = zero padding, mean of the map
     w = torch.exp(-((torch.arange(11, dtype=torch.float64) - 5) ** 2) / (2 * 1.5**2))
     w2 = torch.outer(w, w) / w.sum() ** 2
@@ -107,7 +101,7 @@ def test_fused_ssim_conventions():
 
 
 def test_fused_ssim_train_flag():
-    x, y = _pair((1, 3, 24, 24), 6)
+    x, y = make_pair((1, 3, 24, 24), seed=6)
     xr = x.clone().requires_grad_()
     out = compat.fused_ssim(xr, y)
     assert out.requires_grad

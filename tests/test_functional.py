@@ -20,25 +20,6 @@ BACKENDS = ["torch", "reference"]
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name,top,left,h,w",
-    [
-        ("astronaut", 30, 200, 57, 64),
-        ("coffee", 150, 300, 48, 77),
-        ("chelsea", 120, 200, 61, 61),
-        ("astronaut", 0, 300, 47, 61),
-    ],
-)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_ssim_equals_skimage(name, top, left, h, w, dtype):
-    a = photo(name, top, left, h, w)
-    b = distort(a, seed=h)
-    got = splatloss.ssim(to_torch(a, dtype), to_torch(b, dtype))
-    # 2e-5 is the float32 bound (measured: up to 1.2e-6); float64 agrees to ~3e-15
-    tol = 2e-5 if dtype == torch.float32 else 1e-12
-    assert abs(float(got) - skimage_ssim(a, b)) < tol
-
-
 def test_ssim_equals_skimage_random_batch():
     rng = np.random.default_rng(0)
     a = rng.random((3, 29, 34, 3))
@@ -50,7 +31,9 @@ def test_ssim_equals_skimage_random_batch():
     assert np.abs(got.numpy() - np.array(expected)).max() < 2e-5
 
 
-@pytest.mark.parametrize("h,w", [(161, 161), (163, 171), (170, 166), (201, 175)])
+@pytest.mark.parametrize(
+    "h,w", [(163, 171)] + [pytest.param(*hw, marks=pytest.mark.slow) for hw in ((161, 161), (170, 166), (201, 175))]
+)
 def test_ms_ssim_equals_tf_convention(h, w):
     a = photo("astronaut", 150, 150, h, w)
     b = distort(a, seed=w, noise=0.05, shift=2)
@@ -148,16 +131,6 @@ def test_smooth_positive_extension():
 # ------------------------------------------------------------------------------------------------
 # Backends
 # ------------------------------------------------------------------------------------------------
-
-
-def test_auto_never_picks_triton_on_cpu():
-    x = torch.rand(1, 1, 12, 12)
-    assert backends.resolve("auto", x).name in ("cpu", "torch")
-    assert backends.resolve("torch", x).name == "torch"
-    assert backends.resolve("reference", x).name == "reference"
-    flags = backends.available()
-    assert flags["torch"] and flags["reference"] and isinstance(flags["triton"], bool)
-    assert backends.resolve("auto", x).name == ("cpu" if flags["cpu"] else "torch")
 
 
 def test_auto_takes_triton_only_for_cuda_tensors_that_are_not_float64():

@@ -11,20 +11,15 @@ import pytest
 import torch
 
 import splatloss
+from conftest import make_pair
 from splatloss import MSSSIMLoss, PhotometricLoss, SSIMLoss
 from splatloss.compat import fused_ssim
 
 BACKENDS = ("reference", "torch", "cpu", pytest.param("triton", marks=pytest.mark.triton))
 
 
-def _images(h=24, w=24, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(1, 3, h, w, generator=g)
-    return x, (x + 0.1 * torch.randn(1, 3, h, w, generator=g)).clamp(0, 1)
-
-
 def _entry_points(mask, backend):
-    x, y = _images()
+    x, y = make_pair((1, 3, 24, 24), mix=0.9)
     return {
         "ssim": lambda: splatloss.ssim(x, y, mask=mask, backend=backend, padding="same"),
         "ssim_map": lambda: splatloss.ssim_map(x, y, mask=mask, backend=backend),
@@ -50,20 +45,19 @@ def test_a_mask_with_a_nan_inf_or_negative_weight_is_refused_everywhere(kind, ba
     for name, call in _entry_points(_bad_mask(kind), backend).items():
         with pytest.raises(ValueError, match=f"mask weights must be finite and >= 0.*got {word} weight;"):
             call()
-    x, y = _images()
+    x, y = make_pair((1, 3, 24, 24), mix=0.9)
     with pytest.raises(ValueError, match="mask weights must be finite and >= 0"):
         fused_ssim(x, y, mask=_bad_mask(kind))
 
 
-def test_valid_masks_are_accepted_and_an_all_ones_mask_is_the_unmasked_value():
-    x, y = _images()
-    unmasked = float(splatloss.ssim(x, y, backend="torch"))
-    for mask in (torch.ones(24, 24, dtype=torch.bool), torch.ones(1, 1, 24, 24), torch.ones(1, 3, 24, 24)):
-        assert float(splatloss.ssim(x, y, mask=mask, backend="torch")) == pytest.approx(unmasked, abs=1e-6)
-    # weights above 1 and zeros are weights: finite, non-negative
-    soft = torch.rand(1, 1, 24, 24) * 2
+def test_weights_above_one_and_zeros_are_accepted_as_relative_weights():
+    # the statistics are mask-normalised: weights in [0, 2] mean what the same weights halved mean
+    # (measured equal: halving is exact in binary); the all-ones mask is tests/backends/test_masked_losses.py's
+    x, y = make_pair((1, 3, 24, 24), mix=0.9)
+    soft = torch.rand(1, 1, 24, 24, generator=torch.Generator().manual_seed(0)) * 2
     soft[..., :4, :] = 0
-    assert torch.isfinite(splatloss.ssim(x, y, mask=soft, backend="torch"))
+    got = float(splatloss.ssim(x, y, mask=soft, backend="torch"))
+    assert got == pytest.approx(float(splatloss.ssim(x, y, mask=soft / 2, backend="torch")), abs=1e-6)
 
 
 @pytest.mark.parametrize("backend", ("torch", "cpu", pytest.param("triton", marks=pytest.mark.triton)))
@@ -77,7 +71,7 @@ def test_valid_masks_are_accepted_and_an_all_ones_mask_is_the_unmasked_value():
     ],
 )
 def test_constants_float32_cannot_hold_are_refused_and_float64_computes_them(backend, options, message):
-    x, y = _images()
+    x, y = make_pair((1, 3, 24, 24), mix=0.9)
     with pytest.raises(ValueError, match=message + ".*pass float64 images"):
         splatloss.ssim(x, y, backend=backend, **options)
     with pytest.raises(ValueError, match=message):
@@ -91,7 +85,7 @@ def test_constants_float32_cannot_hold_are_refused_and_float64_computes_them(bac
 @pytest.mark.parametrize("backend", ("torch", "cpu"))
 def test_constants_at_the_edges_of_the_float32_range_equal_float64(backend):
     # The accepted range is where the float32 backends were measured equal to float64.
-    x, y = _images()
+    x, y = make_pair((1, 3, 24, 24), mix=0.9)
     for options, scale in (({"data_range": 1e18}, 1e18), ({"data_range": 1e-15}, 1e-15), ({"c1": 1e-36}, 1.0)):
         xs = (x.double() * scale).float().requires_grad_(True)
         ys = (y.double() * scale).float()
@@ -114,7 +108,7 @@ def test_the_reference_refuses_a_window_it_cannot_hold_before_allocating():
 def test_under_torch_compile_a_bad_argument_gives_the_eager_message():
     # torch.compile (default, graph breaks allowed) hands the exception through unchanged; with
     # fullgraph=True PyTorch wraps any exception raised while tracing, and the message is kept in it.
-    x, y = _images()
+    x, y = make_pair((1, 3, 24, 24), mix=0.9)
     for call, message in (
         (lambda a, b: splatloss.ssim(a, b, window_size=4), "window_size must be an odd integer >= 3, got 4"),
         (lambda a, b: splatloss.ssim(a, b, padding="zeros"), "padding must be one of"),

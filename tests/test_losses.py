@@ -9,17 +9,10 @@ from _mask_truth import masked_ssim
 from _truth import photo, to_torch
 
 import splatloss
+from conftest import make_pair
 from splatloss import MSSSIMLoss, PhotometricLoss, SSIMLoss
 from splatloss.config import SSIMConfig
 from splatloss.reference import downsample2x, ssim_stats
-
-
-def _pair(shape, seed, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(shape, generator=g, dtype=dtype)
-    y = (0.7 * x + 0.3 * torch.rand(shape, generator=g, dtype=dtype)).clamp(0, 1)
-    return x, y
-
 
 # ------------------------------------------------------------------------------------------------
 # Modules equal their functions
@@ -27,13 +20,13 @@ def _pair(shape, seed, dtype=torch.float32):
 
 
 def test_ssim_loss_equals_one_minus_ssim():
-    x, y = _pair((2, 3, 30, 31), 0)
+    x, y = make_pair((2, 3, 30, 31), seed=0, mix=0.7)
     for kw in (dict(), dict(padding="same", window_size=7, sigma=1.0), dict(reduction="none", data_range=2.0, k2=0.05)):
         torch.testing.assert_close(SSIMLoss(**kw)(x, y), 1 - splatloss.ssim(x, y, **kw))
 
 
 def test_msssim_loss_equals_one_minus_ms_ssim():
-    x, y = _pair((2, 1, 165, 161), 1)
+    x, y = make_pair((2, 1, 165, 161), seed=1, mix=0.7)
     torch.testing.assert_close(MSSSIMLoss()(x, y), 1 - splatloss.ms_ssim(x, y, tau=0.01))
     torch.testing.assert_close(
         MSSSIMLoss(tau=None, reduction="sum")(x, y), (1 - splatloss.ms_ssim(x, y, reduction="none")).sum()
@@ -167,7 +160,7 @@ def test_presets_and_weights():
 
 
 def test_3dgs_loss_equals_its_formula_and_logs_terms():
-    x, y = _pair((2, 3, 40, 37), 3)
+    x, y = make_pair((2, 3, 40, 37), seed=3, mix=0.7)
     xr = x.clone().requires_grad_()
     loss = PhotometricLoss.dssim_l1()
     total = loss(xr, y)
@@ -187,7 +180,7 @@ def test_3dgs_loss_equals_its_formula_and_logs_terms():
 
 
 def test_set_weight_changes_the_total():
-    x, y = _pair((1, 3, 24, 24), 4)
+    x, y = make_pair((1, 3, 24, 24), seed=4, mix=0.7)
     loss = PhotometricLoss.dssim_l1()
     loss(x, y)
     terms = dict(loss.terms)
@@ -203,7 +196,7 @@ def test_set_weight_changes_the_total():
 
 
 def test_all_terms_with_all_ones_mask_equal_no_mask():
-    x, y = _pair((2, 3, 170, 163), 5)
+    x, y = make_pair((2, 3, 170, 163), seed=5, mix=0.7)
     loss = PhotometricLoss(l1=0.3, l2=0.2, dssim=0.2, msssim=0.2, l1_gaussian=0.1, reduction="none")
     plain = loss(x, y)
     plain_terms = dict(loss.terms)
@@ -214,7 +207,7 @@ def test_all_terms_with_all_ones_mask_equal_no_mask():
 
 
 def test_mask_selects_pixels():
-    x, y = _pair((2, 2, 30, 32), 6)
+    x, y = make_pair((2, 2, 30, 32), seed=6, mix=0.7)
     mask = torch.zeros(2, 1, 30, 32)
     mask[:, :, 5:20, 8:30] = 1.0
     loss = PhotometricLoss(l1=1.0, l2=1.0, dssim=1.0, reduction="none")
@@ -236,7 +229,7 @@ def test_mask_selects_pixels():
 
 
 def test_masked_msssim_follows_the_pyramid():
-    x, y = _pair((1, 1, 161, 165), 7)
+    x, y = make_pair((1, 1, 161, 165), seed=7, mix=0.7)
     mask = torch.ones(1, 1, 161, 165)
     mask[..., :, 80:] = 0.0
     loss = PhotometricLoss(msssim=1.0, backend="reference")
@@ -250,7 +243,7 @@ def test_masked_msssim_follows_the_pyramid():
 
 
 def test_zhao_mix_gaussian_weighted_l1():
-    x, y = _pair((1, 3, 64, 70), 8)  # "same" padding: 5 scales fit any size
+    x, y = make_pair((1, 3, 64, 70), seed=8, mix=0.7)  # "same" padding: 5 scales fit any size
     loss = PhotometricLoss.zhao_mix(padding="same", backend="reference")
     total = loss(x, y)
     # independent: 2-D Gaussian (sigma 8, 49 taps) convolution of |x - y| with zero padding, normalised by
@@ -269,7 +262,7 @@ def test_zhao_mix_gaussian_weighted_l1():
 
 
 def test_photometric_half_precision_and_unbatched():
-    x, y = _pair((3, 40, 41), 9)
+    x, y = make_pair((3, 40, 41), seed=9, mix=0.7)
     loss = PhotometricLoss.dssim_l1(reduction="none")
     full = loss(x, y)
     half = loss(x.half(), y.half())

@@ -7,18 +7,12 @@ import torch
 from _mask_truth import masked_lp, masked_maps, masked_ms_ssim, masked_ssim, soft_mask
 
 import splatloss
+from conftest import make_pair
 from splatloss import compat
 
 
-def _pair(b=2, c=3, h=24, w=27, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(b, c, h, w, generator=g, dtype=torch.float64)
-    y = (0.7 * x + 0.3 * torch.rand(b, c, h, w, generator=g, dtype=torch.float64)).clamp(0, 1)
-    return x, y
-
-
 def test_mask_shapes_all_mean_the_same():
-    x, y = _pair()
+    x, y = make_pair((2, 3, 24, 27), torch.float64, mix=0.7)
     m = soft_mask(24, 27, seed=1)
     want = masked_ssim(x, y, m, padding="same")
     for shaped in (m, m[None, None], m[None, None].expand(2, 1, 24, 27), m.expand(2, 3, 24, 27)):
@@ -30,7 +24,7 @@ def test_mask_shapes_all_mean_the_same():
 
 
 def test_bool_mask_equals_float_mask():
-    x, y = _pair()
+    x, y = make_pair((2, 3, 24, 27), torch.float64, mix=0.7)
     mb = soft_mask(24, 27, seed=2) > 0.5
     a = splatloss.ssim(x, y, mask=mb)
     b = splatloss.ssim(x, y, mask=mb.double())
@@ -39,7 +33,7 @@ def test_bool_mask_equals_float_mask():
 
 
 def test_every_entry_point_takes_a_mask():
-    x, y = _pair(b=1, h=161, w=163)
+    x, y = make_pair((1, 3, 161, 163), torch.float64, mix=0.7)
     m = soft_mask(161, 163, seed=3)
     s = masked_ssim(x, y, m, padding="same").item()
     smap, cmap, _ = masked_maps(x, y, m, padding="valid")
@@ -65,7 +59,7 @@ def test_every_entry_point_takes_a_mask():
 
 
 def test_empty_mask_is_ssim_one_and_zero_l1():
-    x, y = _pair()
+    x, y = make_pair((2, 3, 24, 27), torch.float64, mix=0.7)
     z = torch.zeros(24, 27)
     assert splatloss.ssim(x, y, mask=z).item() == 1.0
     assert splatloss.dssim_l1(x, y, 0.2, mask=z).item() == 0.0

@@ -14,17 +14,12 @@ SECOND = backend_params(SECOND_ORDER)
 WITH_REF = backend_params(slow_triton=True) + ["reference"]
 
 
-def _pair(shape, dtype=torch.float32, seed=0, device="cpu"):
-    x, y = make_pair(shape, dtype, seed, device)
-    return x.requires_grad_(True), y.requires_grad_(True)
-
-
 @pytest.mark.parametrize("padding", ["valid", "same", "reflect"])
 @pytest.mark.parametrize("backend", F64)
 @pytest.mark.slow
 def test_gradcheck_float64_map(backend, padding):
     cfg = SSIMConfig(padding=padding, window_size=5, sigma=1.0)
-    x, y = _pair((1, 2, 7, 8), torch.float64, seed=3)
+    x, y = make_pair((1, 2, 7, 8), torch.float64, seed=3, requires_grad=True)
     b = splatloss.backends.get(backend)
     fn = lambda p, q: b.ssim_map(p, q, cfg, return_cs=True)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x, y), check_forward_ad=backend in SECOND_ORDER)
@@ -35,7 +30,7 @@ def test_gradcheck_float64_map(backend, padding):
 @pytest.mark.slow
 def test_gradcheck_and_gradgradcheck_float64_stats(backend, padding):
     cfg = SSIMConfig(padding=padding, window_size=5, sigma=1.0)
-    x, y = _pair((2, 1, 7, 8), torch.float64, seed=3)
+    x, y = make_pair((2, 1, 7, 8), torch.float64, seed=3, requires_grad=True)
     b = splatloss.backends.get(backend)
     fn = lambda p, q: b.ssim_stats(p, q, cfg)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x, y), check_forward_ad=True)
@@ -46,7 +41,7 @@ def test_gradcheck_and_gradgradcheck_float64_stats(backend, padding):
 @pytest.mark.parametrize("backend", SECOND)
 @pytest.mark.slow
 def test_gradcheck_and_gradgradcheck_of_the_public_losses(backend):
-    x, y = _pair((1, 1, 21, 19), torch.float64, seed=4)
+    x, y = make_pair((1, 1, 21, 19), torch.float64, seed=4, requires_grad=True)
     kw = dict(window_size=3, sigma=0.8, weights=(0.3, 0.4, 0.3), tau=0.01, backend=backend)
     assert torch.autograd.gradcheck(lambda a, b: splatloss.ms_ssim(a, b, **kw), (x, y))
     x1 = x[..., :14, :15].detach().clone().requires_grad_(True)
@@ -65,7 +60,7 @@ def test_gradcheck_and_gradgradcheck_of_the_public_losses(backend):
 def test_batched_gradients_vmap_over_backward(backend, fn):
     # autograd.grad(is_grads_batched=True) vmaps the backward (jacobians, gradcheck's batched mode)
     cfg = SSIMConfig(padding="same", window_size=5, sigma=1.0)
-    x, y = _pair((2, 2, 7, 8), torch.float64, seed=3)
+    x, y = make_pair((2, 2, 7, 8), torch.float64, seed=3, requires_grad=True)
     out = getattr(splatloss.backends.get(backend), fn)(x, y, cfg)[0]
     ref = getattr(reference, fn)(x, y, cfg)[0]
     eye = torch.eye(out.numel(), dtype=out.dtype).reshape(-1, *out.shape)
@@ -78,7 +73,7 @@ def test_batched_gradients_vmap_over_backward(backend, fn):
 def test_backward_is_the_adjoint_not_the_pixelwise_partials(backend):
     """An upstream gradient at one map pixel reaches exactly that pixel's 11x11 window in the image."""
     dtype = torch.float64 if torch.float64 in DTYPES[backend] else torch.float32
-    x, y = _pair((1, 1, 31, 31), dtype, seed=8, device=device_for(backend))
+    x, y = make_pair((1, 1, 31, 31), dtype, seed=8, device=device_for(backend), requires_grad=True)
     s = splatloss.backends.get(backend).ssim_map(x, y, SSIMConfig())
     up = torch.zeros_like(s)
     up[0, 0, 7, 12] = 1.0
@@ -95,7 +90,9 @@ def test_backward_is_the_adjoint_not_the_pixelwise_partials(backend):
 
 @pytest.mark.parametrize("backend", WITH_REF)
 def test_autograd_grad_does_not_accumulate_and_matches_backward(backend):
-    x, y = _pair((1, 3, side(backend, 30, 16), side(backend, 31, 17)), seed=51, device=device_for(backend))
+    x, y = make_pair(
+        (1, 3, side(backend, 30, 16), side(backend, 31, 17)), seed=51, device=device_for(backend), requires_grad=True
+    )
     loss = 1 - splatloss.ssim(x, y, backend=backend)
     gx, gy = torch.autograd.grad(loss, (x, y))
     assert x.grad is None and y.grad is None
@@ -156,7 +153,7 @@ def test_no_grad_saves_nothing(backend, fn):
 
 @pytest.mark.parametrize("backend", SECOND)
 def test_create_graph_double_backward(backend):
-    x, y = _pair((1, 1, 20, 21), torch.float64, seed=81)
+    x, y = make_pair((1, 1, 20, 21), torch.float64, seed=81, requires_grad=True)
     hs = []
     for name in (backend, "reference"):
         (gx,) = torch.autograd.grad(splatloss.ssim(x, y, backend=name), x, create_graph=True)

@@ -5,31 +5,23 @@ import torch
 
 import splatloss
 from conftest import CONFORMING, TOL, assert_rel, backend_cases, device_for, make_pair
-from splatloss.config import MS_SSIM_WEIGHTS, SSIMConfig
-
-ENTRY_POINTS = ("ssim_map", "ssim_stats", "ssim_mean", "ms_ssim", "dssim_l1", "ssim_mean_and_grad")
+from splatloss.config import SSIMConfig
 
 
-def test_names():
-    assert splatloss.backends.NAMES == ("reference", "torch", "cpu", "triton")
-    assert splatloss.backends.BACKENDS == ("auto",) + splatloss.backends.NAMES
+def test_the_conformance_suite_runs_every_backend():
+    """A backend added to splatloss.backends without joining the conformance suite fails here."""
     assert set(CONFORMING) == set(splatloss.backends.NAMES) - {"reference"}
-
-
-@pytest.mark.parametrize("name", ["reference", "torch", "cpu", "triton"])
-def test_get_returns_a_backend_with_every_entry_point(name):
-    b = splatloss.backends.get(name)
-    assert b.name == name
-    for entry in ENTRY_POINTS:
-        assert callable(getattr(b, entry)), f"{name} lacks {entry}"
+    assert [splatloss.backends.get(n).name for n in splatloss.backends.NAMES] == list(splatloss.backends.NAMES)
 
 
 def test_auto_picks_the_cpu_kernel_for_cpu_tensors_and_explains_why():
     x = torch.rand(1, 3, 16, 16)
-    assert splatloss.backends.resolve("auto", x).name == "cpu"
-    assert splatloss.backends.resolve("torch", x).name == "torch"
-    why = splatloss.backends.explain(x)
-    assert isinstance(why, str) and "cpu" in why
+    flags = splatloss.backends.available()
+    assert flags["torch"] and flags["reference"] and isinstance(flags["triton"], bool)
+    assert splatloss.backends.resolve("auto", x).name == ("cpu" if flags["cpu"] else "torch")
+    for name in splatloss.backends.NAMES[:3]:
+        assert splatloss.backends.resolve(name, x).name == name
+    assert "cpu" in splatloss.backends.explain(x)
 
 
 @pytest.mark.parametrize(
@@ -63,4 +55,3 @@ def test_public_api_runs_the_named_backend(backend, entry):
     args = (0.2,) if entry == "dssim_l1" else ()
     truth = ref(x.double().cpu(), y.double().cpu(), *args, backend="reference", **small, **kw)
     assert_rel(got, truth, TOL[backend]["ms_values" if entry == "ms_ssim" else "map"], entry)
-    assert MS_SSIM_WEIGHTS  # the default weights exist in config

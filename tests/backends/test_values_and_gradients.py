@@ -1,0 +1,184 @@
+"""Every backend against float64 truth, in one suite: each entry point of the backend contract, its
+values and the gradients to both images under random upstreams, over paddings, dtypes and masks.
+
+The truth is ``tests/_mask_truth.py``: plain float64 torch ops, no splatloss code, full 2-D filters
+instead of the library's separable ones. Without a mask it is the unmasked SSIM (an all-ones mask;
+``tests/test_mask_truth.py`` checks it against scikit-image and TF), so masked and unmasked calls are
+held to one definition. It runs on the very values a backend saw (fp32 / fp16 / bf16 inputs are exact
+in float64), so each check measures the backend's own error.
+
+Entry points (``splatloss.backends.base.Backend``): ``map`` (SSIM and cs maps), ``stats`` (SSIM and cs
+means per channel), ``mean`` (the SSIM mean alone, which Triton computes with its own kernels),
+``dssim_l1`` (the fused L1 + D-SSIM), ``ms_ssim`` (three scales, 3-tap window: small images reach the
+coarsest scale) and ``mean_and_grad`` (value and image-1 gradient without a graph).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _mask_truth import masked_lp, masked_maps, masked_ms_ssim, masked_ssim_stats, soft_mask
+
+import splatloss
+from conftest import (
+    CONFORMING,
+    DTYPES,
+    FP64_REL,
+    MASKED_TOL,
+    PADDINGS,
+    TOL,
+    assert_lowp_grad,
+    assert_rel,
+    backend_params,
+    device_for,
+    has_cuda,
+    make_pair,
+    side,
+)
+from splatloss.config import SSIMConfig
+
+ENTRIES = ("map", "stats", "mean", "dssim_l1", "ms_ssim", "mean_and_grad")
+DTYPE_IDS = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16", torch.bfloat16: "bf16"}
+LAM = 0.2
+MS_WEIGHTS = (0.2, 0.3, 0.5)
+MS_CFG = dict(window_size=3, sigma=0.8)
+
+
+def _dtypes(backend):
+    """The dtypes ``backend`` takes (Triton refuses float64: tests/backends/test_refusals.py)."""
+    return DTYPES.get(backend, DTYPES["torch"])
+
+
+def _fast(backend, entry, dtype, padding, masked):
+    """The fast tier's share: every padding and mask in fp32 on torch and cpu, fp64 with "reflect",
+    half precision "same" and unmasked; Triton in the interpreter its
+    own kernels of the map and of the training mean (fp32, "same", unmasked); the
+    reference (a cross-check of the two truths) in the slow tier."""
+    if backend == "reference":
+        return False
+    if backend == "triton" and not has_cuda():
+        return dtype == torch.float32 and padding == "same" and not masked and entry in ("map", "mean")
+    if dtype == torch.float32:
+        return True
+    if dtype == torch.float64:
+        return padding == "reflect"
+    return padding == "same" and not masked
+
+
+def _redundant(backend, entry, dtype, padding, masked):
+    """Triton in the interpreter (seconds a case, up to 30 s with "reflect"): half precision with
+    "same" only, as the kernels convert a loaded fp16 / bf16 value to fp32 before any padding-dependent
+    code; MS-SSIM and the no-graph gradient with "same" only, as they run the statistics kernels whose
+    every padding the ``stats`` and ``mean`` cases hold."""
+    if backend != "triton" or has_cuda() or masked or padding == "same":
+        return False
+    return dtype != torch.float32 or entry in ("ms_ssim", "mean_and_grad")
+
+
+def _cases():
+    """backend x entry x dtype x padding x mask, ``slow`` where ``_fast`` says so."""
+    out = []
+    for backend in ("reference",) + CONFORMING:
+        (p,) = backend_params([backend]) if backend != "reference" else [pytest.param("reference")]
+        for entry in ENTRIES:
+            for dtype in _dtypes(backend):
+                for padding in PADDINGS:
+                    for masked in (False, True):
+                        if _redundant(backend, entry, dtype, padding, masked):
+                            continue
+                        fast = _fast(backend, entry, dtype, padding, masked)
+                        marks = list(p.marks) + ([] if fast else [pytest.mark.slow])
+                        case_id = "-".join((backend, entry, DTYPE_IDS[dtype], padding, "masked" if masked else "plain"))
+                        out.append(pytest.param(backend, entry, dtype, padding, masked, marks=marks, id=case_id))
+    return out
+
+
+def _run(b, entry, x, y, cfg, mask, up):
+    """The outputs of ``entry`` on backend ``b`` and their gradients to (x, y) under the upstreams ``up``."""
+    if entry == "mean_and_grad":
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        mean, g = b.ssim_mean_and_grad(x, y, cfg, up[0].to(x.device, acc), mask)
+        assert mean.grad_fn is None and g.grad_fn is None
+        return (mean,), (g,)
+    x, y = x.detach().requires_grad_(True), y.detach().requires_grad_(True)
+    if entry == "map":
+        outs = b.ssim_map(x, y, cfg, return_cs=True) if mask is None else b.masked_ssim_map(x, y, mask, cfg)[:2]
+    elif entry == "stats":
+        outs = b.ssim_stats(x, y, cfg) if mask is None else b.masked_ssim_stats(x, y, mask, cfg)
+    elif entry == "mean":
+        outs = (b.ssim_mean(x, y, cfg, mask),)
+    elif entry == "dssim_l1":
+        outs = (b.dssim_l1(x, y, cfg, LAM, mask),)
+    else:
+        outs = (b.ms_ssim(x, y, SSIMConfig(padding=cfg.padding, **MS_CFG), MS_WEIGHTS, None, mask),)
+    total = sum((o * u.to(o.device, o.dtype)).sum() for o, u in zip(outs, up))
+    return tuple(o.detach() for o in outs), torch.autograd.grad(total, (x, y))
+
+
+def _truth(entry, x, y, padding, mask, up):
+    """The float64 oracle's outputs of ``entry`` and their gradients to (x, y)."""
+    x, y = x.detach().double().cpu().requires_grad_(True), y.detach().double().cpu().requires_grad_(True)
+    m = None if mask is None else mask.double().cpu()
+    if entry == "map":
+        outs = masked_maps(x, y, m, padding=padding)[:2]
+    elif entry == "stats":
+        outs = masked_ssim_stats(x, y, m, padding=padding)
+    elif entry in ("mean", "mean_and_grad"):
+        outs = masked_ssim_stats(x, y, m, padding=padding)[:1]
+    elif entry == "dssim_l1":
+        s = masked_ssim_stats(x, y, m, padding=padding)[0].mean(dim=1)
+        outs = ((1 - LAM) * masked_lp(x, y, m) + LAM * (1 - s),)
+    else:
+        outs = (masked_ms_ssim(x, y, m, MS_WEIGHTS, padding=padding, **MS_CFG),)
+    total = sum((o * u).sum() for o, u in zip(outs, up))
+    gx, gy = torch.autograd.grad(total, (x, y))
+    return tuple(o.detach() for o in outs), ((gx,) if entry == "mean_and_grad" else (gx, gy))
+
+
+@pytest.mark.parametrize("backend,entry,dtype,padding,masked", _cases())
+def test_values_and_both_gradients_equal_float64_truth(backend, entry, dtype, padding, masked):
+    dev = device_for(backend)
+    h, w = side(backend, 23, 16), side(backend, 29, 17)
+    c = side(backend, 3, 1)  # Triton in the interpreter: one channel (each plane is a program)
+    x, y = make_pair((2, c, h, w), dtype, seed=3, device=dev)
+    y[0, 0, 3, 4] = x[0, 0, 3, 4]  # |x - y|' at equality is 0, as torch's abs backward
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    mask = None
+    if masked:
+        mask = torch.stack([soft_mask(h, w, seed=1), soft_mask(h, w, seed=5)])[:, None].to(dev, acc)
+    mask_cpu = None if mask is None else mask.cpu()
+    b = splatloss.backends.get(backend)
+    cfg = SSIMConfig(padding=padding)
+    truth_out, _ = _truth(entry, x, y, padding, mask, (torch.zeros(1),) * 2)
+    g = torch.Generator().manual_seed(7)
+    up = tuple(torch.randn(t.shape, generator=g, dtype=torch.float64) for t in truth_out)
+    got, got_g = _run(b, entry, x, y, cfg, mask, up)
+    truth, truth_g = _truth(entry, x, y, padding, mask, up)
+    for a, t in zip(got, truth):
+        assert a.shape == t.shape and a.dtype == acc and a.device == x.device
+    for a in got_g:
+        assert a.dtype == dtype and a.shape == x.shape
+    if dtype == torch.float64:
+        for i, (a, t) in enumerate(zip(got + got_g, truth + truth_g)):
+            assert_rel(a, t, FP64_REL, f"{entry} output / gradient {i}")
+        return
+    tol = MASKED_TOL if masked else TOL[backend if backend != "reference" else "torch"]
+    vkey, gkey = ("ms_values", "ms_grads") if entry == "ms_ssim" else ("map" if entry == "map" else "values", "grads")
+    for i, (a, t) in enumerate(zip(got, truth)):
+        assert_rel(a, t, tol[vkey], f"{entry} output {i}")
+    if dtype == torch.float32:
+        for i, (a, t) in enumerate(zip(got_g, truth_g)):
+            assert_rel(a, t, tol[gkey], f"{entry} gradient {i}")
+    elif entry == "ms_ssim" or (dtype == torch.bfloat16 and entry == "dssim_l1"):
+        # Half-precision gradients of the composed losses round more than once (autograd sums partial
+        # gradients in the input dtype: the pyramid's scales, the L1 and SSIM terms), so the
+        # reference's own gradient is no one-ulp yardstick there (measured up to 1e-7 beyond one ulp,
+        # and 3e-4 (fp16) / 3e-3 (bf16) of the scale beyond half an ulp of float64 truth); the values
+        # above and the gradients' dtype and shape are what these cases check.
+        pass
+    elif backend != "reference":
+        # fp16 / bf16 gradients: within one ulp of the dtype of the reference's own gradient on the same
+        # inputs (both round fp32 gradients to the dtype), plus the fp32 bar of the scale
+        _, ref_g = _run(splatloss.backends.get("reference"), entry, x.cpu(), y.cpu(), cfg, mask_cpu, up)
+        for i, (a, r) in enumerate(zip(got_g, ref_g)):
+            assert_lowp_grad(a, r, dtype, tol[gkey], f"{entry} gradient {i}")
