@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "splatloss"
 # the other way round; the package root re-exports the public API of ``losses`` / ``compat`` /
 # ``functional``, so it is that layer's facade.
 LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
-    ("config", ("splatloss.config", "splatloss._atomic", "splatloss._extras")),
+    ("config", ("splatloss.config", "splatloss.atomic", "splatloss.extras")),
     ("checks / filtering", ("splatloss.checks", "splatloss.filtering")),
     ("multiscale", ("splatloss.multiscale",)),
     ("backends / reference", ("splatloss.backends", "splatloss.reference")),

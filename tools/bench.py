@@ -57,7 +57,7 @@ _early_threads(sys.argv[1:])
 
 import torch  # noqa: E402
 
-from splatloss._atomic import atomic_output  # noqa: E402
+from splatloss.atomic import atomic_output  # noqa: E402
 
 OPS = ("ssim", "ms_ssim", "dssim_l1", "dssim_l1_masked")
 MODES = ("fwdbwd", "fwd")

@@ -4,7 +4,7 @@ Importing this package imports Lightning (the core ``splatloss`` package never d
 ``train`` extra: ``pip install 'splatloss[train]'``.
 """
 
-from splatloss._extras import require_train_extra
+from splatloss.extras import require_train_extra
 
 require_train_extra("splatloss.lightning", ("lightning", "hydra", "omegaconf", "gsplat"))
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from lightning.fabric.loggers import TensorBoardLogger
 
-from .._atomic import atomic_output
+from ..atomic import atomic_output
 from ..conventions import ms_ssim_weights_for, ssim_3dgs, ssim_skimage
 from ..functional import ms_ssim, ssim
 

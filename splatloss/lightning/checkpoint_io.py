@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from .._atomic import atomic_output
+from ..atomic import atomic_output
 
 log = logging.getLogger(__name__)
 

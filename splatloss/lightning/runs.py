@@ -9,6 +9,7 @@ or written, and reported as one ``ValueError`` that names the key, the value giv
 
 from __future__ import annotations
 
+import csv
 import glob
 import json
 import math
@@ -26,7 +27,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from .._atomic import atomic_output
+from ..atomic import atomic_output
 
 __all__ = [
     "RESUME_KEYS",
@@ -503,14 +504,11 @@ class _ContinuedWriter(ExperimentWriter):
     def _check_log_dir_exists(self) -> None:
         if self._resume_step is None or not os.path.isfile(self.metrics_file_path):
             return super()._check_log_dir_exists()
-        import csv
 
         with open(self.metrics_file_path, newline="") as f:
             reader = csv.DictReader(f)
             fields = list(reader.fieldnames or [])
             rows = [r for r in reader if _kept(r, self._resume_step)]
-        from .._atomic import atomic_output
-
         with atomic_output(self.metrics_file_path) as tmp, open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()

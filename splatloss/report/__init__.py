@@ -33,7 +33,7 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from .._atomic import atomic_output
+from ..atomic import atomic_output
 from .labels import readable_overrides, round_float
 from .runs import Run, collect_all, log_error
 from .stats import ALPHA, CONFIDENCE, Group, choose_baseline, common_overrides, group_runs, quantities

@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .._atomic import atomic_output
+from ..atomic import atomic_output
 from .runs import Curve, read_curves
 from .stats import CONFIDENCE, Group, Quantity, describe, paired
 

@@ -4,7 +4,7 @@ compositor on CPU), scenes and datasets, densification. Imports gsplat lazily (i
 Needs the ``train`` extra (gsplat, scikit-image, numba): ``pip install 'splatloss[train]'``.
 """
 
-from splatloss._extras import require_train_extra
+from splatloss.extras import require_train_extra
 
 require_train_extra("splatloss.splat", ("gsplat", "skimage", "numba"))
 

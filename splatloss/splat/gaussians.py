@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._atomic import atomic_output
+from ..atomic import atomic_output
 
 __all__ = ["Gaussians", "MAX_SH_DEGREE", "SH_C0", "num_sh_bases", "read_ply", "rgb_to_sh", "sh_to_rgb"]
 

@@ -22,7 +22,7 @@ from typing import Callable, List, Sequence
 import numpy as np
 import torch
 
-from splatloss._atomic import atomic_output
+from splatloss.atomic import atomic_output
 from splatloss.splat.views import View
 
 __all__ = ["camera_path", "render_path", "write_video", "render_trajectory", "video_format"]
