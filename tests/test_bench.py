@@ -87,6 +87,7 @@ def test_bench_rejects_unknown_library():
     assert "unknown libraries ['nope']" in proc.stderr
 
 
+@pytest.mark.slow
 def test_dtypes_are_one_more_axis_and_the_gpu_table_is_one_command(tmp_path):
     out_json = tmp_path / "bench.json"
     cmd = [sys.executable, str(BENCH), "--sizes", "24x24", "--channels", "1", "--ops", "ssim", "--modes", "fwd"]

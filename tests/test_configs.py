@@ -228,7 +228,9 @@ def test_scene_file_choices_extend_one_base(choice, tmp_path):
     assert OmegaConf.is_missing(_compose([f"data={choice}"]).data, "path")
 
 
-@pytest.mark.parametrize("model", _choices("model"))
+@pytest.mark.parametrize(
+    "model", [m if m == "splat" else pytest.param(m, marks=pytest.mark.slow) for m in _choices("model")]
+)
 def test_model_config_instantiates_the_module_and_binds_the_scene(model):
     from splatloss.lightning import SplatModule
     from splatloss.splat.synthetic import default_scene

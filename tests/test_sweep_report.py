@@ -151,6 +151,7 @@ def test_a_resumed_run_stays_in_its_group(tmp_path):
     assert [g.seeds for g in groups] == [[0, 1, 2]]
 
 
+@pytest.mark.slow
 def test_statistics_are_the_student_t_formulas(sweep, tmp_path):
     out = tmp_path / "out"
     assert sweep_report.main([str(sweep), "--out", str(out)]) == 0
@@ -176,6 +177,7 @@ def test_statistics_are_the_student_t_formulas(sweep, tmp_path):
     assert {q for _, q in got} >= {"psnr", "ssim", "ssim_3dgs", "ssim_skimage", "ms_ssim", "step_ms", "train_seconds"}
 
 
+@pytest.mark.slow
 def test_paired_differences_by_seed_say_what_is_established(sweep, tmp_path):
     out = tmp_path / "out"
     sweep_report.main([str(sweep), "--out", str(out)])
@@ -199,6 +201,7 @@ def test_paired_differences_by_seed_say_what_is_established(sweep, tmp_path):
     assert re.search(r"- MS-SSIM \+ L1 \(α = 0\.84\) .* 2 seeds\): not established\.", md)
 
 
+@pytest.mark.slow
 def test_baseline_is_chosen_by_number_label_or_override(sweep, tmp_path):
     for wanted in ("2", "D-SSIM + L1 (λ = 0.2)", "loss=dssim_l1"):
         rep = sweep_report.Report(str(sweep), baseline=wanted)
@@ -212,6 +215,7 @@ def test_baseline_is_chosen_by_number_label_or_override(sweep, tmp_path):
             sweep_report.Report(str(sweep), baseline=wanted)
 
 
+@pytest.mark.slow
 def test_a_group_with_fewer_seeds_and_the_failed_runs_are_listed(sweep, tmp_path):
     out = tmp_path / "out"
     sweep_report.main([str(sweep), "--out", str(out)])

@@ -59,6 +59,7 @@ def test_losses_show_their_formula_and_source(shown):
     assert lines["dssim_l1"].lstrip().startswith("*")  # the default is marked
 
 
+@pytest.mark.slow
 def test_help_names_the_common_keys_and_an_example_and_keeps_hydras_help(shown):
     for key in ("seed=", "trainer.max_steps=", "data.path=", "resume=true", "resume=latest", "ckpt_path=",
                 "resume_allow_changes=", "hydra.run.dir=", "--hydra-help", "Examples:"):  # fmt: skip

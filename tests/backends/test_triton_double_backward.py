@@ -32,7 +32,7 @@ CALLS = {
 REFUSAL = r"triton backend's .+ has no second derivative: .*create_graph=True.*use backend='torch' or 'reference'"
 
 
-@pytest.mark.parametrize("name", list(CALLS))
+@pytest.mark.parametrize("name", [n if n == "ssim" else pytest.param(n, marks=pytest.mark.slow) for n in CALLS])
 def test_create_graph_is_refused(name):
     x, y = make_pair((1, 2, 12, 13), seed=3, device=device_for(T))
     x.requires_grad_(True)

@@ -66,7 +66,8 @@ def test_masked_ssim_loss_equals_the_float64_oracle(launches, padding, window_si
     assert rel(gx.cpu(), tgx) <= GRAD_TOL and rel(gy.cpu(), tgy) <= GRAD_TOL
 
 
-@pytest.mark.parametrize("padding", ["same", pytest.param("reflect", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("padding", ["same", "reflect"])
 def test_masked_stats_both_means_and_gradients(launches, padding):
     # ssim and cs means per (image, channel), an upstream on each, a mask per image and channel
     dev = device_for(T)
@@ -92,6 +93,7 @@ def test_masked_stats_both_means_and_gradients(launches, padding):
     assert rel(gx.cpu(), tgx) <= GRAD_TOL and rel(gy.cpu(), tgy) <= GRAD_TOL
 
 
+@pytest.mark.slow
 def test_all_ones_mask_is_the_unmasked_value(launches):
     dev = device_for(T)
     x, y = make_pair((1, 3, 12, 15), seed=9, device=dev)
@@ -104,6 +106,7 @@ def test_all_ones_mask_is_the_unmasked_value(launches):
     assert rel(a[1], b[1]) <= 1e-5 and rel(a[2], b[2]) <= 1e-5
 
 
+@pytest.mark.slow
 def test_empty_channel_counts_as_one_and_gets_no_gradient(launches):
     dev = device_for(T)
     cfg = SSIMConfig(window_size=5, padding="same")
@@ -117,6 +120,7 @@ def test_empty_channel_counts_as_one_and_gets_no_gradient(launches):
     assert bool((g[:, 1] == 0).all()) and float(g[:, 0].abs().max()) > 0
 
 
+@pytest.mark.slow
 def test_dssim_l1_and_ms_ssim_under_a_mask_run_the_masked_kernels(launches):
     dev = device_for(T)
     x, y = make_pair((1, 2, 24, 26), seed=13, device=dev)

@@ -33,6 +33,7 @@ def _f64_grads(loss_fn, x, y, need2):
     return x6.grad, (y6.grad if need2 else None)
 
 
+@pytest.mark.slow  # the fast tier runs this path through the conformance suite's Triton mean case
 @pytest.mark.parametrize("need2", [False, True])
 def test_ssim_loss_gradient_from_the_forward_matches_the_recomputed_one(need2):
     dev = device_for("triton")
