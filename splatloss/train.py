@@ -463,7 +463,7 @@ def main() -> Optional[float]:
             sys.exit(1)
         except Exception as e:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
-                # Into the run's log (<run>/train.log), where scripts/sweep_report.py reads why it failed;
+                # Into the run's log (<run>/train.log), where splatloss-report reads why it failed;
                 # the traceback only for what is not a config error.
                 log.error("run failed: %s", e, exc_info=not isinstance(e, ValueError))
                 raise  # the sweep records the failed job
