@@ -134,8 +134,8 @@ def _footprint_cases():
 @pytest.mark.parametrize("window_size,bad,geometry,row", _footprint_cases())
 def test_nan_or_inf_pixel_reaches_only_its_footprint(monkeypatch, window_size, bad, geometry, row):
     # A bad pixel reaches the gradients within window_size - 1 of it: (2K - 1)^2 entries away from
-    # the border (the reference's autograd count). Ring slots of weight 0 used to be multiplied
-    # (0 * NaN = NaN): 195 / 462 entries at K = 7 / 11. The middle-row pixel sits on a row the
+    # the border (the reference's autograd count). Ring slots of weight 0 must be skipped,
+    # not multiplied (0 * NaN = NaN would reach 195 / 462 entries at K = 7 / 11). The middle-row pixel sits on a row the
     # moment shift samples (the middle row of the image, and of an 8-row chunk), so the shift must
     # skip it; the top-row pixel is the row that zero-padded rows above the image are read from.
     if geometry == "cuda-geometry-8-rows":
