@@ -249,7 +249,9 @@ def _stats_setup(ctx, inputs, output):
 def _stats_backward(ctx, g_s, g_c):
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     # the forward's unit gradient is that of the SSIM mean: usable when cs has no upstream
-    usable = (need_x or need_y) and g_s is not None and (g_c is None or not g_c.any()) and not _torch_ops(g_s)
+    # (a traced backward takes the recomputing path: no data-dependent branch on g_c in a graph)
+    usable = (need_x or need_y) and g_s is not None and not _torch_ops(g_s) and not _tracing(g_s)
+    usable = usable and (g_c is None or not bool(g_c.any()))
     unit = _take_unit(ctx, usable)
     x, y, w = ctx.saved_tensors
     none = (None,) * 4
