@@ -621,7 +621,7 @@ def _ms_unit_walk(unit, g: Tensor, dtype: torch.dtype):
                 if acc is not None:
                     library.down2_backward(lib, coarse, size, acc=acc, scale=gj)
         gx, gy = gxj, gyj
-        per_scale[j] = None  # the finer scales' sums no longer need it
+        per_scale[j] = None  # the finer scales' sums are done with it
     return gx, gy
 
 
