@@ -56,7 +56,7 @@ def test_a_read_only_run_folder_stops_the_run_before_step_0(tmp_path):
 
 class BlockCheckpoints(L.Callback):
     """At the end of training, puts a file where the checkpoints folder was: the run's last
-    checkpoint can no longer be written there (as a disk or a mount that fails late would)."""
+    checkpoint stops being writable there (as a disk or a mount that fails late would)."""
 
     def __init__(self, folder: str):
         self.folder = folder

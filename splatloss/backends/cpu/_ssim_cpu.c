@@ -27,7 +27,7 @@
  *
  * Numerics: the moments are those of the shifted images x - s, y - s, with s one number per plane
  * (the mean of (x + y) / 2 over the plane's middle row; "same" padding then holds -s). Variances
- * and the covariance do not change under a common shift, and E[x'^2] - E[x']^2 no longer cancels
+ * and the covariance do not change under a common shift, and E[x'^2] - E[x']^2 does not cancel
  * catastrophically in float32 where the local variance is small against the squared mean (flat
  * skies and walls): on a flat JPEG photograph the float32 gradient went from 7.3e-5 to 5.1e-7 of
  * the float64 one (tests/test_numerics.py). The luminance terms use the true means mu' + s.

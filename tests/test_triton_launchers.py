@@ -1,4 +1,4 @@
-"""Launcher defects of the Triton backend that show on real hardware, each checked where it can fail
+"""What the Triton launchers must get right on real hardware, each checked where it can fail
 without a GPU: the device guard, the ROCm launch options, the fake (meta) gradient strides under
 torch.compile, and empty batches."""
 
