@@ -120,3 +120,15 @@ def test_under_torch_compile_a_bad_argument_gives_the_eager_message():
         torch._dynamo.reset()
         with pytest.raises(Exception, match=message):
             torch.compile(call, fullgraph=True)(x, y)
+
+
+def test_modules_check_their_options_when_constructed_outside_any_compiled_region():
+    # torch.compile(module, fullgraph=True) then never traces a bad option: the eager ValueError is
+    # raised by the constructor, before compilation.
+    for make in (
+        lambda: splatloss.SSIMLoss(window_size=4),
+        lambda: splatloss.MSSSIMLoss(window_size=4),
+        lambda: splatloss.PhotometricLoss(dssim=0.2, l1=0.8, window_size=4),
+    ):
+        with pytest.raises(ValueError, match="window_size must be an odd integer >= 3, got 4"):
+            make()
