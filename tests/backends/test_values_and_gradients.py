@@ -171,6 +171,9 @@ def test_values_and_both_gradients_equal_float64_truth(backend, entry, dtype, pa
     else:
         # fp16 / bf16: the float64 gradient rounded once to the dtype, as the compositions promise
         # (MS-SSIM's scales, the L1 and SSIM terms: one float32 copy of the images, the partial
-        # gradients summed in float32, one rounding on the way back to the input's dtype)
+        # gradients summed in float32, one rounding on the way back to the input's dtype). The Triton
+        # interpreter truncates fp32 to bf16 where a kernel stores a bf16 gradient (map, stats and
+        # mean_and_grad: measured within one ulp, 1.2e-3 to 3.2e-3 of the scale beyond half of one).
+        truncated = backend == "triton" and not has_cuda() and dtype == torch.bfloat16
         for i, (a, t) in enumerate(zip(got_g, truth_g)):
-            assert_rounded_once(a, t, dtype, f"{entry} gradient {i}")
+            assert_rounded_once(a, t, dtype, f"{entry} gradient {i}", truncated)
