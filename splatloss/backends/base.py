@@ -3,7 +3,8 @@
 Inputs to a backend are already validated ``(B, C, H, W)`` tensors of one float dtype on one
 device (``splatloss.functional`` checks them) and a validated :class:`~splatloss.config.SSIMConfig`.
 Values come back in the accumulation dtype (float32 for fp16 / bf16 / fp32, float64 for fp64),
-gradients in the input dtype.
+gradients in the input dtype: the float64 gradient rounded once (a composition of several pieces
+casts fp16 / bf16 images to float32 once, first, and adds the pieces' gradients in float32).
 
 A new backend subclasses :class:`Backend`, implements :meth:`~Backend.ssim_map` and
 :meth:`~Backend.ssim_stats`, and overrides a shared composition only where it has something
