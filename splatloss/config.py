@@ -23,6 +23,7 @@ __all__ = [
     "OPTIONS",
     "min_size",
     "accumulation_dtype",
+    "to_accumulation_dtype",
     "resolve",
     "takes_options",
 ]
@@ -51,6 +52,21 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
         (torch.float32, torch.float64)
     """
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def to_accumulation_dtype(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in its accumulation dtype (itself when already there; non-float tensors unchanged).
+
+    A composition of several differentiable pieces (the scales of MS-SSIM, the L1 and SSIM terms
+    of a loss) casts its fp16 / bf16 inputs once, first: the pieces' gradients then add up in
+    float32 and the cast's backward rounds their sum to the input dtype once, instead of each piece
+    rounding its share and the sum rounding again.
+
+    Examples:
+        >>> to_accumulation_dtype(torch.ones(2, dtype=torch.bfloat16)).dtype
+        torch.float32
+    """
+    return t.to(accumulation_dtype(t.dtype)) if t.is_floating_point() else t
 
 
 def _is_real(x) -> bool:

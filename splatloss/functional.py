@@ -3,7 +3,8 @@
 Images are ``(B, C, H, W)`` (an unbatched ``(C, H, W)`` is treated as ``B = 1`` and its batch
 dimension is dropped again from map / ``reduction="none"`` outputs), any channel count, contiguous
 or channels-last, float16 / bfloat16 / float32 / float64. Values come back in the accumulation
-dtype (float32, or float64 for float64 input), gradients in each input's dtype.
+dtype (float32, or float64 for float64 input), gradients in each input's dtype (for fp16 / bf16,
+the exact gradient rounded once: partial gradients are added in float32).
 
 Every function takes the SSIM options, the fields of :class:`splatloss.config.SSIMConfig`
 (``data_range``, ``window_size``, ``sigma``, ``window``, ``k1``, ``k2``, ``c1``, ``c2``,

@@ -26,7 +26,7 @@ from .checks import (
     check_weights,
     reduce,
 )
-from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype, resolve, takes_options
+from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype, resolve, takes_options, to_accumulation_dtype
 from .filtering import window_filter
 from .functional import DEFAULT_TAU
 from .rays import S3IMConfig, s3im_loss_with_config
@@ -394,6 +394,13 @@ class PhotometricLoss(nn.Module):
         per_term: Dict[str, torch.Tensor] = {}  # name -> [B]
 
         fused_pair = w["l1"] > 0 and w["dssim"] > 0
+        pixelwise = (not fused_pair and w["l1"] > 0) or w["l2"] > 0 or w["l1_gaussian"] > 0  # share one diff
+        paths = fused_pair + pixelwise + (not fused_pair and w["dssim"] > 0) + (w["msssim"] > 0) + (w["s3im"] > 0)
+        if paths > 1:
+            # Terms computed apart each return a gradient; cast fp16 / bf16 images to float32 once,
+            # first, so those add up in float32 and the cast's backward rounds their sum once (one
+            # term alone rounds once by itself, so it reads the images as given).
+            x, y = to_accumulation_dtype(x), to_accumulation_dtype(y)
         if fused_pair:
             # 3DGS pair in one call (the backend's fused L1 + D-SSIM when it has one, masked too):
             # w_l1 L1 + w_d D = (w_l1 + w_d) * dssim_l1(lam = w_d / (w_l1 + w_d)).
@@ -411,7 +418,7 @@ class PhotometricLoss(nn.Module):
             logged = {}
 
         diff = None
-        if (not fused_pair and w["l1"] > 0) or w["l2"] > 0 or w["l1_gaussian"] > 0:
+        if pixelwise:
             diff = x.to(acc) - y.to(acc)  # [B, C, H, W]
         if not fused_pair and w["l1"] > 0:
             per_term["l1"] = _weighted_mean(diff.abs(), mask, (1, 2, 3))

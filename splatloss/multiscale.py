@@ -6,9 +6,10 @@ nowhere else:
 * :func:`downsample2x`, TF ``ssim_multiscale``'s pyramid step: an odd side is padded by repeating its
   last row / column (bottom / right), then 2x2 blocks are averaged. A backend may fuse this step
   into its own kernel (it must compute the same thing) and pass it as ``down``.
-* :func:`levels` / :func:`ms_terms`, the loop over scales: scale 0 is the input, every further
-  scale is the previous one halved, computed in the accumulation dtype (fp16 2x2 means would
-  round). The terms are the mean cs at scales ``1..M-1`` and the mean SSIM at scale ``M``, each
+* :func:`levels` / :func:`ms_terms`, the loop over scales: scale 0 is the input cast once to the
+  accumulation dtype, every further scale is the previous one halved (fp16 2x2 means would round).
+  The one cast comes first so that the scales' gradients add up in float32 and reach an fp16 /
+  bf16 input rounded once. The terms are the mean cs at scales ``1..M-1`` and the mean SSIM at scale ``M``, each
   ``[B, C]``, given a backend's per-scale statistics ``stats(x, y) -> (ssim_mean, cs_mean)``.
 * :func:`combine`, the product: per channel ``prod_j f(term_j) ** w_j``, then the mean over channels;
   ``f`` is relu (the metric, TF's convention) or :func:`smooth_positive` (the training loss, with
@@ -22,7 +23,7 @@ from typing import Callable, Iterator, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from .config import accumulation_dtype
+from .config import to_accumulation_dtype
 
 __all__ = ["downsample2x", "smooth_positive", "levels", "ms_terms", "scale_terms", "combine", "ms_ssim"]
 
@@ -65,24 +66,20 @@ def smooth_positive(x: Tensor, tau: float) -> Tensor:
     return torch.where(x >= tau, x, below)
 
 
-def _to_acc(t: Tensor) -> Tensor:
-    return t.to(accumulation_dtype(t.dtype)) if t.is_floating_point() else t
-
-
 def levels(
     images: Sequence[Tensor], scales: int, down: Callable[[Tensor], Tensor] = downsample2x, cast: bool = True
 ) -> Iterator[Tuple[Tensor, ...]]:
-    """The pyramid: ``images`` as given at scale 0, then each halved by ``down``, ``scales`` levels.
+    """The pyramid: ``images`` at scale 0, then each halved by ``down``, ``scales`` levels.
 
     The tensors (the two images, and e.g. a weight mask that follows them) are cast to their
-    accumulation dtype before the first step (``cast=False`` for a ``down`` that writes the
-    accumulation dtype itself).
+    accumulation dtype once, before scale 0: the gradients of every scale then add up in float32
+    and the cast's backward rounds the sum to an fp16 / bf16 input's dtype once. ``cast=False``
+    passes them as given (a caller that casts itself, or whose ``stats`` and ``down`` return
+    gradients summed in float32 already).
     """
-    level = tuple(images)
+    level = tuple(to_accumulation_dtype(t) for t in images) if cast else tuple(images)
     for j in range(scales):
         if j > 0:
-            if j == 1 and cast:
-                level = tuple(_to_acc(t) for t in level)
             level = tuple(down(t) for t in level)
         yield level
 

@@ -47,9 +47,13 @@ FP64_REL = 1e-12
 # gradients <= 9.1e-7; on the astronaut crops with a soft mask: maps 4.7e-5, means <= 4.9e-7, gradients
 # <= 2.7e-5 (flat regions: cancellation in the fp32 variances).
 MASKED_TOL = {"values": 2e-5, "grads": 1e-4, "map": 1e-4, "ms_values": 2e-5, "ms_grads": 1e-4}
-# fp16 / bf16 gradients: one unit in the last place of the dtype, relative to the reference's own
-# gradient in that dtype (both round an fp32 value), plus REL of the scale and fp16's subnormal step.
-ULP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+# fp16 / bf16 gradients against float64 truth: the fp32 gradient rounded once to the dtype is within
+# half an ulp of the dtype at each element (its exact spacing there, subnormals included) plus the
+# fp32 gradient's own error, ROUNDED_ONCE of the gradient's max-abs scale. Measured on the conformance
+# suite (every backend, entry point, padding and mask): <= 2.9e-7 beyond the half ulp; a gradient
+# rounded more than once (fp16 / bf16 partial gradients summed in fp16 / bf16) is 1.4e-4 to 3.3e-3
+# beyond it.
+ROUNDED_ONCE = 1e-5
 
 # dtypes each backend accepts (Triton computes in fp32 and refuses float64 with a TypeError).
 DTYPES = {
@@ -161,13 +165,28 @@ def assert_rel(got, truth, tol, what=""):
     assert err <= tol, f"{what}: normwise relative error {err:.3g} > {tol:.1g}"
 
 
-def assert_lowp_grad(got, ref_lowp, dtype, rel_tol, what=""):
-    """fp16 / bf16 gradient within one ulp of the reference's own gradient in that dtype."""
+def half_ulp(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Half the spacing of ``dtype`` (float16 / bfloat16) at each element of the float64 ``t``."""
+    info = torch.finfo(dtype)
+    exponent = torch.frexp(t.abs().clamp_min(info.tiny))[1] - 1  # floor(log2 |t|), at least the normal range's
+    mantissa_bits = {torch.float16: 10, torch.bfloat16: 7}[dtype]
+    return torch.ldexp(torch.ones_like(t), exponent - mantissa_bits - 1)
+
+
+def assert_rounded_once(got, truth, dtype, what="", truncated=False):
+    """fp16 / bf16 gradient equal to the float64 ``truth`` rounded once to ``dtype``: within half an ulp
+    of ``dtype`` at each element plus ``ROUNDED_ONCE`` of the max-abs scale (the fp32 computation).
+    ``truncated``: a whole ulp, for a conversion that truncates instead of rounding to nearest (the
+    Triton interpreter's fp32 -> bf16: a kernel that stores a bf16 gradient is one ulp off there)."""
     assert got.dtype == dtype, f"{what}: gradient dtype {got.dtype}, expected {dtype}"
-    a, b = got.detach().double().cpu(), ref_lowp.detach().double().cpu()
-    bound = ULP[dtype] * b.abs() + rel_tol * b.abs().max() + 2.0**-24
-    worst = float(((a - b).abs() - bound).max())
-    assert worst <= 0, f"{what}: {dtype} gradient off by more than one ulp ({worst:.3g} over)"
+    a, t = got.detach().double().cpu(), truth.detach().double().cpu()
+    scale = float(t.abs().max())
+    ulps = 2 if truncated else 1
+    beyond = float(((a - t).abs() - ulps * half_ulp(t, dtype)).max()) / max(scale, 1e-30)
+    assert beyond <= ROUNDED_ONCE, (
+        f"{what}: {dtype} gradient {beyond:.3g} of its scale beyond {'one' if truncated else 'half an'} ulp of "
+        f"float64 truth (> {ROUNDED_ONCE:g}): it was rounded more than once"
+    )
 
 
 @pytest.fixture(params=backend_params(slow_triton=True))

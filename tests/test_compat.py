@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import splatloss
-from conftest import make_pair
+from conftest import assert_rounded_once, make_pair
 from splatloss import compat
 
 pytorch_msssim = pytest.importorskip("pytorch_msssim")
@@ -53,6 +53,18 @@ def test_ms_ssim_equals_pytorch_msssim_including_odd_sizes(hw):
     (ga,) = torch.autograd.grad(theirs, xa)
     (gb,) = torch.autograd.grad(ours, xb)
     torch.testing.assert_close(gb, ga, atol=1e-8, rtol=2e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_ms_ssim_half_precision_gradient_is_rounded_once(dtype):
+    """The scales' gradients add up in fp32 and reach the fp16 / bf16 image rounded once (summed in the
+    dtype they are 4.1e-4 (fp16) / 2.3e-3 (bf16) of the scale beyond half an ulp of float64 truth)."""
+    x, y = make_pair((1, 3, 165, 163), dtype, seed=2)
+    xg = x.detach().requires_grad_(True)
+    (g,) = torch.autograd.grad(compat.ms_ssim(xg, y, data_range=1.0), xg)
+    x64 = x.detach().double().requires_grad_(True)
+    (truth,) = torch.autograd.grad(compat.ms_ssim(x64, y.double(), data_range=1.0, backend="reference"), x64)
+    assert_rounded_once(g, truth, dtype, "compat.ms_ssim gradient")
 
 
 def test_ms_ssim_options_equal_pytorch_msssim():

@@ -9,7 +9,7 @@ from _mask_truth import masked_ssim
 from _truth import photo, to_torch
 
 import splatloss
-from conftest import make_pair
+from conftest import assert_rounded_once, make_pair
 from splatloss import MSSSIMLoss, PhotometricLoss, SSIMLoss
 from splatloss.config import SSIMConfig
 from splatloss.reference import downsample2x, ssim_stats
@@ -271,6 +271,34 @@ def test_photometric_half_precision_and_unbatched():
     # 350x that. fp16 input is computed in fp32: equal to the fp32 loss of the rounded values.
     assert abs(float(full - half)) < 2e-5
     torch.testing.assert_close(half, loss(x.half().float(), y.half().float()), atol=1e-6, rtol=1e-6)
+
+
+SMALL_MS = dict(window_size=3, sigma=0.8, ms_weights=(0.2, 0.3, 0.5))  # three scales on a 23x29 image
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize(
+    "terms",
+    [
+        dict(msssim=0.84, l1=0.16, **SMALL_MS),  # msssim_l1: an MS-SSIM term and a pixelwise one
+        dict(l1=0.3, l2=0.2, dssim=0.2, msssim=0.3, padding="reflect", **SMALL_MS),  # the fused pair and more
+        dict(l2=0.5, dssim=0.5),  # D-SSIM apart from the pixelwise terms
+    ],
+    ids=["msssim_l1", "four_terms", "l2_dssim"],
+)
+def test_photometric_half_precision_gradient_is_rounded_once(terms, dtype):
+    """Several terms on fp16 / bf16 images: the gradient is the float64 gradient rounded once to the
+    dtype (the terms' gradients add up in fp32; summed in the dtype they are 1.6e-4 (fp16) to 4.7e-3
+    (bf16) of the scale beyond half an ulp)."""
+    x, y = make_pair((2, 3, 23, 29), dtype, seed=3)
+    mask = torch.rand(2, 1, 23, 29, generator=torch.Generator().manual_seed(1))
+    xg = x.detach().requires_grad_(True)
+    value = PhotometricLoss(**terms)(xg, y, mask)
+    (g,) = torch.autograd.grad(value, xg)
+    x64 = x.detach().double().requires_grad_(True)
+    (truth,) = torch.autograd.grad(PhotometricLoss(**terms, backend="reference")(x64, y.double(), mask.double()), x64)
+    assert value.dtype == torch.float32
+    assert_rounded_once(g, truth, dtype, f"PhotometricLoss({terms}) gradient")
 
 
 def test_hydra_target_builds_the_presets():

@@ -3,7 +3,8 @@
 Inputs to a backend are already validated ``(B, C, H, W)`` tensors of one float dtype on one
 device (``splatloss.functional`` checks them) and a validated :class:`~splatloss.config.SSIMConfig`.
 Values come back in the accumulation dtype (float32 for fp16 / bf16 / fp32, float64 for fp64),
-gradients in the input dtype.
+gradients in the input dtype: the float64 gradient rounded once (a composition of several pieces
+casts fp16 / bf16 images to float32 once, first, and adds the pieces' gradients in float32).
 
 A new backend subclasses :class:`Backend`, implements :meth:`~Backend.ssim_map` and
 :meth:`~Backend.ssim_stats`, and overrides a shared composition only where it has something
@@ -25,7 +26,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 
 from .. import multiscale
-from ..config import SSIMConfig, accumulation_dtype
+from ..config import SSIMConfig, accumulation_dtype, to_accumulation_dtype
 from . import masked
 
 __all__ = ["Backend", "compile_time_constant", "masked_l1"]
@@ -119,7 +120,8 @@ class Backend(abc.ABC):
     ) -> Tensor:
         """MS-SSIM per image ``[B]`` over this backend's statistics at each scale (``tau=None``: relu,
         the metric; a float: the loss's smooth extension). A mask goes down the same pyramid as the
-        images (repeat-pad an odd side, 2x2 mean) and each scale uses its own."""
+        images (repeat-pad an odd side, 2x2 mean) and each scale uses its own. The images are cast
+        to the accumulation dtype once, before scale 0 (:func:`splatloss.multiscale.levels`)."""
         if mask is None:
             terms = multiscale.ms_terms(lambda x, y: self.ssim_stats(x, y, cfg), (img1, img2), len(weights))
         else:
@@ -131,9 +133,11 @@ class Backend(abc.ABC):
         self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, lam: float, mask: Optional[Tensor] = None
     ) -> Tensor:
         """``(1 - lam) * L1 + lam * (1 - SSIM)`` per image ``[B]`` (:func:`masked_l1` and the
-        (masked) SSIM of :meth:`ssim_mean`)."""
-        s = self.ssim_mean(img1, img2, cfg, mask)
-        return (1 - lam) * masked_l1(img1, img2, mask) + lam * (1 - s.mean(dim=1))
+        (masked) SSIM of :meth:`ssim_mean`). The images are cast to the accumulation dtype once,
+        first, so the two terms' gradients add up in float32 and reach fp16 / bf16 inputs rounded once."""
+        x, y = to_accumulation_dtype(img1), to_accumulation_dtype(img2)
+        s = self.ssim_mean(x, y, cfg, mask)
+        return (1 - lam) * masked_l1(x, y, mask) + lam * (1 - s.mean(dim=1))
 
     def ssim_mean_and_grad(
         self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, upstream: Tensor, mask: Optional[Tensor] = None

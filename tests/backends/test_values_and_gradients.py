@@ -27,8 +27,8 @@ from conftest import (
     MASKED_TOL,
     PADDINGS,
     TOL,
-    assert_lowp_grad,
     assert_rel,
+    assert_rounded_once,
     backend_params,
     device_for,
     has_cuda,
@@ -146,7 +146,6 @@ def test_values_and_both_gradients_equal_float64_truth(backend, entry, dtype, pa
     mask = None
     if masked:
         mask = torch.stack([soft_mask(h, w, seed=1), soft_mask(h, w, seed=5)])[:, None].to(dev, acc)
-    mask_cpu = None if mask is None else mask.cpu()
     b = splatloss.backends.get(backend)
     cfg = SSIMConfig(padding=padding)
     truth_out, _ = _truth(entry, x, y, padding, mask, (torch.zeros(1),) * 2)
@@ -169,16 +168,12 @@ def test_values_and_both_gradients_equal_float64_truth(backend, entry, dtype, pa
     if dtype == torch.float32:
         for i, (a, t) in enumerate(zip(got_g, truth_g)):
             assert_rel(a, t, tol[gkey], f"{entry} gradient {i}")
-    elif entry == "ms_ssim" or (dtype == torch.bfloat16 and entry == "dssim_l1"):
-        # Half-precision gradients of the composed losses round more than once (autograd sums partial
-        # gradients in the input dtype: the pyramid's scales, the L1 and SSIM terms), so the
-        # reference's own gradient is no one-ulp yardstick there (measured up to 1e-7 beyond one ulp,
-        # and 3e-4 (fp16) / 3e-3 (bf16) of the scale beyond half an ulp of float64 truth); the values
-        # above and the gradients' dtype and shape are what these cases check.
-        pass
-    elif backend != "reference":
-        # fp16 / bf16 gradients: within one ulp of the dtype of the reference's own gradient on the same
-        # inputs (both round fp32 gradients to the dtype), plus the fp32 bar of the scale
-        _, ref_g = _run(splatloss.backends.get("reference"), entry, x.cpu(), y.cpu(), cfg, mask_cpu, up)
-        for i, (a, r) in enumerate(zip(got_g, ref_g)):
-            assert_lowp_grad(a, r, dtype, tol[gkey], f"{entry} gradient {i}")
+    else:
+        # fp16 / bf16: the float64 gradient rounded once to the dtype, as the compositions promise
+        # (MS-SSIM's scales, the L1 and SSIM terms: one float32 copy of the images, the partial
+        # gradients summed in float32, one rounding on the way back to the input's dtype). The Triton
+        # interpreter truncates fp32 to bf16 where a kernel stores a bf16 gradient (map, stats and
+        # mean_and_grad: measured within one ulp, 1.2e-3 to 3.2e-3 of the scale beyond half of one).
+        truncated = backend == "triton" and not has_cuda() and dtype == torch.bfloat16
+        for i, (a, t) in enumerate(zip(got_g, truth_g)):
+            assert_rounded_once(a, t, dtype, f"{entry} gradient {i}", truncated)

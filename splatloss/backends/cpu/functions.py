@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import multiscale
-from ...config import SSIMConfig, accumulation_dtype
+from ...config import SSIMConfig, accumulation_dtype, to_accumulation_dtype
 from .. import masked, torch_fused
 from . import library
 from .library import FIXED_TAPS
@@ -362,9 +362,9 @@ _DSSIML1FusedFn = _fused_function("_DSSIML1FusedFn", _dssim_l1_fused, _dssim_l1_
 def dssim_l1(img1: Tensor, img2: Tensor, cfg: SSIMConfig, lam: float) -> Tensor:
     """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)`` ``[B]``. "valid" and "same" run
     fused; "reflect" adds a torch L1 to the kernel's SSIM (its padded copy must not enter the L1)."""
-    if cfg.padding == "reflect":
-        acc = accumulation_dtype(img1.dtype)
-        l1 = (img1.to(acc) - img2.to(acc)).abs().mean(dim=(1, 2, 3))
+    if cfg.padding == "reflect":  # one cast first: the two terms' gradients add up in float32
+        img1, img2 = to_accumulation_dtype(img1), to_accumulation_dtype(img2)
+        l1 = (img1 - img2).abs().mean(dim=(1, 2, 3))
         s, _ = ssim_stats(img1, img2, cfg)
         return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
     x, y, pad = padded(img1, img2, cfg)
@@ -845,10 +845,10 @@ def masked_dssim_l1(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig, l
     sum m |x - y| / sum m`` over channels and pixels (0 for an empty mask). "valid" and "same" run
     fused in one kernel pass each way; "reflect" adds a torch masked L1 to the kernel's SSIM (its
     mirrored copy must not enter the L1)."""
-    if cfg.padding == "reflect":
-        acc = accumulation_dtype(img1.dtype)
-        mf = mask.to(acc).expand(img1.shape)
-        num = (mf * (img1.to(acc) - img2.to(acc)).abs()).sum(dim=(1, 2, 3))
+    if cfg.padding == "reflect":  # one cast first: the two terms' gradients add up in float32
+        img1, img2 = to_accumulation_dtype(img1), to_accumulation_dtype(img2)
+        mf = mask.to(img1.dtype).expand(img1.shape)
+        num = (mf * (img1 - img2).abs()).sum(dim=(1, 2, 3))
         l1 = num * _safe_inv(mf.sum(dim=(1, 2, 3)))
         s, _ = masked_ssim_stats(img1, img2, mask, cfg)
         return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))

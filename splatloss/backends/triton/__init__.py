@@ -13,6 +13,7 @@ and ``bodies`` (lanes and epilogues); launch geometry in ``launch``; host glue i
 
 from __future__ import annotations
 
+from ...config import to_accumulation_dtype
 from ..base import Backend
 from . import dssim_l1 as _dssim_l1
 from . import masked_ssim as _masked_ssim
@@ -53,7 +54,11 @@ class TritonBackend(Backend):
     def ms_ssim(self, img1, img2, cfg, weights, tau=None, mask=None):
         if mask is not None:
             return super().ms_ssim(img1, img2, cfg, weights, tau, mask)
-        return _ms_ssim.ms_ssim(img1, img2, cfg, weights, tau=tau)
+        # One float32 copy of fp16 / bf16 images, first: every scale's kernel then returns its
+        # gradient in float32, the pyramid's adjoints add them up in float32, and the cast's
+        # backward rounds the sum once (each scale rounding its share would round several times).
+        x, y = to_accumulation_dtype(img1), to_accumulation_dtype(img2)
+        return _ms_ssim.ms_ssim(x, y, cfg, weights, tau=tau)
 
     def dssim_l1(self, img1, img2, cfg, lam, mask=None):
         if mask is not None:
