@@ -96,6 +96,7 @@ _Static_assert(V_LANES == V, "REAL_BYTES must be sizeof(REAL) (the build passes 
 #define NSLOT(k) ((k) + 2)
 typedef REAL vr __attribute__((vector_size(VBYTES)));
 typedef __typeof__((vr){0} < (vr){0}) vmask;
+typedef __typeof__((*(vmask *)0)[0]) mint;  /* vmask's lane: an integer of REAL's size */
 
 /* Built once generic and once with -DFIXED_TAPS=11 (the default window): a compile-time tap
  * count lets the compiler unroll the tap loops and keep the taps in registers. */
@@ -138,7 +139,7 @@ static dims_t make_dims(int W, int K) {
  *   vrow:  12 rows of Lv  (vertical adjoint sums of two gradient rows, then the shifts sx, sy of
  *          those two rows, each at offset K-1 with zero borders)
  *   grow:  2 rows of Wo   (finished gradient rows before the copy to the output)
- *   ci:    Wpp ints       (each map column's shift column, in tile coordinates)
+ *   ci:    Wpp integers of REAL's size (each map column's shift column, see gather_shifts)
  */
 static size_t ws_elems(dims_t d) {
     return (size_t)4 * d.Lin + (size_t)2 * NQ * NSLOT(d.K) * d.Wpp + (size_t)12 * d.Lv + (size_t)2 * d.Wo + d.Wpp;
@@ -190,7 +191,7 @@ typedef struct {
     REAL *aring;       /* NQ * NSLOT(K) * Wpp, index [q][slot][j] */
     REAL *vrow;        /* 12 * Lv */
     REAL *grow;        /* 2 * Wo */
-    int *ci;           /* Wpp: map column j's shift column (tile coordinates), j < Wp */
+    mint *ci;          /* Wpp: map column j's shift column as a lane index (gather_shifts), j < Wp */
 } ws_t;
 
 static ws_t make_ws(dims_t d, img_t im, const REAL *g, REAL *base) {
@@ -201,7 +202,7 @@ static ws_t make_ws(dims_t d, img_t im, const REAL *g, REAL *base) {
     w.aring = w.hring + (size_t)NQ * NSLOT(d.K) * d.Wpp;
     w.vrow = w.aring + (size_t)NQ * NSLOT(d.K) * d.Wpp;
     w.grow = w.vrow + (size_t)12 * d.Lv;
-    w.ci = (int *)(void *)(w.grow + (size_t)2 * d.Wo);
+    w.ci = (mint *)(void *)(w.grow + (size_t)2 * d.Wo);
     return w;
 }
 
@@ -230,12 +231,32 @@ static void load_xy(ws_t *w, int r) {
              im.shift);
 }
 
-/* The shifts of the loaded row: sx[j] = x(row, ci[j]), sy[j] = y(row, ci[j]) for the map columns
- * j < Wp (the lanes beyond stay 0). */
+/* The shifts of the loaded row: sx[j] = x(row, c(j)), sy[j] = y(row, c(j)) for the map columns
+ * j < Wp, 0 in the lanes beyond. c(j) = j0 + K/2 - 1 + ci[j] with j0 = j rounded down to a whole
+ * vector: ci[j] in [0, V + 3] picks a lane of the two vectors from column j0 + K/2 - 1 on (the
+ * second may run past the row into the next buffer rows: those lanes are not picked, or cleared). */
 static void gather_shifts(const ws_t *w, REAL *restrict sx, REAL *restrict sy) {
     const REAL *bx = w->in, *by = w->in + w->d.Lin;
-    const int *ci = w->ci;
-    for (int j = 0; j < w->d.Wp; j++) { sx[j] = bx[ci[j]]; sy[j] = by[ci[j]]; }
+    const mint *ci = w->ci;
+    const int o = w->d.K / 2 - 1;
+#if defined(__clang__) || V_LANES < 4
+    for (int j = 0; j < w->d.Wp; j++) {
+        const int c = j / V * V + o + (int)ci[j];
+        sx[j] = bx[c];
+        sy[j] = by[c];
+    }
+#else
+    vmask lane;
+    for (int i = 0; i < V; i++) lane[i] = i;
+    for (int j = 0; j < w->d.Wp; j += V) {
+        vmask idx, in = (lane + j) < w->d.Wp;
+        memcpy(&idx, ci + j, sizeof idx);
+        vr a = __builtin_shuffle(ld(bx + j + o), ld(bx + j + o + V), idx);
+        vr b = __builtin_shuffle(ld(by + j + o), ld(by + j + o + V), idx);
+        st(sx + j, (vr)((vmask)a & in));
+        st(sy + j, (vr)((vmask)b & in));
+    }
+#endif
 }
 
 /* Horizontal "valid" filter of logical row r into ring slot `slot`: the row's shifts, then the sums
@@ -522,8 +543,9 @@ static inline __attribute__((always_inline)) void vadjoint2(const REAL *const *a
 /* Horizontal adjoint of gradient row q from its vertical sums (vrow set `vr0`, K-1 zeros before
  * them) and its shifts (sr0, likewise placed), and the gradient row written out:
  *   gx(j) = sum_j0 g (Ax(j0) + beta2(j0) (x(j) - sx(j0)) + gamma(j0) (y(j) - sy(j0))),  gy likewise. */
-static void hadjoint_row(ws_t *w, int q, const REAL *vr0, const REAL *sr0, REAL l1c, int c_lo, int c_hi,
-                         int need_x, int need_y, REAL *gx, REAL *gy) {
+static inline __attribute__((always_inline)) void hadjoint_row_(ws_t *w, int q, const REAL *vr0, const REAL *sr0,
+                                                                 REAL l1c, int c_lo, int c_hi, int need_x,
+                                                                 int need_y, REAL *gx, REAL *gy) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
     const REAL *g = w->g;
@@ -558,6 +580,14 @@ static void hadjoint_row(ws_t *w, int q, const REAL *vr0, const REAL *sr0, REAL 
     if (need_y) memcpy(gy + o, oy + c_lo, sizeof(REAL) * (c_hi - c_lo));
 }
 
+/* hadjoint_row_ with the image flags as constants (no test in its tap loop). */
+static void hadjoint_row(ws_t *w, int q, const REAL *vr0, const REAL *sr0, REAL l1c, int c_lo, int c_hi,
+                         int need_x, int need_y, REAL *gx, REAL *gy) {
+    if (need_x && need_y) hadjoint_row_(w, q, vr0, sr0, l1c, c_lo, c_hi, 1, 1, gx, gy);
+    else if (need_x) hadjoint_row_(w, q, vr0, sr0, l1c, c_lo, c_hi, 1, 0, gx, gy);
+    else hadjoint_row_(w, q, vr0, sr0, l1c, c_lo, c_hi, 0, 1, gx, gy);
+}
+
 /* Map rows [m0, m1) of the tile: adds each row's sums over the own columns to out[2 m], out[2 m + 1]. */
 static void fwd_tile(ws_t *w, REAL C1, REAL C2, int m0, int m1, double *out, int olo, int ohi) {
     const int K = KTAPS(w->d.K);
@@ -569,6 +599,14 @@ static void fwd_tile(ws_t *w, REAL C1, REAL C2, int m0, int m1, double *out, int
         map_rows(w, m, nr, C1, C2, 0, sums, 0, 0, 0, 0, olo, ohi);
         m += nr;
     }
+}
+
+/* Input row q's shifts from its hring slot to s (sx) and s + Lv (sy). */
+static void copy_shifts(const ws_t *w, int q, REAL *s) {
+    const size_t qs = (size_t)NSLOT(w->d.K) * w->d.Wpp;
+    const REAL *h = w->hring + (size_t)(q % NSLOT(w->d.K)) * w->d.Wpp + 4 * qs;
+    memcpy(s, h, sizeof(REAL) * w->d.Wpp);
+    memcpy(s + w->d.Lv, h + qs, sizeof(REAL) * w->d.Wpp);
 }
 
 /* Gradient of logical rows [q0, q1), tile columns [c_lo, c_hi) (all inside the physical image)
@@ -607,11 +645,10 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
             map_rows(w, next_m, nr, C1, C2, 1, sums, gS, gC, need_x, need_y, olo, ohi);
             next_m += nr;
         }
-        load_xy(w, q);
-        gather_shifts(w, sb, sb + d.Lv);
+        /* the shifts of rows q (and q + 1) from the ring: it holds input rows up to q + K + 1 */
+        copy_shifts(w, q, sb);
         if (pair) {
-            load_xy(w, q + 1);
-            gather_shifts(w, sb1, sb1 + d.Lv);
+            copy_shifts(w, q + 1, sb1);
             const REAL *ap[K + 1];
             for (int t = 0; t <= K; t++) ap[t] = w->aring + (size_t)((q - K + 1 + t) % NSLOT(K)) * d.Wpp;
             if (need_x && need_y) vadjoint2(ap, g, K, 1, 1, qs, d.Wpp, d.Lv, sb, sb1, vb, vb1);
@@ -634,7 +671,8 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
         }
         if (n == K) {  /* interior rows: a compile-time trip count when K is fixed */
             if (need_x && need_y) vadjoint(ap, gw, K, 1, 1, qs, d.Wpp, d.Lv, sb, vb);
-            else vadjoint(ap, gw, K, need_x, need_y, qs, d.Wpp, d.Lv, sb, vb);
+            else if (need_x) vadjoint(ap, gw, K, 1, 0, qs, d.Wpp, d.Lv, sb, vb);
+            else vadjoint(ap, gw, K, 0, 1, qs, d.Wpp, d.Lv, sb, vb);
         } else {
             vadjoint(ap, gw, n, need_x, need_y, qs, d.Wpp, d.Lv, sb, vb);
         }
@@ -668,7 +706,7 @@ static void plane_tiles(const REAL *x, const REAL *y, int H, int W, const REAL *
         ws_t w = make_ws(d, im, g, work);
         for (int j = 0; j < d.Wp; j++) {  /* map column a + j: its group's middle column (clipped) */
             int mc = (a + j) / G * G + G / 2;
-            w.ci[j] = (mc < Wp - 1 ? mc : Wp - 1) + r - a;
+            w.ci[j] = (mint)((mc < Wp - 1 ? mc : Wp - 1) + r - a - (j / V * V + r - 1));
         }
         if (!grad) {
             fwd_tile(&w, C1, C2, r0, r1, rows, olo - a, ohi - a);
