@@ -25,23 +25,44 @@
  * so the backward is four transposed separable filters (three when only one image needs a
  * gradient), after recomputing the forward statistics of the rows it needs.
  *
- * Numerics: the moments are those of the shifted images x - s, y - s, with s one number per plane
- * (the mean of (x + y) / 2 over the plane's middle row; "same" padding then holds -s). Variances
- * and the covariance do not change under a common shift, and E[x'^2] - E[x']^2 does not cancel
- * catastrophically in float32 where the local variance is small against the squared mean (flat
- * skies and walls): on a flat JPEG photograph the float32 gradient went from 7.3e-5 to 5.1e-7 of
- * the float64 one (tests/test_numerics.py). The luminance terms use the true means mu' + s.
- * With x' = x - s the formulas above hold with mu_x, e_ss, e_xy of the shifted images in A2, B2, beta, gamma, and
- *   alpha_x = 2 gS (mu_y cs - mu_x ssim) / B1 - 2 mu'_x beta - mu'_y gamma    (mu = mu' + s)
- *   dL/dx = w^T*alpha_x + 2 x' (w^T*beta) + y' (w^T*gamma).
+ * Numerics (unmasked kernel): the moments are formed around local shifts, so that in a flat
+ * window every difference is exactly 0 and E[x'^2] - E[x']^2 and the backward's terms do not
+ * cancel at the magnitude of the pixel values (flat skies, walls, piecewise-constant renders):
+ *   - map columns fall into groups of G = 4 (3 for K = 3) counted from the plane's map column 0;
+ *     group J's shift column is its middle one, c_J = min(J G + G/2, W' - 1) + K/2, inside the
+ *     window of every column of the group. Input row i's shifts are sx(i, J) = x(i, c_J),
+ *     sy(i, J) = y(i, c_J) (one per image: both differences vanish where both images are flat;
+ *     a "same" padding row holds 0).
+ *   - horizontal pass of row i, map column j of group J: with dx = x - sx(i, J), dy = y - sy(i, J),
+ *     h1x = g*dx, h1y = g*dy, h2 = g*(dx^2 + dy^2), hxy = g*(dx dy).
+ *   - vertical pass: map rows 2b and 2b + 1 take the shifts Sx, Sy of input row 2b + K/2 (in both
+ *     windows); each input row is re-based once per pair with tau = s(i, J) - S (0 in flat rows):
+ *     h1' = h1 + tau, h2' = h2 + tau_x (h1x + h1x') + tau_y (h1y + h1y'),
+ *     hxy' = hxy + (tau_x (h1y + h1y') + tau_y (h1x + h1x')) / 2, then filtered: the moments
+ *     mu'_x, mu'_y, e_ss, e_xy of x' = x - Sx, y' = y - Sy.
+ *   - SSIM: mu_x = Sx + mu'_x, mu_y = Sy + mu'_y; A1 = 2 mu_x mu_y + C1, B1 = A1 + (mu_x - mu_y)^2
+ *     with mu_x - mu_y = (Sx - Sy) + (mu'_x - mu'_y); A2 = 2 (e_xy - mu'_x mu'_y) + C2,
+ *     B2 = A2 + max(0, (e_ss - 2 e_xy) - (mu'_x - mu'_y)^2); beta, gamma as above and
+ *     alpha_x = 2 gS (mu_y cs - mu_x ssim) / B1 - 2 mu'_x beta - mu'_y gamma (alpha_y likewise).
+ *   - backward of gradient row i (the shifts are constants: no gradient flows through them):
+ *     the vertical adjoint carries each map row's tau, Ax = w^T*(alpha_x + 2 beta tau_x + gamma tau_y),
+ *     B = w^T*(2 beta), G = w^T*gamma (Ay with x and y swapped), and the horizontal adjoint takes
+ *     each map column's own differences: dL/dx(j) = sum_j0 g (Ax + B (x(j) - sx) + G (y(j) - sy))(j0).
+ * On two-level images (rectangles at 0.2 / 0.8 against a copy at 0.98x) the float32 gradient is
+ * within 1e-5 of the float64 one normwise (one shift per plane: 3e-3). The masked kernel
+ * (splat_mssim_*) keeps one shift per plane (the mean of (x + y) / 2 over the middle row), which
+ * "same" padding then holds as -s.
  * 1/B1 and 1/B2 are two divisions, never 1/(B1 B2): that product overflows (B1 ~ B2 ~ 1e19 at
  * data_range = 1e10) or underflows (C1 = C2 = 1e-20 on a black image) in float32.
  *
- * Cost: the work is all in the filters (FMA-bound on one core): the statistics are 4 quantities x
- * 2 passes, the adjoint 3 quantities (4 when both images need a gradient) x 2 passes, K taps each.
+ * Cost: the work is all in the filters. The statistics are 4 quantities x
+ * 2 passes, K taps each; the local shifts make a horizontal tap 9 operations instead of 4 (the
+ * differences depend on the output lane's group), add the re-basing (about 12 operations per input
+ * row per row pair) to the vertical pass, and 4 to 6 operations per tap to each adjoint pass (the
+ * differences again). The passes wait on loads more than on arithmetic: on one Zen 4 core the SSIM
+ * forward+backward at 1x3x720x1280 takes 1.35-1.4x the time of a kernel with one shift per plane.
  * splat_ssim_bwd can add the forward's row sums in the same sweep (`rows`): a caller that knows it
- * will need the gradient runs the statistics once (4 + 3 quantities) instead of a forward and a
- * recomputing backward (4 + 4 + 3).
+ * will need the gradient runs the statistics once instead of a forward and a recomputing backward.
  *
  * Vectorisation uses GCC/Clang vector extensions of the CPU's native width (64 bytes with
  * AVX-512, 32 with AVX, 16 otherwise). Row buffers are padded to whole vectors and the pad
@@ -76,6 +97,7 @@ _Static_assert(V_LANES == V, "REAL_BYTES must be sizeof(REAL) (the build passes 
 #define NSLOT(k) ((k) + 2)
 typedef REAL vr __attribute__((vector_size(VBYTES)));
 typedef __typeof__((vr){0} < (vr){0}) vmask;
+typedef __typeof__((*(vmask *)0)[0]) mint;  /* vmask's lane: an integer of REAL's size */
 
 /* Built once generic and once with -DFIXED_TAPS=11 (the default window): a compile-time tap
  * count lets the compiler unroll the tap loops and keep the taps in registers. */
@@ -107,15 +129,21 @@ static dims_t make_dims(int W, int K) {
     return d;
 }
 
+/* Ring quantities of the unmasked kernel: the horizontal sums h1x, h1y, h2, hxy and the row's
+ * shifts sx, sy (hring); beta2 = 2 beta, gamma, the alpha(s) and the map row's shifts Sx, Sy (aring). */
+#define NQ 6
+
 /* Workspace layout (REALs), all zero-initialised by the caller:
- *   in:    4 rows of Lin  (x, y, x^2 + y^2, xy of the current input row)
- *   hring: 4 * NSLOT(K) rows of Wpp (horizontal sums of the last input rows)
- *   aring: 4 * NSLOT(K) rows of Wpp (beta, gamma, alpha(s) of the last map rows)
- *   vrow:  8 rows of Lv   (vertical adjoint sums of two gradient rows, at offset K-1, zero borders)
+ *   in:    4 rows of Lin  (x, y of the current input row; two spare rows)
+ *   hring: NQ * NSLOT(K) rows of Wpp (horizontal sums and shifts of the last input rows)
+ *   aring: NQ * NSLOT(K) rows of Wpp (adjoint quantities and shifts of the last map rows)
+ *   vrow:  12 rows of Lv  (vertical adjoint sums of two gradient rows, then the shifts sx, sy of
+ *          those two rows, each at offset K-1 with zero borders)
  *   grow:  2 rows of Wo   (finished gradient rows before the copy to the output)
+ *   ci:    Wpp integers of REAL's size (each map column's shift column, see gather_shifts)
  */
 static size_t ws_elems(dims_t d) {
-    return (size_t)4 * d.Lin + (size_t)8 * NSLOT(d.K) * d.Wpp + (size_t)8 * d.Lv + (size_t)2 * d.Wo;
+    return (size_t)4 * d.Lin + (size_t)2 * NQ * NSLOT(d.K) * d.Wpp + (size_t)12 * d.Lv + (size_t)2 * d.Wo + d.Wpp;
 }
 
 /* Workspace for column tiles of `tile` map columns (forward) / gradient columns (backward);
@@ -133,12 +161,13 @@ int splat_ssim_vector_width(void) { return V; }
 typedef struct {
     const REAL *x, *y;
     int H, W, ld, pad, col0;
-    REAL shift;        /* subtracted from every sample, padding included (see the top) */
+    REAL shift;        /* subtracted from every sample, padding included (masked kernel; 0 otherwise) */
 } img_t;
 
-/* The plane's shift: the mean of (x + y) / 2 over the finite pixels of its middle row, in double
- * (0 if none is finite: a NaN or Inf pixel then reaches only its window footprint). It depends on
- * the plane only, so every strip of a plane (and every thread count) uses the same one. */
+/* The plane's shift of the masked kernel: the mean of (x + y) / 2 over the finite pixels of its
+ * middle row, in double (0 if none is finite: a NaN or Inf pixel then reaches only its window
+ * footprint). It depends on the plane only, so every strip of a plane (and every thread count)
+ * uses the same one. */
 static REAL plane_shift(const REAL *x, const REAL *y, int H, int W) {
     const REAL *a = x + (size_t)(H / 2) * W, *b = y + (size_t)(H / 2) * W;
     double s = 0;
@@ -150,15 +179,20 @@ static REAL plane_shift(const REAL *x, const REAL *y, int H, int W) {
     return n ? (REAL)(s / (2.0 * n)) : (REAL)0;
 }
 
+/* Width of the column groups that share a shift column: the shift column lies within K/2 of every
+ * map column of its group (so inside all their windows) for K >= 5 with 4, for K = 3 with 3. */
+static int shift_group(int K) { return K / 2 >= 2 ? 4 : 3; }
+
 typedef struct {
     dims_t d;
     img_t im;
     const REAL *g;     /* K taps */
     REAL *in;          /* 4 * Lin */
-    REAL *hring;       /* 4 * K * Wpp, index [q][slot][j] */
-    REAL *aring;       /* 4 * K * Wpp, index [q][slot][j] */
-    REAL *vrow;        /* 4 * Lv */
+    REAL *hring;       /* NQ * NSLOT(K) * Wpp, index [q][slot][j] */
+    REAL *aring;       /* NQ * NSLOT(K) * Wpp, index [q][slot][j] */
+    REAL *vrow;        /* 12 * Lv */
     REAL *grow;        /* 2 * Wo */
+    mint *ci;          /* Wpp: map column j's shift column as a lane index (gather_shifts), j < Wp */
 } ws_t;
 
 static ws_t make_ws(dims_t d, img_t im, const REAL *g, REAL *base) {
@@ -166,9 +200,10 @@ static ws_t make_ws(dims_t d, img_t im, const REAL *g, REAL *base) {
     w.d = d; w.im = im; w.g = g;
     w.in = base;
     w.hring = w.in + (size_t)4 * d.Lin;
-    w.aring = w.hring + (size_t)4 * NSLOT(d.K) * d.Wpp;
-    w.vrow = w.aring + (size_t)4 * NSLOT(d.K) * d.Wpp;
-    w.grow = w.vrow + (size_t)8 * d.Lv;
+    w.aring = w.hring + (size_t)NQ * NSLOT(d.K) * d.Wpp;
+    w.vrow = w.aring + (size_t)NQ * NSLOT(d.K) * d.Wpp;
+    w.grow = w.vrow + (size_t)12 * d.Lv;
+    w.ci = (mint *)(void *)(w.grow + (size_t)2 * d.Wo);
     return w;
 }
 
@@ -197,32 +232,56 @@ static void load_xy(ws_t *w, int r) {
              im.shift);
 }
 
-/* Load logical row r into the zero-tailed row buffers and form the products. */
-static void load_row(ws_t *w, int r) {
-    const dims_t d = w->d;
-    REAL *bx = w->in, *by = bx + d.Lin, *bss = by + d.Lin, *bxy = bss + d.Lin;
-    load_xy(w, r);
-    for (int j = 0; j < d.Lin; j += V) {
-        vr a = ld(bx + j), b = ld(by + j);
-        st(bss + j, a * a + b * b); st(bxy + j, a * b);
+/* The shifts of the loaded row: sx[j] = x(row, c(j)), sy[j] = y(row, c(j)) for the map columns
+ * j < Wp, 0 in the lanes beyond. c(j) = j0 + K/2 - 1 + ci[j] with j0 = j rounded down to a whole
+ * vector: ci[j] in [0, V + 3] picks a lane of the two vectors from column j0 + K/2 - 1 on (the
+ * second may run past the row into the next buffer rows: those lanes are not picked, or cleared). */
+static void gather_shifts(const ws_t *w, REAL *restrict sx, REAL *restrict sy) {
+    const REAL *bx = w->in, *by = w->in + w->d.Lin;
+    const mint *ci = w->ci;
+    const int o = w->d.K / 2 - 1;
+#if defined(__clang__) || V_LANES < 4
+    for (int j = 0; j < w->d.Wp; j++) {
+        const int c = j / V * V + o + (int)ci[j];
+        sx[j] = bx[c];
+        sy[j] = by[c];
     }
+#else
+    vmask lane;
+    for (int i = 0; i < V; i++) lane[i] = i;
+    for (int j = 0; j < w->d.Wp; j += V) {
+        vmask idx, in = (lane + j) < w->d.Wp;
+        memcpy(&idx, ci + j, sizeof idx);
+        vr a = __builtin_shuffle(ld(bx + j + o), ld(bx + j + o + V), idx);
+        vr b = __builtin_shuffle(ld(by + j + o), ld(by + j + o + V), idx);
+        st(sx + j, (vr)((vmask)a & in));
+        st(sy + j, (vr)((vmask)b & in));
+    }
+#endif
 }
 
-/* Horizontal "valid" filter of the four quantities of the loaded row into ring slot `slot`. */
-static void hfilter(ws_t *w, int slot) {
+/* Horizontal "valid" filter of logical row r into ring slot `slot`: the row's shifts, then the sums
+ * of dx = x - sx, dy = y - sy (the shift of each output lane's column group):
+ * h1x = g * dx, h1y = g * dy, h2 = g * (dx^2 + dy^2), hxy = g * (dx dy). */
+static void hfilter(ws_t *w, int r, int slot) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
-    const REAL *src = w->in;
+    const REAL *bx = w->in, *by = w->in + d.Lin;
     const size_t qs = (size_t)NSLOT(K) * d.Wpp;
     REAL *dst = w->hring + (size_t)slot * d.Wpp;
+    load_xy(w, r);
+    gather_shifts(w, dst + 4 * qs, dst + 5 * qs);
     for (int j = 0; j < d.Wpp; j += V) {
+        const vr sx = ld(dst + 4 * qs + j), sy = ld(dst + 5 * qs + j);
         vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
         for (int k = 0; k < K; k++) {
             vr gk = bc(w->g[k]);
-            s0 += gk * ld(src + j + k);
-            s1 += gk * ld(src + d.Lin + j + k);
-            s2 += gk * ld(src + 2 * d.Lin + j + k);
-            s3 += gk * ld(src + 3 * d.Lin + j + k);
+            vr a = ld(bx + j + k) - sx, b = ld(by + j + k) - sy;
+            vr p = a * a + b * b, q = a * b;  /* p = 2 q exactly when a = b, fused or not */
+            s0 += gk * a;
+            s1 += gk * b;
+            s2 += gk * p;
+            s3 += gk * q;
         }
         st(dst + j, s0); st(dst + qs + j, s1); st(dst + 2 * qs + j, s2); st(dst + 3 * qs + j, s3);
     }
@@ -234,36 +293,66 @@ static void fill_rows(ws_t *w, int m, int last, int *next) {
     const int K = KTAPS(w->d.K);
     if (*next < m) *next = m;
     while (*next <= last) {
-        load_row(w, *next);
-        hfilter(w, *next % NSLOT(K));
+        hfilter(w, *next, *next % NSLOT(K));
         (*next)++;
     }
 }
 
+/* One input row's horizontal sums (h: quantity 0 of its slot, the others qs apart) re-based from
+ * its own shifts sx, sy to the map row's Sx, Sy: with tau = s - S,
+ *   h1' = h1 + tau,  h2' = h2 + tau_x (h1x + h1x') + tau_y (h1y + h1y'),
+ *   hxy' = hxy + (tau_x (h1y + h1y') + tau_y (h1x + h1x')) / 2,
+ * written so that h2' = 2 hxy' stays exact for identical images. tau is exactly 0 in flat rows. */
+static inline __attribute__((always_inline)) void rebase(const REAL *h, size_t qs, vr Sx, vr Sy, vr *m1x,
+                                                         vr *m1y, vr *m2, vr *mxy) {
+    vr h1x = ld(h), h1y = ld(h + qs);
+    vr tx = ld(h + 4 * qs) - Sx, ty = ld(h + 5 * qs) - Sy;
+    vr ax = h1x + tx, ay = h1y + ty;
+    vr px = h1x + ax, py = h1y + ay;
+    *m1x = ax;
+    *m1y = ay;
+    *m2 = ld(h + 2 * qs) + (tx * px + ty * py);
+    *mxy = ld(h + 3 * qs) + bc((REAL)0.5) * (tx * py + ty * px);
+}
+
 /* The SSIM algebra of one vector of map positions, from the moments of the shifted images (mx,
- * my, ess = e[x'^2 + y'^2], exy = e[x' y']) and the true means ux, uy. The denominators are formed
- * as numerator + a non-negative difference,
- *   B1 = A1 + (mu_x - mu_y)^2,   B2 = A2 + max(0, (e_ss - 2 e_xy) - (mu_x - mu_y)^2)
+ * my, ess = e[x'^2 + y'^2], exy = e[x' y']), the true means ux, uy and their difference du. The
+ * denominators are formed as numerator + a non-negative difference,
+ *   B1 = A1 + (mu_x - mu_y)^2,   B2 = A2 + max(0, (e_ss - 2 e_xy) - (mu'_x - mu'_y)^2)
  * (the second difference is the local variance of x - y), so lum = A1 / B1 and cs = A2 / B2 never
  * exceed 1 through rounding, and both are exactly 1 for identical images: then x' = y' bit for bit,
- * e_ss = 2 e_xy exactly (a^2 + a^2 = 2 a^2 with or without an FMA) and mu_x = mu_y. Written as
+ * e_ss = 2 e_xy exactly (a^2 + a^2 = 2 a^2 with or without an FMA) and du = 0 (`exact`: the
+ * ratios of B = A are then set to 1, since A (1 / A) may round below it). Written as
  * e_ss - mu_x^2 - mu_y^2 + C2, B2 rounds independently of A2 and SSIM(x, x) reached 1 + 2.4e-5
  * on flat images. Both are also kept >= -1 (a rounding below it on anticorrelated windows). */
-static inline __attribute__((always_inline)) void ssim_terms(vr mx, vr my, vr ess, vr exy, vr ux, vr uy, vr c1,
-                                                             vr c2, vr *iB1, vr *iB2, vr *lum, vr *cs) {
+static inline __attribute__((always_inline)) void ssim_terms_du(vr mx, vr my, vr ess, vr exy, vr ux, vr uy,
+                                                                vr du, vr c1, vr c2, int exact, vr *iB1, vr *iB2,
+                                                                vr *lum, vr *cs) {
     const vr zero = {0}, mone = bc(-1);
     vr dm = mx - my;
     vr A1 = bc(2) * ux * uy + c1;
-    vr B1 = A1 + dm * dm;
+    vr B1 = A1 + du * du;
     vr A2 = bc(2) * (exy - mx * my) + c2;
     vr D = (ess - bc(2) * exy) - dm * dm;
     vr B2 = A2 + (vr)((vmask)D & ~(D < zero));  /* D < 0 only by rounding; a NaN stays */
     *iB1 = 1 / B1;  /* never 1 / (B1 B2): it overflows or underflows */
     *iB2 = 1 / B2;
     vr l = A1 * *iB1, c = A2 * *iB2;
+    if (exact) {  /* A (1 / A) can round to 1 - 2^-24: where B = A the ratio is 1 */
+        const vr one = bc(1);
+        vmask e1 = B1 == A1, e2 = B2 == A2;
+        l = (vr)(((vmask)l & ~e1) | ((vmask)one & e1));
+        c = (vr)(((vmask)c & ~e2) | ((vmask)one & e2));
+    }
     vmask lo = l < mone, co = c < mone;
     *lum = (vr)(((vmask)l & ~lo) | ((vmask)mone & lo));
     *cs = (vr)(((vmask)c & ~co) | ((vmask)mone & co));
+}
+
+/* The same with one common shift for both images (du = mx - my): the masked kernel. */
+static inline __attribute__((always_inline)) void ssim_terms(vr mx, vr my, vr ess, vr exy, vr ux, vr uy, vr c1,
+                                                             vr c2, vr *iB1, vr *iB2, vr *lum, vr *cs) {
+    ssim_terms_du(mx, my, ess, exy, ux, uy, mx - my, c1, c2, 0, iB1, iB2, lum, cs);
 }
 
 /* Per map row: where its adjoint quantities go, and its row sums (NULL: none). */
@@ -273,18 +362,20 @@ typedef struct {
     vr acc_s, acc_c;
 } rowout_t;
 
-/* The SSIM algebra of one vector j of a map row from its vertical sums, the row sums, and in mode 1
- * beta, gamma and the alpha(s) into the row's aring slot. */
+/* The SSIM algebra of one vector j of a map row from its vertical sums (moments of x - Sx,
+ * y - Sy), the row sums, and in mode 1 beta2 = 2 beta, gamma, the alpha(s) and Sx, Sy into the
+ * row's aring slot (pad lanes 0). */
 static inline __attribute__((always_inline)) void row_epilogue(rowout_t *o, int j, vr mx, vr my, vr ess, vr exy,
-                                                               const ws_t *w, size_t qs, vr c1, vr c2, vr vgs,
-                                                               vr vgc, int mode, int need_x, int need_y, int olo,
-                                                               int ohi) {
+                                                               vr Sx, vr Sy, const ws_t *w, size_t qs, vr c1,
+                                                               vr c2, vr vgs, vr vgc, int mode, int need_x,
+                                                               int need_y, int olo, int ohi) {
     vmask lane;
     for (int i = 0; i < V; i++) lane[i] = i;
-    const vr two = bc(2), sh = bc(w->im.shift);
-    vr ux = mx + sh, uy = my + sh;  /* true means (mx, my: means of the shifted images) */
+    const vr two = bc(2);
+    vr ux = Sx + mx, uy = Sy + my;  /* true means */
+    vr du = (Sx - Sy) + (mx - my);
     vr iB1, iB2, lum, cs;
-    ssim_terms(mx, my, ess, exy, ux, uy, c1, c2, &iB1, &iB2, &lum, &cs);
+    ssim_terms_du(mx, my, ess, exy, ux, uy, du, c1, c2, 1, &iB1, &iB2, &lum, &cs);
     vr ssim = lum * cs;
     vmask vm = (lane + j) < w->d.Wp;   /* all-ones bits in the map's lanes, 0 in the pad */
     if (o->sums) {  /* the map columns this tile owns */
@@ -294,21 +385,23 @@ static inline __attribute__((always_inline)) void row_epilogue(rowout_t *o, int 
     }
     if (mode == 1) {
         REAL *a0 = o->a0;
-        vr beta = -(vgs * ssim + vgc * cs) * iB2;
+        vr beta2 = two * (-(vgs * ssim + vgc * cs) * iB2);
         vr gamma = two * (vgs * lum + vgc) * iB2;
         vr t = two * vgs * iB1;  /* 2 gS / B1 */
-        st(a0 + j, (vr)((vmask)beta & vm));
+        st(a0 + j, (vr)((vmask)beta2 & vm));
         st(a0 + qs + j, (vr)((vmask)gamma & vm));
         int q = 2;
         if (need_x) {
-            vr ax = t * (uy * cs - ux * ssim) - two * mx * beta - my * gamma;
+            vr ax = t * (uy * cs - ux * ssim) - mx * beta2 - my * gamma;
             st(a0 + q * qs + j, (vr)((vmask)ax & vm));
             q++;
         }
         if (need_y) {
-            vr ay = t * (ux * cs - uy * ssim) - two * my * beta - mx * gamma;
+            vr ay = t * (ux * cs - uy * ssim) - my * beta2 - mx * gamma;
             st(a0 + q * qs + j, (vr)((vmask)ay & vm));
         }
+        st(a0 + 4 * qs + j, (vr)((vmask)Sx & vm));
+        st(a0 + 5 * qs + j, (vr)((vmask)Sy & vm));
     }
 }
 
@@ -322,19 +415,25 @@ static void rowout_flush(rowout_t *o) {
 }
 
 /* Vertical filter and SSIM algebra for map rows m .. m + nr - 1 (nr = 1 or 2; their K + nr - 1
- * input rows are in the ring). Two rows at once read each input row's sums once for both: the
- * vertical filter is bound by those reads (the ring lives in L2), not by its multiply-adds.
+ * input rows are in the ring). Map rows 2b and 2b + 1 share the shifts of input row 2b + K/2 (in
+ * both windows): each input row is re-based to them once for both rows, and read once.
  * sums[r] != NULL: add row m + r's sums of ssim and cs over the tile's own map columns [olo, ohi)
- * to sums[r][0], sums[r][1]. mode 1: also write beta, gamma and the alpha(s) of each row to its
- * aring slot (pad lanes 0). The arithmetic of each row is the same whether it is done alone or
- * beside the next, so the numbers do not depend on the pairing. */
+ * to sums[r][0], sums[r][1]. mode 1: also write the adjoint quantities of each row to its aring
+ * slot. The arithmetic of each row is the same whether it is done alone or beside the next, so the
+ * numbers do not depend on the pairing. */
 static void map_rows(ws_t *w, int m, int nr, REAL C1, REAL C2, int mode, double *const *sums,
                      REAL gS, REAL gC, int need_x, int need_y, int olo, int ohi) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
     const size_t qs = (size_t)NSLOT(K) * d.Wpp;
+    if (nr == 2 && (m & 1)) {  /* two blocks: one row each */
+        map_rows(w, m, 1, C1, C2, mode, sums, gS, gC, need_x, need_y, olo, ohi);
+        map_rows(w, m + 1, 1, C1, C2, mode, sums + 1, gS, gC, need_x, need_y, olo, ohi);
+        return;
+    }
     const REAL *hp[K + 1];   /* input row m + k's horizontal sums (quantity 0; the others qs apart) */
     for (int k = 0; k < K + nr - 1; k++) hp[k] = w->hring + (size_t)((m + k) % NSLOT(K)) * d.Wpp;
+    const REAL *sp = w->hring + (size_t)(((m & ~1) + K / 2) % NSLOT(K)) * d.Wpp + 4 * qs;  /* Sx; Sy qs on */
     rowout_t o[2];
     for (int r = 0; r < nr; r++) {
         o[r].a0 = w->aring + (size_t)((m + r) % NSLOT(K)) * d.Wpp;
@@ -346,121 +445,108 @@ static void map_rows(ws_t *w, int m, int nr, REAL C1, REAL C2, int mode, double 
 
     if (nr == 2) {
         for (int j = 0; j < d.Wpp; j += V) {
+            const vr Sx = ld(sp + j), Sy = ld(sp + qs + j);
             vr mx0 = {0}, my0 = {0}, es0 = {0}, ex0 = {0};
             vr mx1 = {0}, my1 = {0}, es1 = {0}, ex1 = {0};
-            {   /* input row m: row m only */
-                const REAL *h = hp[0] + j;
+            vr a, b, c, e;
+            rebase(hp[0] + j, qs, Sx, Sy, &a, &b, &c, &e);  /* input row m: row m only */
+            {
                 vr gk = bc(g[0]);
-                mx0 += gk * ld(h); my0 += gk * ld(h + qs); es0 += gk * ld(h + 2 * qs); ex0 += gk * ld(h + 3 * qs);
+                mx0 += gk * a; my0 += gk * b; es0 += gk * c; ex0 += gk * e;
             }
             for (int k = 1; k < K; k++) {  /* input row m + k: tap k of row m, tap k - 1 of row m + 1 */
-                const REAL *h = hp[k] + j;
-                vr a = ld(h), b = ld(h + qs), c = ld(h + 2 * qs), e = ld(h + 3 * qs);
+                rebase(hp[k] + j, qs, Sx, Sy, &a, &b, &c, &e);
                 vr g0 = bc(g[k]), g1 = bc(g[k - 1]);
                 mx0 += g0 * a; my0 += g0 * b; es0 += g0 * c; ex0 += g0 * e;
                 mx1 += g1 * a; my1 += g1 * b; es1 += g1 * c; ex1 += g1 * e;
             }
-            {   /* input row m + K: row m + 1 only */
-                const REAL *h = hp[K] + j;
+            rebase(hp[K] + j, qs, Sx, Sy, &a, &b, &c, &e);  /* input row m + K: row m + 1 only */
+            {
                 vr gk = bc(g[K - 1]);
-                mx1 += gk * ld(h); my1 += gk * ld(h + qs); es1 += gk * ld(h + 2 * qs); ex1 += gk * ld(h + 3 * qs);
+                mx1 += gk * a; my1 += gk * b; es1 += gk * c; ex1 += gk * e;
             }
-            row_epilogue(&o[0], j, mx0, my0, es0, ex0, w, qs, c1, c2, vgs, vgc, mode, need_x, need_y, olo, ohi);
-            row_epilogue(&o[1], j, mx1, my1, es1, ex1, w, qs, c1, c2, vgs, vgc, mode, need_x, need_y, olo, ohi);
+            row_epilogue(&o[0], j, mx0, my0, es0, ex0, Sx, Sy, w, qs, c1, c2, vgs, vgc, mode, need_x, need_y, olo,
+                         ohi);
+            row_epilogue(&o[1], j, mx1, my1, es1, ex1, Sx, Sy, w, qs, c1, c2, vgs, vgc, mode, need_x, need_y, olo,
+                         ohi);
         }
     } else {
         for (int j = 0; j < d.Wpp; j += V) {
+            const vr Sx = ld(sp + j), Sy = ld(sp + qs + j);
             vr mx = {0}, my = {0}, ess = {0}, exy = {0};
             for (int k = 0; k < K; k++) {
+                vr a, b, c, e;
+                rebase(hp[k] + j, qs, Sx, Sy, &a, &b, &c, &e);
                 vr gk = bc(g[k]);
-                const REAL *h = hp[k] + j;
-                mx += gk * ld(h);
-                my += gk * ld(h + qs);
-                ess += gk * ld(h + 2 * qs);
-                exy += gk * ld(h + 3 * qs);
+                mx += gk * a;
+                my += gk * b;
+                ess += gk * c;
+                exy += gk * e;
             }
-            row_epilogue(&o[0], j, mx, my, ess, exy, w, qs, c1, c2, vgs, vgc, mode, need_x, need_y, olo, ohi);
+            row_epilogue(&o[0], j, mx, my, ess, exy, Sx, Sy, w, qs, c1, c2, vgs, vgc, mode, need_x, need_y, olo,
+                         ohi);
         }
     }
     for (int r = 0; r < nr; r++) rowout_flush(&o[r]);
 }
 
-/* v[q][j] = sum_t gw[t] * ap[t][q * qs + j] for the nq adjoint quantities (rows of Lv in vb). */
-static inline __attribute__((always_inline)) void vadjoint(const REAL *const *ap, const REAL *gw, int n, int nq,
-                                                           size_t qs, int Wpp, int Lv, REAL *vb) {
+/* One map row's term of a gradient row's vertical adjoint (a: the map row's aring quantity 0, the
+ * others qs apart; sx, sy: the gradient row's shifts): with tau = s - S of the map row,
+ *   b += g beta2,  gm += g gamma,  ax += g (alpha_x + beta2 tau_x + gamma tau_y),  ay likewise. */
+static inline __attribute__((always_inline)) void vtap(const REAL *a, size_t qs, vr gk, vr sx, vr sy, int need_x,
+                                                       int need_y, vr *b, vr *gm, vr *ax, vr *ay) {
+    vr B = ld(a), G = ld(a + qs);
+    vr tx = sx - ld(a + 4 * qs), ty = sy - ld(a + 5 * qs);
+    *b += gk * B;
+    *gm += gk * G;
+    if (need_x) *ax += gk * (ld(a + 2 * qs) + B * tx + G * ty);
+    if (need_y) *ay += gk * (ld(a + (2 + need_x) * qs) + B * ty + G * tx);
+}
+
+/* v[q][j] = sum_t gw[t] * (the vtap terms of map row ap[t]) for gradient row shifts s (sx; sy Lv
+ * on), into rows of Lv in vb: beta2, gamma, then alpha_x and / or alpha_y. */
+static inline __attribute__((always_inline)) void vadjoint(const REAL *const *ap, const REAL *gw, int n,
+                                                           int need_x, int need_y, size_t qs, int Wpp, int Lv,
+                                                           const REAL *s, REAL *vb) {
     for (int j = 0; j < Wpp; j += V) {
-        vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-        for (int t = 0; t < n; t++) {
-            vr gk = bc(gw[t]);
-            const REAL *a = ap[t] + j;
-            s0 += gk * ld(a);
-            s1 += gk * ld(a + qs);
-            s2 += gk * ld(a + 2 * qs);
-            if (nq == 4) s3 += gk * ld(a + 3 * qs);
-        }
-        st(vb + j, s0);
-        st(vb + Lv + j, s1);
-        st(vb + 2 * Lv + j, s2);
-        if (nq == 4) st(vb + 3 * Lv + j, s3);
+        const vr sx = ld(s + j), sy = ld(s + Lv + j);
+        vr b = {0}, gm = {0}, ax = {0}, ay = {0};
+        for (int t = 0; t < n; t++) vtap(ap[t] + j, qs, bc(gw[t]), sx, sy, need_x, need_y, &b, &gm, &ax, &ay);
+        st(vb + j, b);
+        st(vb + Lv + j, gm);
+        if (need_x) st(vb + 2 * Lv + j, ax);
+        if (need_y) st(vb + (2 + need_x) * Lv + j, ay);
     }
 }
 
-/* Map rows [m0, m1) of the tile: adds each row's sums over the own columns to out[2 m], out[2 m + 1]. */
-static void fwd_tile(ws_t *w, REAL C1, REAL C2, int m0, int m1, double *out, int olo, int ohi) {
-    const int K = KTAPS(w->d.K);
-    int next = m0;
-    for (int m = m0; m < m1;) {
-        int nr = m + 1 < m1 ? 2 : 1;
-        double *sums[2] = {out + 2 * m, out + 2 * m + 2};
-        fill_rows(w, m, m + K + nr - 2, &next);
-        map_rows(w, m, nr, C1, C2, 0, sums, 0, 0, 0, 0, olo, ohi);
-        m += nr;
-    }
-}
-
-/* Gradient of logical rows [q0, q1), tile columns [c_lo, c_hi) (all inside the physical image)
- * of L = gS * sum(ssim) + gC * sum(cs) over the tile's own "valid" map, plus l1c * sum|x - y|.
- * H is the logical height. The caller chooses tiles whose map covers every map pixel that
- * reaches columns [c_lo, c_hi). gx / gy point at the physical planes. */
 /* Two gradient rows' vertical adjoints at once, v0 for row q and v1 for row q + 1, from the K + 1
  * map rows ap[0..K] = q - K + 1 .. q + 1 (all inside the map): each map row is read once for both.
  * Each sum runs over its rows in the order vadjoint uses, so the numbers are the same. */
-static inline __attribute__((always_inline)) void vadjoint2(const REAL *const *ap, const REAL *g, int K, int nq,
-                                                            size_t qs, int Wpp, int Lv, REAL *v0, REAL *v1) {
+static inline __attribute__((always_inline)) void vadjoint2(const REAL *const *ap, const REAL *g, int K, int need_x,
+                                                            int need_y, size_t qs, int Wpp, int Lv, const REAL *s0,
+                                                            const REAL *s1, REAL *v0, REAL *v1) {
     for (int j = 0; j < Wpp; j += V) {
-        vr a0, a1, a2, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-        {
-            const REAL *a = ap[0] + j;
-            vr gk = bc(g[K - 1]);
-            a0 = gk * ld(a); a1 = gk * ld(a + qs); a2 = gk * ld(a + 2 * qs);
-            if (nq == 4) a3 = gk * ld(a + 3 * qs);
-            a0 = (vr){0} + a0; a1 = (vr){0} + a1; a2 = (vr){0} + a2; a3 = (vr){0} + a3;
-        }
+        const vr sx0 = ld(s0 + j), sy0 = ld(s0 + Lv + j), sx1 = ld(s1 + j), sy1 = ld(s1 + Lv + j);
+        vr b0 = {0}, g0 = {0}, x0 = {0}, y0 = {0}, b1 = {0}, g1 = {0}, x1 = {0}, y1 = {0};
+        vtap(ap[0] + j, qs, bc(g[K - 1]), sx0, sy0, need_x, need_y, &b0, &g0, &x0, &y0);
         for (int t = 1; t < K; t++) {
-            const REAL *a = ap[t] + j;
-            vr p0 = ld(a), p1 = ld(a + qs), p2 = ld(a + 2 * qs), p3 = nq == 4 ? ld(a + 3 * qs) : (vr){0};
-            vr ga = bc(g[K - 1 - t]), gb = bc(g[K - t]);
-            a0 += ga * p0; a1 += ga * p1; a2 += ga * p2;
-            b0 += gb * p0; b1 += gb * p1; b2 += gb * p2;
-            if (nq == 4) { a3 += ga * p3; b3 += gb * p3; }
+            vtap(ap[t] + j, qs, bc(g[K - 1 - t]), sx0, sy0, need_x, need_y, &b0, &g0, &x0, &y0);
+            vtap(ap[t] + j, qs, bc(g[K - t]), sx1, sy1, need_x, need_y, &b1, &g1, &x1, &y1);
         }
-        {
-            const REAL *a = ap[K] + j;
-            vr gk = bc(g[0]);
-            b0 += gk * ld(a); b1 += gk * ld(a + qs); b2 += gk * ld(a + 2 * qs);
-            if (nq == 4) b3 += gk * ld(a + 3 * qs);
-        }
-        st(v0 + j, a0); st(v0 + Lv + j, a1); st(v0 + 2 * Lv + j, a2);
-        st(v1 + j, b0); st(v1 + Lv + j, b1); st(v1 + 2 * Lv + j, b2);
-        if (nq == 4) { st(v0 + 3 * Lv + j, a3); st(v1 + 3 * Lv + j, b3); }
+        vtap(ap[K] + j, qs, bc(g[0]), sx1, sy1, need_x, need_y, &b1, &g1, &x1, &y1);
+        st(v0 + j, b0); st(v0 + Lv + j, g0);
+        st(v1 + j, b1); st(v1 + Lv + j, g1);
+        if (need_x) { st(v0 + 2 * Lv + j, x0); st(v1 + 2 * Lv + j, x1); }
+        if (need_y) { st(v0 + (2 + need_x) * Lv + j, y0); st(v1 + (2 + need_x) * Lv + j, y1); }
     }
 }
 
 /* Horizontal adjoint of gradient row q from its vertical sums (vrow set `vr0`, K-1 zeros before
- * them) and the gradient row written out. */
-static void hadjoint_row(ws_t *w, int q, const REAL *vr0, REAL gS, REAL l1c, int c_lo, int c_hi, int nq,
-                         int need_x, int need_y, REAL *gx, REAL *gy) {
-    (void)gS;
+ * them) and its shifts (sr0, likewise placed), and the gradient row written out:
+ *   gx(j) = sum_j0 g (Ax(j0) + beta2(j0) (x(j) - sx(j0)) + gamma(j0) (y(j) - sy(j0))),  gy likewise. */
+static inline __attribute__((always_inline)) void hadjoint_row_(ws_t *w, int q, const REAL *vr0, const REAL *sr0,
+                                                                 REAL l1c, int c_lo, int c_hi, int need_x,
+                                                                 int need_y, REAL *gx, REAL *gy) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
     const REAL *g = w->g;
@@ -469,22 +555,19 @@ static void hadjoint_row(ws_t *w, int q, const REAL *vr0, REAL gS, REAL l1c, int
     load_xy(w, q);                                      /* x, y of row q (tails 0) */
     REAL *ox = w->grow, *oy = w->grow + d.Wo;
     const vr l1 = bc(l1c), one = bc(1);
+    const int qy = 2 + need_x;
     for (int j = c_lo / V * V; j < c_hi; j += V) {
-        vr hb = {0}, hg = {0}, h2 = {0}, h3 = {0};
+        const vr xv = ld(bx + j), yv = ld(by + j);
+        vr gxv = {0}, gyv = {0};
         for (int t = 0; t < K; t++) {
             vr gk = bc(g[K - 1 - t]);
-            const REAL *v = vr0 + j + t;
-            hb += gk * ld(v);
-            hg += gk * ld(v + d.Lv);
-            h2 += gk * ld(v + 2 * d.Lv);
-            if (nq == 4) h3 += gk * ld(v + 3 * d.Lv);
+            const REAL *v = vr0 + j + t, *s = sr0 + j + t;
+            vr B = ld(v), G = ld(v + d.Lv);
+            vr dx = xv - ld(s), dy = yv - ld(s + d.Lv);
+            if (need_x) gxv += gk * (ld(v + 2 * d.Lv) + B * dx + G * dy);
+            if (need_y) gyv += gk * (ld(v + qy * d.Lv) + B * dy + G * dx);
         }
-        vr xv = ld(bx + j), yv = ld(by + j);
-        vr two_hb = hb + hb;
-        vr gxv = h2 + two_hb * xv + hg * yv;
-        vr gyv = (need_x ? h3 : h2) + two_hb * yv + hg * xv;
-        if (l1c != 0) {  /* + l1c * d|x - y|: sign(x - y), 0 where equal (torch's abs'); */
-                         /* x - s, y - s keep the order of x, y (ties only below an ulp of s) */
+        if (l1c != 0) {  /* + l1c * d|x - y|: sign(x - y), 0 where equal (torch's abs') */
             vr sg = (vr)((vmask)one & (xv > yv)) - (vr)((vmask)one & (xv < yv));
             gxv += l1 * sg;
             gyv -= l1 * sg;
@@ -498,6 +581,39 @@ static void hadjoint_row(ws_t *w, int q, const REAL *vr0, REAL gS, REAL l1c, int
     if (need_y) memcpy(gy + o, oy + c_lo, sizeof(REAL) * (c_hi - c_lo));
 }
 
+/* hadjoint_row_ with the image flags as constants (no test in its tap loop). */
+static void hadjoint_row(ws_t *w, int q, const REAL *vr0, const REAL *sr0, REAL l1c, int c_lo, int c_hi,
+                         int need_x, int need_y, REAL *gx, REAL *gy) {
+    if (need_x && need_y) hadjoint_row_(w, q, vr0, sr0, l1c, c_lo, c_hi, 1, 1, gx, gy);
+    else if (need_x) hadjoint_row_(w, q, vr0, sr0, l1c, c_lo, c_hi, 1, 0, gx, gy);
+    else hadjoint_row_(w, q, vr0, sr0, l1c, c_lo, c_hi, 0, 1, gx, gy);
+}
+
+/* Map rows [m0, m1) of the tile: adds each row's sums over the own columns to out[2 m], out[2 m + 1]. */
+static void fwd_tile(ws_t *w, REAL C1, REAL C2, int m0, int m1, double *out, int olo, int ohi) {
+    const int K = KTAPS(w->d.K);
+    int next = m0;
+    for (int m = m0; m < m1;) {
+        int nr = m + 1 < m1 && !(m & 1) ? 2 : 1;  /* pairs share their shifts: start them at even rows */
+        double *sums[2] = {out + 2 * m, out + 2 * m + 2};
+        fill_rows(w, m, m + K + nr - 2, &next);
+        map_rows(w, m, nr, C1, C2, 0, sums, 0, 0, 0, 0, olo, ohi);
+        m += nr;
+    }
+}
+
+/* Input row q's shifts from its hring slot to s (sx) and s + Lv (sy). */
+static void copy_shifts(const ws_t *w, int q, REAL *s) {
+    const size_t qs = (size_t)NSLOT(w->d.K) * w->d.Wpp;
+    const REAL *h = w->hring + (size_t)(q % NSLOT(w->d.K)) * w->d.Wpp + 4 * qs;
+    memcpy(s, h, sizeof(REAL) * w->d.Wpp);
+    memcpy(s + w->d.Lv, h + qs, sizeof(REAL) * w->d.Wpp);
+}
+
+/* Gradient of logical rows [q0, q1), tile columns [c_lo, c_hi) (all inside the physical image)
+ * of L = gS * sum(ssim) + gC * sum(cs) over the tile's own "valid" map, plus l1c * sum|x - y|.
+ * H is the logical height. The caller chooses tiles whose map covers every map pixel that
+ * reaches columns [c_lo, c_hi). gx / gy point at the physical planes. */
 static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1c,
                      int q0, int q1, int c_lo, int c_hi, REAL *gx, REAL *gy,
                      double *rows, int own0, int own1, int olo, int ohi) {
@@ -506,10 +622,11 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
     const REAL *g = w->g;
     const int Hp = H - K + 1;
     const int need_x = gx != NULL, need_y = gy != NULL;
-    const int nq = 2 + need_x + need_y;
     const size_t qs = (size_t)NSLOT(K) * d.Wpp;
     REAL *vrow1 = w->vrow + 4 * (size_t)d.Lv;  /* the second row's vertical sums */
+    REAL *srow0 = w->vrow + 8 * (size_t)d.Lv, *srow1 = w->vrow + 10 * (size_t)d.Lv;  /* their shifts */
     REAL *vb = w->vrow + (K - 1), *vb1 = vrow1 + (K - 1);  /* vertical sums start after K-1 zeros */
+    REAL *sb = srow0 + (K - 1), *sb1 = srow1 + (K - 1);
     int next_in = q0 - K + 1 < 0 ? 0 : q0 - K + 1;
     int next_m = next_in;
 
@@ -518,8 +635,8 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
         const int pair = q + 1 < q1 && q - K + 1 >= 0 && q + 1 <= Hp - 1;
         const int qe = pair ? q + 1 : q;
         int mhi = qe < Hp - 1 ? qe : Hp - 1;  /* map rows touching input rows q..qe: [q-K+1, qe] */
-        while (next_m <= mhi) {  /* two map rows at a time where the map has them (one ahead) */
-            int nr = next_m + 1 <= Hp - 1 ? 2 : 1;
+        while (next_m <= mhi) {  /* pairs 2b, 2b + 1 where the map has them (one ahead) */
+            int nr = next_m + 1 <= Hp - 1 && !(next_m & 1) ? 2 : 1;
             double *sums[2];
             for (int r = 0; r < nr; r++) {
                 int mm = next_m + r;
@@ -529,13 +646,17 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
             map_rows(w, next_m, nr, C1, C2, 1, sums, gS, gC, need_x, need_y, olo, ohi);
             next_m += nr;
         }
+        /* the shifts of rows q (and q + 1) from the ring: it holds input rows up to q + K + 1 */
+        copy_shifts(w, q, sb);
         if (pair) {
+            copy_shifts(w, q + 1, sb1);
             const REAL *ap[K + 1];
             for (int t = 0; t <= K; t++) ap[t] = w->aring + (size_t)((q - K + 1 + t) % NSLOT(K)) * d.Wpp;
-            if (nq == 4) vadjoint2(ap, g, K, 4, qs, d.Wpp, d.Lv, vb, vb1);
-            else vadjoint2(ap, g, K, 3, qs, d.Wpp, d.Lv, vb, vb1);
-            hadjoint_row(w, q, w->vrow, gS, l1c, c_lo, c_hi, nq, need_x, need_y, gx, gy);
-            hadjoint_row(w, q + 1, vrow1, gS, l1c, c_lo, c_hi, nq, need_x, need_y, gx, gy);
+            if (need_x && need_y) vadjoint2(ap, g, K, 1, 1, qs, d.Wpp, d.Lv, sb, sb1, vb, vb1);
+            else if (need_x) vadjoint2(ap, g, K, 1, 0, qs, d.Wpp, d.Lv, sb, sb1, vb, vb1);
+            else vadjoint2(ap, g, K, 0, 1, qs, d.Wpp, d.Lv, sb, sb1, vb, vb1);
+            hadjoint_row(w, q, w->vrow, srow0, l1c, c_lo, c_hi, need_x, need_y, gx, gy);
+            hadjoint_row(w, q + 1, vrow1, srow1, l1c, c_lo, c_hi, need_x, need_y, gx, gy);
             q += 2;
             continue;
         }
@@ -550,12 +671,13 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
             gw[n] = g[q - m];
         }
         if (n == K) {  /* interior rows: a compile-time trip count when K is fixed */
-            if (nq == 4) vadjoint(ap, gw, K, 4, qs, d.Wpp, d.Lv, vb);
-            else vadjoint(ap, gw, K, 3, qs, d.Wpp, d.Lv, vb);
+            if (need_x && need_y) vadjoint(ap, gw, K, 1, 1, qs, d.Wpp, d.Lv, sb, vb);
+            else if (need_x) vadjoint(ap, gw, K, 1, 0, qs, d.Wpp, d.Lv, sb, vb);
+            else vadjoint(ap, gw, K, 0, 1, qs, d.Wpp, d.Lv, sb, vb);
         } else {
-            vadjoint(ap, gw, n, nq, qs, d.Wpp, d.Lv, vb);
+            vadjoint(ap, gw, n, need_x, need_y, qs, d.Wpp, d.Lv, sb, vb);
         }
-        hadjoint_row(w, q, w->vrow, gS, l1c, c_lo, c_hi, nq, need_x, need_y, gx, gy);
+        hadjoint_row(w, q, w->vrow, srow0, l1c, c_lo, c_hi, need_x, need_y, gx, gy);
         q++;
     }
 }
@@ -564,23 +686,29 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
  * tiles of `tile` gradient columns (tile <= 0: whole rows). A tile covers the logical image columns
  * [a, b) its gradient columns [c0, c1) need and owns the map columns [c0 - K/2, c1 - K/2) (clipped
  * to the map): those are the ones it adds to the row sums, so every map column is summed once, in
- * the same lanes and the same order whatever the rows or threads, with or without a gradient. */
+ * the same lanes and the same order whatever the rows or threads, with or without a gradient. The
+ * shift columns are those of the whole plane's map (groups of shift_group(K) map columns from
+ * column 0), so every tile forms the same moments. */
 static void plane_tiles(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K, REAL C1, REAL C2,
                         REAL gS, REAL gC, REAL l1c, int r0, int r1, REAL *work, REAL *gx, REAL *gy, int tile,
                         int pad, double *rows, int grad) {
     const int Wl = W + 2 * pad, Hl = H + 2 * pad;
     const int Wp = Wl - K + 1, Hp = Hl - K + 1, r = K / 2;
     const int T = tile > 0 ? tile : W;
-    const REAL shift = plane_shift(x, y, H, W);
+    const int G = shift_group(K);
     for (int c0 = pad; c0 < pad + W; c0 += T) {
         int c1 = pad + W - c0 < T ? pad + W : c0 + T;
         int a = c0 - K + 1 < 0 ? 0 : c0 - K + 1;     /* tile image: logical columns [a, b) */
         int b = c1 + K - 1 > Wl ? Wl : c1 + K - 1;
         int olo = c0 - r < 0 ? 0 : c0 - r, ohi = c1 - r > Wp ? Wp : c1 - r;
         dims_t d = make_dims(b - a, K);
-        img_t im = {x, y, H, W, W, pad, a, shift};
+        img_t im = {x, y, H, W, W, pad, a, 0};
         memset(work, 0, ws_elems(d) * sizeof(REAL));
         ws_t w = make_ws(d, im, g, work);
+        for (int j = 0; j < d.Wp; j++) {  /* map column a + j: its group's middle column (clipped) */
+            int mc = (a + j) / G * G + G / 2;
+            w.ci[j] = (mint)((mc < Wp - 1 ? mc : Wp - 1) + r - a - (j / V * V + r - 1));
+        }
         if (!grad) {
             fwd_tile(&w, C1, C2, r0, r1, rows, olo - a, ohi - a);
         } else {
@@ -867,6 +995,26 @@ static void mfill_rows(mws_t *w, int m, int *next) {
     }
 }
 
+/* v[q][j] = sum_t gw[t] * ap[t][q * qs + j] for the nq adjoint quantities (rows of Lv in vb). */
+static inline __attribute__((always_inline)) void mvadjoint(const REAL *const *ap, const REAL *gw, int n, int nq,
+                                                            size_t qs, int Wpp, int Lv, REAL *vb) {
+    for (int j = 0; j < Wpp; j += V) {
+        vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+        for (int t = 0; t < n; t++) {
+            vr gk = bc(gw[t]);
+            const REAL *a = ap[t] + j;
+            s0 += gk * ld(a);
+            s1 += gk * ld(a + qs);
+            s2 += gk * ld(a + 2 * qs);
+            if (nq == 4) s3 += gk * ld(a + 3 * qs);
+        }
+        st(vb + j, s0);
+        st(vb + Lv + j, s1);
+        st(vb + 2 * Lv + j, s2);
+        if (nq == 4) st(vb + 3 * Lv + j, s3);
+    }
+}
+
 /* Vertical filter for map row m, the masked statistics and the SSIM algebra.
  * mode 0: add the row's sums of c ssim, c cs and c to sums[0..2].
  * mode 1: write beta / W, gamma / W and the alpha(s) / W of map row m to aring slot m % K. */
@@ -976,10 +1124,10 @@ static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL 
             gw[n] = g[q - m];
         }
         if (n == K) {
-            if (nq == 4) vadjoint(ap, gw, K, 4, qs, d.Wpp, d.Lv, vb);
-            else vadjoint(ap, gw, K, 3, qs, d.Wpp, d.Lv, vb);
+            if (nq == 4) mvadjoint(ap, gw, K, 4, qs, d.Wpp, d.Lv, vb);
+            else mvadjoint(ap, gw, K, 3, qs, d.Wpp, d.Lv, vb);
         } else {
-            vadjoint(ap, gw, n, nq, qs, d.Wpp, d.Lv, vb);
+            mvadjoint(ap, gw, n, nq, qs, d.Wpp, d.Lv, vb);
         }
         const int L = d.Lin;
         mload_xym(w, q);
