@@ -63,6 +63,27 @@ def tile_width(k: int) -> int:
     return min(TILE_WIDTH, k // 2 * 2 + 1)
 
 
+def _split(t: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    """Last dim ``n m`` -> ``(n, m)`` (a reshape: vmap has no batching rule for ``unflatten``)."""
+    return t.reshape(*t.shape[:-1], n, m)
+
+
+def _pad_last(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``n`` zeros appended along the last dim (none: ``t`` itself; a no-op pad or slice is an alias,
+    which the batched backward of ``autograd.grad(is_grads_batched=True)`` cannot take)."""
+    return F.pad(t, (0, n)) if n else t
+
+
+def _crop_last(t: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` entries of the last dim."""
+    return t[..., :n] if n < t.shape[-1] else t
+
+
+def _merge(t: torch.Tensor) -> torch.Tensor:
+    """Last two dims ``(n, m)`` -> ``n m``."""
+    return t.reshape(*t.shape[:-2], t.shape[-2] * t.shape[-1])
+
+
 class _Tiles:
     """A padded image pair cut into column tiles, with the per-(row, tile) shifts.
 
@@ -90,44 +111,49 @@ class _Tiles:
         self.sy = yp.detach().index_select(-1, cols)
         self.dx = self.patches(xp) - self.sx[..., None]
         self.dy = self.patches(yp) - self.sy[..., None]
-        # The window within a tile as a banded [tw + k - 1, tw] matrix: filter and adjoint are products.
-        band = torch.zeros(self.span, tw, dtype=w.dtype, device=w.device)
-        for t in range(tw):
-            band[t : t + k, t] = w
-        self.band = band
+        # The adjoint's middle input columns, which every output of the tile reaches: a dense [tw, k - tw + 1]
+        # matrix of taps (no structural zeros, which would carry a NaN to outputs outside its footprint).
+        t, m = torch.arange(tw, device=w.device)[:, None], torch.arange(tw - 1, k, device=w.device)[None, :]
+        self.mid = w[m - t]
 
     def patches(self, t: torch.Tensor) -> torch.Tensor:
         """``[B, C, Hp, Wp]`` -> each tile's input columns, ``[B, C, Hp, nt, tw + k - 1]``."""
         ext = self.nt * self.tw + self.k - 1
-        return F.pad(t, (0, ext - self.wp)).unfold(-1, self.span, self.tw)
+        return _pad_last(t, ext - self.wp).unfold(-1, self.span, self.tw)
 
     def overlap_add(self, p: torch.Tensor) -> torch.Tensor:
         """Adjoint of :meth:`patches`: ``[B, C, Hp, nt, tw + k - 1]`` -> ``[B, C, Hp, Wp]``."""
         q = -(-self.span // self.tw)  # tiles that one tile's input columns overlap, itself included
-        p = F.pad(p, (0, q * self.tw - self.span)).unflatten(-1, (q, self.tw))
+        p = _split(_pad_last(p, q * self.tw - self.span), q, self.tw)
         out = sum(F.pad(p[..., j, :], (0, 0, j, q - 1 - j)) for j in range(q))
-        return out.flatten(-2)[..., : self.wp]
+        return _crop_last(_merge(out), self.wp)
 
     def hfilter(self, p: torch.Tensor) -> torch.Tensor:
         """The window along W within each tile: ``[..., nt, tw + k - 1]`` -> ``[..., nt, tw]``."""
-        return p @ self.band
+        return p.unfold(-1, self.k, 1) @ self.w
 
     def hadjoint(self, g: torch.Tensor) -> torch.Tensor:
-        """Adjoint of :meth:`hfilter`: ``[..., nt, tw]`` -> ``[..., nt, tw + k - 1]``."""
-        return g @ self.band.t()
+        """Adjoint of :meth:`hfilter`: ``[..., nt, tw]`` -> ``[..., nt, tw + k - 1]``. Input column ``m``
+        collects ``w[m - t] g[t]`` over the outputs ``t`` whose window holds it: all of them for the
+        middle columns (one product), fewer at the tile's two ends (a few explicit terms)."""
+        tw, k, w = self.tw, self.k, self.w
+        col = [g[..., t : t + 1] for t in range(tw)]
+        left = [sum(w[m - t] * col[t] for t in range(m + 1)) for m in range(tw - 1)]
+        right = [sum(w[m - t] * col[t] for t in range(m - k + 1, tw)) for m in range(k, self.span)]
+        return torch.cat(left + [g @ self.mid] + right, dim=-1)
 
     def vfilter(self, h: torch.Tensor) -> torch.Tensor:
         """The window along H ("valid"): ``[B, N, Hp, nt, tw]`` -> ``[B, N, Ho, nt, tw]``."""
         b, n, k = h.shape[0], h.shape[1], self.k
-        out = F.conv2d(h.flatten(-2), self.w.view(1, 1, k, 1).expand(n, 1, k, 1), groups=n)
-        return out.unflatten(-1, (self.nt, self.tw))
+        out = F.conv2d(_merge(h), self.w.view(1, 1, k, 1).expand(n, 1, k, 1), groups=n)
+        return _split(out, self.nt, self.tw)
 
     def vadjoint(self, d: torch.Tensor) -> torch.Tensor:
         """Adjoint of :meth:`vfilter`: ``[B, N, Ho, nt, tw]`` -> ``[B, N, Hp, nt, tw]``."""
         n, k = d.shape[1], self.k
-        full = F.pad(d.flatten(-2), (0, 0, k - 1, k - 1))
+        full = F.pad(_merge(d), (0, 0, k - 1, k - 1))
         out = F.conv2d(full, self.w.flip(0).view(1, 1, k, 1).expand(n, 1, k, 1), groups=n)
-        return out.unflatten(-1, (self.nt, self.tw))
+        return _split(out, self.nt, self.tw)
 
     def taus(self, k: int):
         """Input row ``i0 + k``'s shifts minus output row ``i0``'s common shifts (those of its centre
@@ -175,11 +201,11 @@ class _Tiles:
     def to_map(self, t: torch.Tensor) -> torch.Tensor:
         """Tile layout ``[..., Ho, nt, tw]`` (or ``[..., Ho, nt, 1]``, broadcast) -> map ``[..., Ho, Wo]``."""
         t = t.expand(*t.shape[:-1], self.tw)
-        return t.flatten(-2)[..., : self.wo]
+        return _crop_last(_merge(t), self.wo)
 
     def to_tiles(self, m: torch.Tensor) -> torch.Tensor:
         """Map ``[..., Ho, Wo]`` -> tile layout ``[..., Ho, nt, tw]``, zeros past ``Wo``."""
-        return F.pad(m, (0, self.nt * self.tw - self.wo)).unflatten(-1, (self.nt, self.tw))
+        return _split(_pad_last(m, self.nt * self.tw - self.wo), self.nt, self.tw)
 
 
 def _pad_adjoint(g: torch.Tensor, padding: str, r: int, size: Tuple[int, int]) -> torch.Tensor:
