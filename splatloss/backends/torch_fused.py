@@ -1,33 +1,69 @@
 """The "torch" backend: SSIM with an analytic forward and backward in torch ops, on any device.
 
-The forward filters the five moment images ``x, y, x^2, y^2, x*y`` with the separable window in
-one pass (a horizontal then a vertical depthwise convolution). The backward is the adjoint of that
-forward: the partial derivatives of the loss w.r.t. the five filtered moments are computed per
-output pixel, and then *filtered with the flipped window* (the transpose of the forward filter,
-padding included) before being combined with ``x`` and ``y``. Multiplying a pixel's own partials
-by the window's sum instead (gradient of ``x.sum()``, not the Jacobian) is the classic mistake.
+The image pair is padded first (``filtering.pad``), and everything below runs "valid" on the padded
+images; the gradient goes back through the adjoint of the padding (a crop for "same", the mirrored
+border folded back for "reflect").
 
-Derivation (per output pixel; ``mx, my`` local means, ``exx, eyy, exy`` local second moments)::
+**Local shifts.** Float32 moments cancel where a window is flat: ``var = E[x^2] - E[x]^2`` is a small
+difference of numbers of magnitude ``level^2``, and the partials w.r.t. the second moments are of
+order ``1 / C2``, so moments formed around a shift far from the window's level leave gradients
+~1e-3 from float64 on flat images. The moments are therefore formed around the image's own values
+near each window. Output columns are grouped in tiles of ``TILE_WIDTH = 4`` (``tile_width``: 3 for
+a 3-tap window); tile ``J``'s shift column ``c_J`` is the centre input column of its middle output
+column. Each input row ``i`` has its own shifts ``sx(i, J) = x(i, c_J)``, ``sy(i, J) = y(i, c_J)``
+(separate for the two images), and the horizontal pass sums the per-tap differences
+``dx = x - sx(i, J)``, ``dy = y - sy(i, J)``: exactly 0 in windows flat along the row. The vertical
+pass moves each row to the output row's common shift ``Sx = sx(i0 + r, J)`` (its centre row) with
+``tau_x(i) = sx(i, J) - Sx``, exactly 0 where the rows share their level::
 
-    A1 = 2 mx my + C1        B1 = mx^2 + my^2 + C1
-    A2 = 2 (exy - mx my) + C2    B2 = (exx - mx^2) + (eyy - my^2) + C2
+    mx  = sum_i w (h1x(i) + tau_x)                           (= E[x - Sx])
+    exx = sum_i w (h2x(i) + tau_x (2 h1x(i) + tau_x))
+    exy = sum_i w (hxy(i) + tau_x h1y(i) + tau_y h1x(i) + tau_x tau_y)
+
+with ``h1x = sum_k w dx``, ``h2x = sum_k w dx^2``, ``hxy = sum_k w dx dy`` along the row. The tile
+width trades precision for work: the shift column must lie within ``r`` of every output column of
+its tile (so a non-finite pixel stays within its footprint), and the wider the tile, the further
+the shift from the outer windows' levels (on two-level images: W = 1..4 give 4e-6..7e-6 of float64
+in the gradient, 8 gives 1e-5..3e-5, 16 gives 1.5e-4..3e-4). The shifts are constants of the
+computation: SSIM does not depend on them and no gradient flows through them.
+
+**SSIM algebra** (per map pixel; ``mx, my`` the shifted means, ``ux = Sx + mx``, ``uy = Sy + my`` the
+true ones; ``exx, eyy, exy`` the shifted second moments)::
+
+    A1 = 2 ux uy + C1        B1 = A1 + (ux - uy)^2,  ux - uy = (Sx - Sy) + (mx - my)
+    A2 = 2 (exy - mx my) + C2    B2 = A2 + max(0, (exx + eyy - 2 exy) - (mx - my)^2)
     l = A1 / B1,  cs = A2 / B2,  S = l cs
 
-    with upstream gS (for S) and gC (for cs):
+so luminance and cs never exceed 1 through rounding and are exactly 1 for identical images.
+With upstream gS (for S) and gC (for cs)::
+
     dA1 = gS cs / B1         dB1 = -gS S / B1
     dA2 = (gS l + gC) / B2   dB2 = -(gS S + gC cs) / B2
-    d/dmx = 2 my (dA1 - dA2) + 2 mx (dB1 - dB2)
-    d/dmy = 2 mx (dA1 - dA2) + 2 my (dB1 - dB2)
+    d/dmx = 2 uy dA1 + 2 ux dB1 - 2 my dA2 - 2 mx dB2     (d/dmy likewise)
     d/dexx = d/deyy = dB2,   d/dexy = 2 dA2
 
-    grad_x = F^T(d/dmx) + 2 x F^T(d/dexx) + y F^T(d/dexy)
-    grad_y = F^T(d/dmy) + 2 y F^T(d/deyy) + x F^T(d/dexy)
+**Backward**: the adjoint of that forward (the partials filtered with the flipped window, never a
+pixel's own partials times the window's sum, the classic mistake). Along H, per input row ``i``
+and output column::
 
-where ``F`` is "pad, then filter" and ``F^T`` its adjoint. Forward-mode (``jvp``) uses the same
-partials: ``dS = sum_m (dS/dm) F(dm)`` with ``dmx = tx``, ``dexx = 2 x tx``, ``dexy = tx y + x ty``.
+    Dm = sum_i0 w d/dmx,  De2 = sum_i0 w d/dexx,  Dxy = sum_i0 w d/dexy
+    Vx = sum_i0 w [2 d/dexx tau_x + d/dexy tau_y]      (tau of row i against output row i0)
+
+then along W, the per-tap differences against the shift of the tile of each output column ``j0``::
+
+    grad_x(i, j) = sum_j0 w [Dm + Vx + 2 De2 (x(i, j) - sx(i, J(j0))) + Dxy (y(i, j) - sy(i, J(j0)))]
+
+and ``grad_y`` with the roles of x and y swapped. Within a tile the differences do not depend on
+``j0``, so they factor out of the sum over the tile's outputs; the tiles' input columns overlap and
+their contributions add. Forward-mode (``jvp``) uses the same partials and shifts:
+``d mx = F(tx)``, ``d exx = 2 F((x - Sx) tx)``, ``d exy = F(tx (y - Sy) + (x - Sx) ty)``.
+
+The backward is made of differentiable torch ops (double backward works), and the filters multiply
+only the taps of each window (no structural zeros: a NaN or Inf pixel reaches only its window
+footprint, and the gradients of that footprint's windows).
 
 What is saved for backward: only the two input images (the moments are recomputed; memory is
-the constraint on the GPU-less training path, and the recompute is one filter pass). Under
+the constraint on the GPU-less training path, and the recompute is one forward). Under
 ``torch.no_grad()`` or when no input requires grad, autograd saves nothing.
 
 Values come back in the accumulation dtype (float32 for fp16 / bf16 / fp32, float64 for fp64);
@@ -144,7 +180,7 @@ class _Tiles:
 
     def vfilter(self, h: torch.Tensor) -> torch.Tensor:
         """The window along H ("valid"): ``[B, N, Hp, nt, tw]`` -> ``[B, N, Ho, nt, tw]``."""
-        b, n, k = h.shape[0], h.shape[1], self.k
+        n, k = h.shape[1], self.k
         out = F.conv2d(_merge(h), self.w.view(1, 1, k, 1).expand(n, 1, k, 1), groups=n)
         return _split(out, self.nt, self.tw)
 
