@@ -268,8 +268,10 @@ def _moments(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, padding: str):
     tiles = _Tiles(pad(x, padding, r), pad(y, padding, r), w)
     dx, dy = tiles.dx, tiles.dy
     h1x, h1y = tiles.hfilter(dx), tiles.hfilter(dy)
-    h = torch.cat([h1x, h1y, tiles.hfilter(dx * dx), tiles.hfilter(dy * dy), tiles.hfilter(dx * dy)], dim=1)
-    f1x, f1y, f2x, f2y, fxy = tiles.vfilter(h).chunk(5, dim=1)
+    # one product at a time through both passes (a product is (tw + k - 1) / tw images in size)
+    f1x, f1y = tiles.vfilter(h1x), tiles.vfilter(h1y)
+    f2x, f2y = tiles.vfilter(tiles.hfilter(dx * dx)), tiles.vfilter(tiles.hfilter(dy * dy))
+    fxy = tiles.vfilter(tiles.hfilter(dx * dy))
     m_x, m_y, q_xx, q_yy, q_xy, c_xx, c_yy, c_xy = tiles.rebase(h1x, h1y)
     sx, sy = tiles.centre_shifts()
     moments = (f1x + m_x, f1y + m_y, f2x + 2 * c_xx + q_xx, f2y + 2 * c_yy + q_yy, fxy + c_xy + q_xy, sx, sy)
@@ -342,13 +344,19 @@ def ssim_backward(x, y, w, padding, c1, c2, g_s, g_c, need_x: bool, need_y: bool
     maps (``None``: zero); ``w`` the 1-D window, ``padding`` "valid" | "same" | "reflect"."""
     if g_s is None and g_c is None:  # neither output was used: nothing flows back
         return None, None
+    tiles, partials = _partials(x, y, w, padding, c1, c2, g_s, g_c)
+    return _adjoint(tiles, partials, w, padding, (x.shape[-2], x.shape[-1]), need_x, need_y)
+
+
+def _partials(x, y, w, padding, c1, c2, g_s, g_c):
+    """The tiles and the partials of the moments (:func:`_moment_partials`), the forward's maps freed."""
     _, _, parts, tiles = _forward(x, y, w, padding, c1, c2)
-    return _adjoint(tiles, parts, w, padding, (x.shape[-2], x.shape[-1]), g_s, g_c, need_x, need_y)
+    return tiles, _moment_partials(*parts, g_s, g_c)
 
 
-def _adjoint(tiles, parts, w, padding, size, g_s, g_c, need_x: bool, need_y: bool):
-    """:func:`ssim_backward` from a computed forward (``parts``, ``tiles`` of :func:`_forward`)."""
-    d = tiles.to_tiles(torch.cat(_moment_partials(*parts, g_s, g_c), dim=1))  # zeros past the map
+def _adjoint(tiles, partials, w, padding, size, need_x: bool, need_y: bool):
+    """:func:`ssim_backward` from the tiles and the partials of :func:`_partials`."""
+    d = tiles.to_tiles(torch.cat(partials, dim=1))  # zeros past the map
     d_mx, d_my, d_e2, d_exy = d.chunk(4, dim=1)
     a_mx, a_my, a_e2, a_exy = tiles.vadjoint(d).chunk(4, dim=1)
     # V: the vertical adjoint of the shift corrections, sum_i0 w [2 d_e2 tau_x + d_exy tau_y] per input row.
@@ -361,13 +369,15 @@ def _adjoint(tiles, parts, w, padding, size, g_s, g_c, need_x: bool, need_y: boo
         vx, vy = (ex, ey) if vx is None else (vx + ex, vy + ey)
     # Along W within each tile, the per-tap differences dx = x - sx(i, J) factor out of the sum over
     # the tile's outputs: g = H^T(Dm + V) + 2 dx H^T(De2) + dy H^T(Dxy), then the tiles overlap-add.
-    b_x, b_y, b_e2, b_xy = tiles.hadjoint(torch.cat([a_mx + vx, a_my + vy, a_e2, a_exy], dim=1)).chunk(4, dim=1)
+    b_e2, b_xy = tiles.hadjoint(a_e2), tiles.hadjoint(a_exy)
     r = k // 2
     gx = gy = None
     if need_x:
-        gx = _pad_adjoint(tiles.overlap_add(b_x + 2 * tiles.dx * b_e2 + tiles.dy * b_xy), padding, r, size)
+        gx = torch.addcmul(torch.addcmul(tiles.hadjoint(a_mx + vx), tiles.dx, b_e2, value=2), tiles.dy, b_xy)
+        gx = _pad_adjoint(tiles.overlap_add(gx), padding, r, size)
     if need_y:
-        gy = _pad_adjoint(tiles.overlap_add(b_y + 2 * tiles.dy * b_e2 + tiles.dx * b_xy), padding, r, size)
+        gy = torch.addcmul(torch.addcmul(tiles.hadjoint(a_my + vy), tiles.dy, b_e2, value=2), tiles.dx, b_xy)
+        gy = _pad_adjoint(tiles.overlap_add(gy), padding, r, size)
     return gx, gy
 
 
@@ -536,9 +546,11 @@ def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, 
     w = _window(img1, cfg)
     ssim, _, parts, tiles = _forward(x, y, w, cfg.padding, cfg.C1, cfg.C2)
     n = ssim.shape[-2] * ssim.shape[-1]
-    size = (x.shape[-2], x.shape[-1])
-    gx, _ = _adjoint(tiles, parts, w, cfg.padding, size, (upstream / n)[..., None, None], None, True, False)
-    return ssim.mean(dim=(-2, -1)), gx.to(img1.dtype)
+    mean = ssim.mean(dim=(-2, -1))
+    partials = _moment_partials(*parts, (upstream / n)[..., None, None], None)
+    del ssim, parts  # the forward's maps are not needed past the partials
+    gx, _ = _adjoint(tiles, partials, w, cfg.padding, (x.shape[-2], x.shape[-1]), True, False)
+    return mean, gx.to(img1.dtype)
 
 
 class TorchBackend(Backend):
