@@ -131,6 +131,7 @@ class _Tiles:
     (separate shifts, so that both images' differences vanish exactly in their flat windows), and the
     per-tap differences ``dx[i, J, m] = x[i, J tw + m] - sx[i, J]``, ``[B, C, Hp, nt, tw + k - 1]``.
     Columns past ``Wp`` (the last tile's tail) read zeros and reach only map columns that are cropped.
+    The differences are formed where they are used (:meth:`diffs`), not kept.
     """
 
     def __init__(self, xp: torch.Tensor, yp: torch.Tensor, w: torch.Tensor):
@@ -145,12 +146,16 @@ class _Tiles:
         # The shift is a constant of the computation: SSIM does not depend on it, no gradient flows.
         self.sx = xp.detach().index_select(-1, cols)  # [B, C, Hp, nt]
         self.sy = yp.detach().index_select(-1, cols)
-        self.dx = self.patches(xp) - self.sx[..., None]
-        self.dy = self.patches(yp) - self.sy[..., None]
+        self.xp, self.yp = xp, yp
         # The adjoint's middle input columns, which every output of the tile reaches: a dense [tw, k - tw + 1]
         # matrix of taps (no structural zeros, which would carry a NaN to outputs outside its footprint).
         t, m = torch.arange(tw, device=w.device)[:, None], torch.arange(tw - 1, k, device=w.device)[None, :]
         self.mid = w[m - t]
+
+    def diffs(self):
+        """The per-tap differences ``(dx, dy)``, ``[B, C, Hp, nt, tw + k - 1]`` each (formed where they
+        are used rather than kept: each is (tw + k - 1) / tw images in size)."""
+        return self.patches(self.xp) - self.sx[..., None], self.patches(self.yp) - self.sy[..., None]
 
     def patches(self, t: torch.Tensor) -> torch.Tensor:
         """``[B, C, Hp, Wp]`` -> each tile's input columns, ``[B, C, Hp, nt, tw + k - 1]``."""
@@ -159,9 +164,12 @@ class _Tiles:
 
     def overlap_add(self, p: torch.Tensor) -> torch.Tensor:
         """Adjoint of :meth:`patches`: ``[B, C, Hp, nt, tw + k - 1]`` -> ``[B, C, Hp, Wp]``."""
-        q = -(-self.span // self.tw)  # tiles that one tile's input columns overlap, itself included
-        p = _split(_pad_last(p, q * self.tw - self.span), q, self.tw)
-        out = sum(F.pad(p[..., j, :], (0, 0, j, q - 1 - j)) for j in range(q))
+        q, tw = -(-self.span // self.tw), self.tw  # q: tiles that one tile's input columns overlap, itself included
+        out = None
+        for j in range(q):  # the tile's j-th group of tw input columns lands in tile J + j
+            piece = p[..., j * tw : min((j + 1) * tw, self.span)]
+            piece = F.pad(piece, (0, tw - piece.shape[-1], j, q - 1 - j))
+            out = piece if out is None else out + piece
         return _crop_last(_merge(out), self.wp)
 
     def hfilter(self, p: torch.Tensor) -> torch.Tensor:
@@ -222,15 +230,16 @@ class _Tiles:
                 acc = [wtx, wty, wtx * tx, wty * ty, wtx * ty, wtx * a, wty * b, torch.addcmul(wtx * b, wty, a)]
                 continue
             m_x, m_y, q_xx, q_yy, q_xy, c_xx, c_yy, c_xy = acc
+            # the map-sized sums in place (fresh products that no backward saves), the small ones not
             acc = [
                 m_x + wtx,
                 m_y + wty,
                 torch.addcmul(q_xx, wtx, tx),
                 torch.addcmul(q_yy, wty, ty),
                 torch.addcmul(q_xy, wtx, ty),
-                torch.addcmul(c_xx, wtx, a),
-                torch.addcmul(c_yy, wty, b),
-                torch.addcmul(torch.addcmul(c_xy, wtx, b), wty, a),
+                c_xx.addcmul_(wtx, a),
+                c_yy.addcmul_(wty, b),
+                c_xy.addcmul_(wtx, b).addcmul_(wty, a),
             ]
         return acc
 
@@ -266,15 +275,20 @@ def _moments(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, padding: str):
     common shifts: ``(tiles, (mx, my, exx, eyy, exy, Sx, Sy))``, each map ``[B, C, H', W']``."""
     r = w.shape[0] // 2
     tiles = _Tiles(pad(x, padding, r), pad(y, padding, r), w)
-    dx, dy = tiles.dx, tiles.dy
+    dx, dy = tiles.diffs()
     h1x, h1y = tiles.hfilter(dx), tiles.hfilter(dy)
     # one product at a time through both passes (a product is (tw + k - 1) / tw images in size)
-    f1x, f1y = tiles.vfilter(h1x), tiles.vfilter(h1y)
     f2x, f2y = tiles.vfilter(tiles.hfilter(dx * dx)), tiles.vfilter(tiles.hfilter(dy * dy))
     fxy = tiles.vfilter(tiles.hfilter(dx * dy))
+    del dx, dy
     m_x, m_y, q_xx, q_yy, q_xy, c_xx, c_yy, c_xy = tiles.rebase(h1x, h1y)
-    sx, sy = tiles.centre_shifts()
-    moments = (f1x + m_x, f1y + m_y, f2x + 2 * c_xx + q_xx, f2y + 2 * c_yy + q_yy, fxy + c_xy + q_xy, sx, sy)
+    # The corrections are added in place to the fresh filter outputs (which no backward saves).
+    mx, my = tiles.vfilter(h1x).add_(m_x), tiles.vfilter(h1y).add_(m_y)
+    del h1x, h1y
+    exx, eyy = f2x.add_(c_xx, alpha=2).add_(q_xx), f2y.add_(c_yy, alpha=2).add_(q_yy)
+    exy = fxy.add_(c_xy).add_(q_xy)
+    del c_xx, c_yy, c_xy
+    moments = (mx, my, exx, eyy, exy) + tiles.centre_shifts()
     return tiles, tuple(tiles.to_map(t) for t in moments)
 
 
@@ -344,21 +358,23 @@ def ssim_backward(x, y, w, padding, c1, c2, g_s, g_c, need_x: bool, need_y: bool
     maps (``None``: zero); ``w`` the 1-D window, ``padding`` "valid" | "same" | "reflect"."""
     if g_s is None and g_c is None:  # neither output was used: nothing flows back
         return None, None
-    tiles, partials = _partials(x, y, w, padding, c1, c2, g_s, g_c)
-    return _adjoint(tiles, partials, w, padding, (x.shape[-2], x.shape[-1]), need_x, need_y)
+    return _adjoint(*_partials(x, y, w, padding, c1, c2, g_s, g_c), w, padding, x.shape[-2:], need_x, need_y)
 
 
 def _partials(x, y, w, padding, c1, c2, g_s, g_c):
-    """The tiles and the partials of the moments (:func:`_moment_partials`), the forward's maps freed."""
+    """The tiles and the partials of the moments (:func:`_moment_partials`) in tile layout,
+    ``[B, 4C, Ho, nt, tw]`` (zeros past the map); the forward's maps are freed on return."""
     _, _, parts, tiles = _forward(x, y, w, padding, c1, c2)
-    return tiles, _moment_partials(*parts, g_s, g_c)
+    return tiles, tiles.to_tiles(torch.cat(_moment_partials(*parts, g_s, g_c), dim=1))
 
 
-def _adjoint(tiles, partials, w, padding, size, need_x: bool, need_y: bool):
+def _adjoint(tiles, d, w, padding, size, need_x: bool, need_y: bool):
     """:func:`ssim_backward` from the tiles and the partials of :func:`_partials`."""
-    d = tiles.to_tiles(torch.cat(partials, dim=1))  # zeros past the map
     d_mx, d_my, d_e2, d_exy = d.chunk(4, dim=1)
-    a_mx, a_my, a_e2, a_exy = tiles.vadjoint(d).chunk(4, dim=1)
+    a_e2, a_exy = tiles.vadjoint(d_e2), tiles.vadjoint(d_exy)
+    a_mx = tiles.vadjoint(d_mx) if need_x else None
+    a_my = tiles.vadjoint(d_my) if need_y else None
+    del d, d_mx, d_my
     # V: the vertical adjoint of the shift corrections, sum_i0 w [2 d_e2 tau_x + d_exy tau_y] per input row.
     vx = vy = None
     k = w.shape[0]
@@ -367,16 +383,20 @@ def _adjoint(tiles, partials, w, padding, size, need_x: bool, need_y: bool):
         rows = (0, 0, 0, 0, i, k - 1 - i)  # output row i0 -> input row i0 + i
         ex, ey = F.pad(w[i] * (2 * d_e2 * tx + d_exy * ty), rows), F.pad(w[i] * (2 * d_e2 * ty + d_exy * tx), rows)
         vx, vy = (ex, ey) if vx is None else (vx + ex, vy + ey)
+    del d_e2, d_exy, ex, ey
     # Along W within each tile, the per-tap differences dx = x - sx(i, J) factor out of the sum over
     # the tile's outputs: g = H^T(Dm + V) + 2 dx H^T(De2) + dy H^T(Dxy), then the tiles overlap-add.
     b_e2, b_xy = tiles.hadjoint(a_e2), tiles.hadjoint(a_exy)
+    del a_e2, a_exy
     r = k // 2
     gx = gy = None
+    dx, dy = tiles.diffs()
+    # in place on fresh tensors that no backward saves: one patch-sized buffer per gradient
     if need_x:
-        gx = torch.addcmul(torch.addcmul(tiles.hadjoint(a_mx + vx), tiles.dx, b_e2, value=2), tiles.dy, b_xy)
+        gx = tiles.hadjoint(a_mx.add_(vx)).addcmul_(dx, b_e2, value=2).addcmul_(dy, b_xy)
         gx = _pad_adjoint(tiles.overlap_add(gx), padding, r, size)
     if need_y:
-        gy = torch.addcmul(torch.addcmul(tiles.hadjoint(a_my + vy), tiles.dy, b_e2, value=2), tiles.dx, b_xy)
+        gy = tiles.hadjoint(a_my.add_(vy)).addcmul_(dy, b_e2, value=2).addcmul_(dx, b_xy)
         gy = _pad_adjoint(tiles.overlap_add(gy), padding, r, size)
     return gx, gy
 
@@ -390,7 +410,7 @@ def _tangent(x, y, tx, ty, w, padding, c1, c2):
     r = w.shape[0] // 2
     px = tiles.patches(pad(zeros if tx is None else tx.to(x.dtype), padding, r))
     py = tiles.patches(pad(zeros if ty is None else ty.to(y.dtype), padding, r))
-    dx, dy = tiles.dx, tiles.dy
+    dx, dy = tiles.diffs()
     htx, hty = tiles.hfilter(px), tiles.hfilter(py)
     h = torch.cat([htx, hty, tiles.hfilter(dx * px), tiles.hfilter(dy * py), tiles.hfilter(px * dy + dx * py)], dim=1)
     f_x, f_y, f_xx, f_yy, f_xy = tiles.vfilter(h).chunk(5, dim=1)
@@ -547,9 +567,9 @@ def ssim_mean_and_grad(img1: torch.Tensor, img2: torch.Tensor, cfg: SSIMConfig, 
     ssim, _, parts, tiles = _forward(x, y, w, cfg.padding, cfg.C1, cfg.C2)
     n = ssim.shape[-2] * ssim.shape[-1]
     mean = ssim.mean(dim=(-2, -1))
-    partials = _moment_partials(*parts, (upstream / n)[..., None, None], None)
+    d = tiles.to_tiles(torch.cat(_moment_partials(*parts, (upstream / n)[..., None, None], None), dim=1))
     del ssim, parts  # the forward's maps are not needed past the partials
-    gx, _ = _adjoint(tiles, partials, w, cfg.padding, (x.shape[-2], x.shape[-1]), True, False)
+    gx, _ = _adjoint(tiles, d, w, cfg.padding, (x.shape[-2], x.shape[-1]), True, False)
     return mean, gx.to(img1.dtype)
 
 
