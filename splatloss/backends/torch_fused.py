@@ -120,6 +120,16 @@ def _merge(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(*t.shape[:-2], t.shape[-2] * t.shape[-1])
 
 
+def _rows_valid(h: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
+    """Valid correlation along dim -3 with the taps ``w``: ``n`` output rows, as ``k`` multiply-adds of
+    row slices into one fresh buffer (several times faster on the CPU than a ``(k, 1)`` depthwise
+    convolution, and any device runs it)."""
+    acc = h[..., 0:n, :, :] * w[0]
+    for k in range(1, w.shape[0]):
+        acc.addcmul_(h[..., k : k + n, :, :], w[k])
+    return acc
+
+
 class _Tiles:
     """A padded image pair cut into column tiles, with the per-(row, tile) shifts.
 
@@ -188,16 +198,12 @@ class _Tiles:
 
     def vfilter(self, h: torch.Tensor) -> torch.Tensor:
         """The window along H ("valid"): ``[B, N, Hp, nt, tw]`` -> ``[B, N, Ho, nt, tw]``."""
-        n, k = h.shape[1], self.k
-        out = F.conv2d(_merge(h), self.w.view(1, 1, k, 1).expand(n, 1, k, 1), groups=n)
-        return _split(out, self.nt, self.tw)
+        return _rows_valid(h, self.w, self.ho)
 
     def vadjoint(self, d: torch.Tensor) -> torch.Tensor:
         """Adjoint of :meth:`vfilter`: ``[B, N, Ho, nt, tw]`` -> ``[B, N, Hp, nt, tw]``."""
-        n, k = d.shape[1], self.k
-        full = F.pad(_merge(d), (0, 0, k - 1, k - 1))
-        out = F.conv2d(full, self.w.flip(0).view(1, 1, k, 1).expand(n, 1, k, 1), groups=n)
-        return _split(out, self.nt, self.tw)
+        k = self.k
+        return _rows_valid(F.pad(d, (0, 0, 0, 0, k - 1, k - 1)), self.w.flip(0), self.hp)
 
     def taus(self, k: int):
         """Input row ``i0 + k``'s shifts minus output row ``i0``'s common shifts (those of its centre
