@@ -1,6 +1,7 @@
 """A NaN or Inf pixel reaches only the gradients within its window footprint, on every backend,
-masked or not: the moment shift (one number per plane, or per Triton program) is taken over the
-finite pixels, so it cannot carry the bad value to the whole plane."""
+masked or not: the moment shifts cannot carry the bad value to the whole plane (the torch backend's
+shifts, one per row and column tile, are pixels inside every window that uses them; one number per
+plane, or per Triton program, is taken over the finite pixels)."""
 
 from __future__ import annotations
 
