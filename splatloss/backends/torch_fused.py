@@ -183,7 +183,8 @@ class _Tiles:
         return _crop_last(_merge(out), self.wp)
 
     def hfilter(self, p: torch.Tensor) -> torch.Tensor:
-        """The window along W within each tile: ``[..., nt, tw + k - 1]`` -> ``[..., nt, tw]``."""
+        """The window along W within each tile: ``[..., nt, tw + k - 1]`` -> ``[..., nt, tw]`` (a
+        matrix-vector product: no TF32 path, unlike a matrix product)."""
         return p.unfold(-1, self.k, 1) @ self.w
 
     def hadjoint(self, g: torch.Tensor) -> torch.Tensor:
@@ -194,7 +195,12 @@ class _Tiles:
         col = [g[..., t : t + 1] for t in range(tw)]
         left = [sum(w[m - t] * col[t] for t in range(m + 1)) for m in range(tw - 1)]
         right = [sum(w[m - t] * col[t] for t in range(m - k + 1, tw)) for m in range(k, self.span)]
-        return torch.cat(left + [g @ self.mid] + right, dim=-1)
+        # the middle columns as tw broadcast multiply-adds, not ``g @ self.mid``: a matrix product may run
+        # in TF32 on CUDA (torch.set_float32_matmul_precision("high")), an elementwise one never does
+        mid = col[0] * self.mid[0]
+        for t in range(1, tw):
+            mid = mid + col[t] * self.mid[t]
+        return torch.cat(left + [mid] + right, dim=-1)
 
     def vfilter(self, h: torch.Tensor) -> torch.Tensor:
         """The window along H ("valid"): ``[B, N, Hp, nt, tw]`` -> ``[B, N, Ho, nt, tw]``."""
