@@ -109,4 +109,4 @@ def test_dtypes_are_one_more_axis_and_the_gpu_table_is_one_command(tmp_path):
     args = bench.parse_args(["--gpu-table"])
     assert (args.sizes, args.batch, args.dtype) == ("1080x1920,2160x3840", "1,5", "float32,bfloat16")
     assert set(args.ops.split(",")) == {"ssim", "dssim_l1", "ms_ssim", "dssim_l1_masked"}
-    assert set(args.libs.split(",")) == {"splatloss-triton", "fused_ssim", "pytorch_msssim"}
+    assert set(args.libs.split(",")) == {"splatloss-triton", "splatloss-triton-graphed", "fused_ssim", "pytorch_msssim"}

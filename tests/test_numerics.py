@@ -16,7 +16,7 @@ from PIL import Image
 from skimage import data
 
 import splatloss
-from conftest import backend_params, make_pair
+from conftest import backend_params, device_for, make_pair
 from splatloss import compat
 from splatloss.config import SSIMConfig
 
@@ -65,9 +65,10 @@ def test_fp32_flat_photograph_matches_float64(backend, padding):
     truth = splatloss.ssim(xr, yr, padding=padding, backend="reference")
     gx64, gy64 = torch.autograd.grad(truth, (xr, yr))
 
-    x, y = x64.float().requires_grad_(True), y64.float().requires_grad_(True)
+    dev = device_for(backend)
+    x, y = x64.float().to(dev).requires_grad_(True), y64.float().to(dev).requires_grad_(True)
     value = splatloss.ssim(x, y, padding=padding, backend=backend)
-    gx, gy = torch.autograd.grad(value, (x, y))
+    gx, gy = (g.cpu() for g in torch.autograd.grad(value, (x, y)))
     assert value.dtype == torch.float32 and gx.dtype == torch.float32
     errs = (abs(float(value.detach()) - float(truth.detach())), _relerr(gx, gx64), _relerr(gy, gy64))
     print(f"{backend} {padding}: value {errs[0]:.2e} grad_x {errs[1]:.2e} grad_y {errs[2]:.2e}")
@@ -87,7 +88,8 @@ def test_huge_data_range(backend):
     3.4e-9 (torch, cpu), 7.1e-9 -> 3.4e-9 (triton, local moment shift)."""
     x, y = make_pair((1, 3, 20, 20), torch.float64, seed=0, mix=0.0)
     truth = float(splatloss.ssim(x, y, backend="reference"))
-    value = splatloss.ssim((x * 1e10).float(), (y * 1e10).float(), data_range=1e10, backend=backend)
+    dev = device_for(backend)
+    value = splatloss.ssim((x * 1e10).float().to(dev), (y * 1e10).float().to(dev), data_range=1e10, backend=backend)
     assert abs(float(value) - truth) < 1e-6, (float(value), truth)
 
 
@@ -95,7 +97,7 @@ def test_huge_data_range(backend):
 def test_tiny_constants_on_black(backend):
     """Two black images with C1 = C2 = 1e-20 are identical: SSIM 1 (was inf on the C kernel, whose
     B1 B2 = 1e-40 is below fp32's normal range)."""
-    z = torch.zeros(1, 3, 16, 16)
+    z = torch.zeros(1, 3, 16, 16, device=device_for(backend))
     value = splatloss.ssim(z, z, c1=1e-20, c2=1e-20, backend=backend)
     assert float(value) == 1.0
 
@@ -107,14 +109,18 @@ def test_extreme_constants_gradients(backend):
     x, y = make_pair((1, 3, 20, 20), torch.float64, seed=1, mix=0.0)
     xr = x.clone().requires_grad_(True)
     (g64,) = torch.autograd.grad(splatloss.ssim(xr, y, backend="reference"), xr)
-    xs = (x * 1e10).float().requires_grad_(True)
-    (g,) = torch.autograd.grad(splatloss.ssim(xs, (y * 1e10).float(), data_range=1e10, backend=backend), xs)
+    dev = device_for(backend)
+    xs = (x * 1e10).float().to(dev).requires_grad_(True)
+    (g,) = torch.autograd.grad(splatloss.ssim(xs, (y * 1e10).float().to(dev), data_range=1e10, backend=backend), xs)
+    g = g.cpu()
     # measured 6.8e-8 (reference) .. 9.9e-8 (torch), fp32 round-off; triton 9.4e-8 (NaN while it
     # formed 1 / (B1 B2) in float32; it now divides by B1 and B2 in turn)
     assert _relerr(g * 1e10, g64) < 1e-6
 
-    z = torch.zeros(1, 3, 16, 16, requires_grad=True)
-    (gz,) = torch.autograd.grad(splatloss.ssim(z, torch.zeros(1, 3, 16, 16), c1=1e-20, c2=1e-20, backend=backend), z)
+    z = torch.zeros(1, 3, 16, 16, device=dev, requires_grad=True)
+    (gz,) = torch.autograd.grad(
+        splatloss.ssim(z, torch.zeros(1, 3, 16, 16, device=dev), c1=1e-20, c2=1e-20, backend=backend), z
+    )
     assert torch.equal(gz, torch.zeros_like(gz))
 
 

@@ -9,9 +9,12 @@ import pytest
 import torch
 
 import splatloss
+from conftest import device_for
 from splatloss.backends.triton import launch
 
 pytestmark = pytest.mark.triton
+#: where the kernels run: the GPU when there is one, else the interpreter on the CPU
+DEV = device_for("triton")
 
 
 def test_launch_options_pass_maxnreg_only_on_nvidia():
@@ -47,8 +50,8 @@ def test_launchers_enter_the_device_guard(monkeypatch):
     monkeypatch.setattr(forward, "device_guard", recording)
     monkeypatch.setattr(backward, "device_guard", recording)
     monkeypatch.setattr(ms_ssim, "device_guard", recording)
-    x = torch.rand(1, 1, 12, 12, requires_grad=True)
-    y = torch.rand(1, 1, 12, 12)
+    x = torch.rand(1, 1, 12, 12, device=DEV, requires_grad=True)
+    y = torch.rand(1, 1, 12, 12, device=DEV)
     splatloss.ssim(x, y, window_size=3, backend="triton").backward()
     assert len(seen) == 1  # the loss's forward launch computes its gradient too
     splatloss.ssim_map(x, y, window_size=3, backend="triton").sum().backward()
@@ -63,7 +66,7 @@ def test_empty_batch_or_channels_is_a_clear_error(shape):
     from splatloss.config import SSIMConfig
 
     triton_backend, cfg = get("triton"), SSIMConfig(window_size=3)
-    x = torch.rand(shape)
+    x = torch.rand(shape, device=DEV)
     with pytest.raises(ValueError, match="at least one image and one channel, got shape"):
         triton_backend.ssim_stats(x, x.clone(), cfg)
     with pytest.raises(ValueError, match="at least one image and one channel, got shape"):
@@ -82,10 +85,10 @@ def test_fake_gradient_strides_match_the_real_ones(op):
     from splatloss.backends.triton import dssim_l1 as _dl1_mod  # noqa: F401
     from splatloss.backends.triton import ssim as _ssim_mod  # noqa: F401  (registers the ops)
 
-    x = torch.rand(1, 3, 12, 12)
-    y = torch.rand(1, 3, 12, 12).to(memory_format=torch.channels_last)
-    w = torch.tensor([0.25, 0.5, 0.25])
-    g = torch.ones(1, 3) if op == "triton_ssim_stats_bwd" else torch.ones(1)
+    x = torch.rand(1, 3, 12, 12, device=DEV)
+    y = torch.rand(1, 3, 12, 12, device=DEV).to(memory_format=torch.channels_last)
+    w = torch.tensor([0.25, 0.5, 0.25], device=DEV)
+    g = torch.ones(1, 3, device=DEV) if op == "triton_ssim_stats_bwd" else torch.ones(1, device=DEV)
     args = (
         (g, g, x, y, w, "same", 1e-4, 9e-4, True, True)
         if op == "triton_ssim_stats_bwd"
@@ -146,7 +149,8 @@ def test_nan_or_inf_pixel_reaches_only_its_footprint(monkeypatch, window_size, b
     x[0, 0, 11 if row == "middle-row" else 0, 12] = bad
     counts = {}
     for backend in ("reference", "triton"):
-        xr, yr = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+        dev = DEV if backend == "triton" else "cpu"
+        xr, yr = x.clone().to(dev).requires_grad_(True), y.clone().to(dev).requires_grad_(True)
         gx, gy = torch.autograd.grad(
             splatloss.ssim(xr, yr, window_size=window_size, padding="same", backend=backend), (xr, yr)
         )
@@ -183,8 +187,30 @@ def test_gradients_on_dark_and_bright_photographs_match_float64(name, lo, hi):
     x, y = _photo_pair_in(name, lo, hi)
     x64, y64 = x.double().requires_grad_(True), y.double().requires_grad_(True)
     truth = torch.autograd.grad(splatloss.ssim(x64, y64, padding="same", backend="reference"), (x64, y64))
-    xr, yr = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+    xr, yr = x.clone().to(DEV).requires_grad_(True), y.clone().to(DEV).requires_grad_(True)
     got = torch.autograd.grad(splatloss.ssim(xr, yr, padding="same", backend="triton"), (xr, yr))
     for g, t in zip(got, truth):
-        err = float((g.double() - t).norm() / t.norm())
+        err = float((g.cpu().double() - t).norm() / t.norm())
         assert err < 3e-6, f"{name} in [{lo}, {hi}]: gradient {err:.2e} from float64 (normwise)"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "masked"])
+def test_loss_forward_and_backward_replay_from_a_cuda_graph(masked):
+    # Captured once, replayed on new inputs: no host synchronisation inside the loss (the mask check
+    # runs as a device assertion while capturing), and the replay equals eager on the same inputs.
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.rand(1, 3, 64, 80, generator=g).cuda() for _ in range(2))
+    mask = (torch.rand(1, 1, 64, 80, generator=g) > 0.2).float().cuda() if masked else None
+
+    def loss(a, b):
+        return splatloss.dssim_l1(a, b, 0.2, padding="same", backend="triton", mask=mask)
+
+    graphed = torch.cuda.make_graphed_callables(loss, (x.clone().requires_grad_(True), y.clone()))
+    for _ in range(2):
+        x, y = x.roll(7, dims=-1), y.roll(3, dims=-2)
+        xg, xe = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        (got,) = torch.autograd.grad(value := graphed(xg, y), xg)
+        (want,) = torch.autograd.grad(eager := loss(xe, y), xe)
+        assert torch.equal(value, eager) and torch.equal(got, want)

@@ -65,7 +65,10 @@ SPLAT_LIBS = ("splatloss-torch", "splatloss-torch-ops", "splatloss-reference", "
 PEER_LIBS = ("pytorch_msssim", "piq", "torchmetrics", "kornia", "fused_ssim")
 # The design not taken, for comparison: torch.compile (inductor) of the plain autograd reference.
 # Not in the default set: each op, mode and size compiles anew (tens of seconds each).
-EXTRA_LIBS = ("compiled-reference",)
+# "splatloss-triton-graphed": the Triton loss forward + backward captured once in a CUDA graph and
+# replayed (torch.cuda.make_graphed_callables): the kernels' own time, without Python and launch
+# overhead.
+EXTRA_LIBS = ("compiled-reference", "splatloss-triton-graphed")
 DEFAULT_LIBS = SPLAT_LIBS + PEER_LIBS
 ALL_LIBS = DEFAULT_LIBS + EXTRA_LIBS
 LAM = 0.2  # 3DGS: (1 - lam) * L1 + lam * (1 - SSIM)
@@ -211,6 +214,22 @@ def _fused_ssim(op: str, device: str):
     )
 
 
+def _graphed(loss):
+    """``loss`` captured in a CUDA graph on its first forward + backward, replayed after."""
+    graphs = {}
+
+    def fn(x, y):
+        if not torch.is_grad_enabled():
+            raise Unavailable("graphed forward + backward only")
+        key = (x.shape, x.dtype, x.stride(), y.shape, y.stride())
+        if key not in graphs:
+            sample = (x.detach().clone().requires_grad_(x.requires_grad), y.detach().clone())
+            graphs[key] = torch.cuda.make_graphed_callables(loss, sample)
+        return graphs[key](x, y)
+
+    return fn
+
+
 def _compiled_reference(op: str, device: str):
     from splatloss import functional as SF
 
@@ -238,6 +257,8 @@ def make_loss(lib: str, op: str, device: str):
         return _splat("reference", op, device)
     if lib == "splatloss-triton":
         return _splat("triton", op, device)
+    if lib == "splatloss-triton-graphed":
+        return _graphed(_splat("triton", op, device))
     if lib == "compiled-reference":
         return _compiled_reference(op, device)
     return {
@@ -729,7 +750,7 @@ def parse_args(argv=None):
     if args.gpu_table:
         args.sizes, args.channels, args.batch = "1080x1920,2160x3840", "3", "1,5"
         args.ops, args.modes, args.dtype = "ssim,dssim_l1,ms_ssim,dssim_l1_masked", "fwd,fwdbwd", "float32,bfloat16"
-        args.libs = "splatloss-triton,fused_ssim,pytorch_msssim"
+        args.libs = "splatloss-triton,splatloss-triton-graphed,fused_ssim,pytorch_msssim"
     return args
 
 
