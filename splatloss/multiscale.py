@@ -121,8 +121,22 @@ def combine(terms: Tensor, weights: Sequence[float], tau: Optional[float] = None
         tensor([0.4243])
     """
     t = torch.relu(terms) if tau is None else smooth_positive(terms, tau)
-    w = torch.tensor(list(weights), dtype=terms.dtype, device=terms.device)
-    return torch.prod(t**w, dim=-1).mean(dim=-1)
+    return torch.prod(t ** _weights_tensor(weights, terms), dim=-1).mean(dim=-1)
+
+
+#: The scale weights as tensors, one per (weights, dtype, device): made once, so that a call copies
+#: nothing from the host (a copy from pageable host memory cannot be captured in a CUDA graph).
+_WEIGHTS_CACHE: dict = {}
+
+
+def _weights_tensor(weights: Sequence[float], like: Tensor) -> Tensor:
+    if torch.compiler.is_compiling():  # a constant of the traced graph
+        return torch.tensor(list(weights), dtype=like.dtype, device=like.device)
+    key = (tuple(float(v) for v in weights), like.dtype, like.device)
+    w = _WEIGHTS_CACHE.get(key)
+    if w is None:
+        w = _WEIGHTS_CACHE[key] = torch.tensor(key[0], dtype=like.dtype, device=like.device)
+    return w
 
 
 def ms_ssim(
