@@ -4,8 +4,9 @@
 by repeating its last row / column (bottom / right) and 2x2 blocks are averaged, here by clamping
 the read index instead of materialising the padded copy; it reads the input in its own dtype and
 strides and writes the half-size image in float32 (the accumulation dtype: fp16 2x2 means would
-round). So the pyramid never makes a full-size copy (the torch path first casts fp16 images to
-fp32 and, for odd sides, pads them). ``_down_bwd_kernel`` is its adjoint: each input pixel gets a
+round). So the pyramid never pads an odd side (the torch path pads a copy). fp16 / bf16 images
+reach it already cast to float32 by the backend (``TritonBackend.ms_ssim``): one cast at the top,
+so every scale's gradient is summed in float32 and the cast's backward rounds the sum once. ``_down_bwd_kernel`` is its adjoint: each input pixel gets a
 quarter of its block's upstream gradient, twice that for the repeated last row / column of an odd
 side (it stands in both rows / columns of the block). 4 B read + 1 B-equivalent written per
 input pixel-channel forward; 1 B read + 4 B written backward.
@@ -155,7 +156,7 @@ def ms_ssim(img1: Tensor, img2: Tensor, cfg, weights: Sequence[float], tau: Opti
     positive extension)."""
     check_inputs(img1, img2, cfg)
     # one term per scale (its gradient computed in the forward when one is needed: ssim_term); the
-    # fused step reads any float dtype and writes float32 itself: no cast of the full-size images
+    # fused step writes float32 (fp16 / bf16 images arrive cast once by TritonBackend.ms_ssim)
     term = lambda last, x, y: ssim_term(x, y, cfg, cs=not last)  # noqa: E731
     terms = multiscale.scale_terms(term, (img1, img2), len(weights), down=downsample2x, cast=False)
     return multiscale.combine(terms, weights, tau)
