@@ -6,9 +6,10 @@ the read index instead of materialising the padded copy; it reads the input in i
 strides and writes the half-size image in float32 (the accumulation dtype: fp16 2x2 means would
 round). So the pyramid never pads an odd side (the torch path pads a copy). fp16 / bf16 images
 reach it already cast to float32 by the backend (``TritonBackend.ms_ssim``): one cast at the top,
-so every scale's gradient is summed in float32 and the cast's backward rounds the sum once. ``_down_bwd_kernel`` is its adjoint: each input pixel gets a
-quarter of its block's upstream gradient, twice that for the repeated last row / column of an odd
-side (it stands in both rows / columns of the block). 4 B read + 1 B-equivalent written per
+so every scale's gradient is summed in float32 and the cast's backward rounds the sum once.
+``_down_bwd_kernel`` is its adjoint: each input pixel gets a quarter of its block's upstream
+gradient, twice that for the repeated last row / column of an odd side (it stands in both rows /
+columns of the block). 4 B read + 1 B-equivalent written per
 input pixel-channel forward; 1 B read + 4 B written backward.
 
 The loop over scales, the terms and their product are :mod:`splatloss.multiscale`'s, with
