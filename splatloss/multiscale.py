@@ -135,7 +135,10 @@ def _weights_tensor(weights: Sequence[float], like: Tensor) -> Tensor:
     key = (tuple(float(v) for v in weights), like.dtype, like.device)
     w = _WEIGHTS_CACHE.get(key)
     if w is None:
-        w = _WEIGHTS_CACHE[key] = torch.tensor(key[0], dtype=like.dtype, device=like.device)
+        # a normal tensor even when the first call runs under torch.inference_mode(): autograd
+        # saves the exponent for the backward of every later call
+        with torch.inference_mode(False):
+            w = _WEIGHTS_CACHE[key] = torch.tensor(key[0], dtype=like.dtype, device=like.device)
     return w
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "tools" / "bench.py"
@@ -110,3 +111,22 @@ def test_dtypes_are_one_more_axis_and_the_gpu_table_is_one_command(tmp_path):
     assert (args.sizes, args.batch, args.dtype) == ("1080x1920,2160x3840", "1,5", "float32,bfloat16")
     assert set(args.ops.split(",")) == {"ssim", "dssim_l1", "ms_ssim", "dssim_l1_masked"}
     assert set(args.libs.split(",")) == {"splatloss-triton", "splatloss-triton-graphed", "fused_ssim", "pytorch_msssim"}
+
+
+def test_geometry_sweep_refuses_bad_arguments_and_a_machine_without_cuda():
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import geometry_sweep
+    finally:
+        sys.path.pop(0)
+    for argv, message in (
+        (["--ops", "ssim,foo"], "--ops must be a subset of"),
+        (["--modes", ""], "--modes must be a subset of"),
+        (["--rows", "0,64"], "--rows and --lanes must be >= 1"),
+        (["--lanes", "wide"], "--rows and --lanes take integers"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            geometry_sweep.main(argv)
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA device"):
+            geometry_sweep.main([])

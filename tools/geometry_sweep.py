@@ -42,6 +42,15 @@ def main(argv=None):
     p.add_argument("--lanes", default="64,128", help="lanes (columns) per program of the column kernels")
     p.add_argument("--json", help="write the records here")
     args = p.parse_args(argv)
+    for name, given, allowed in (("--ops", args.ops, bench.OPS), ("--modes", args.modes, bench.MODES)):
+        if not _csv(given) or any(v not in allowed for v in _csv(given)):
+            raise SystemExit(f"{name} must be a subset of {','.join(allowed)}, got {given!r}")
+    try:
+        rows_lanes = [int(v) for v in _csv(args.rows)], [int(v) for v in _csv(args.lanes)]
+    except ValueError:
+        raise SystemExit(f"--rows and --lanes take integers, got {args.rows!r} and {args.lanes!r}")
+    if any(v < 1 for v in rows_lanes[0] + rows_lanes[1]):
+        raise SystemExit(f"--rows and --lanes must be >= 1, got {args.rows!r} and {args.lanes!r}")
     if not torch.cuda.is_available():
         raise SystemExit("geometry_sweep.py times compiled kernels: it needs a CUDA device")
     from triton.testing import do_bench
@@ -54,9 +63,7 @@ def main(argv=None):
         x, y = bench.make_inputs(*shape, dtype, "cuda")
         for op, mode in itertools.product(_csv(args.ops), _csv(args.modes)):
             ref = None
-            for rows, lanes in [(None, None)] + list(
-                itertools.product(map(int, _csv(args.rows)), map(int, _csv(args.lanes)))
-            ):
+            for rows, lanes in [(None, None)] + list(itertools.product(*rows_lanes)):
                 launch.CUDA_ROWS = default_rows if rows is None else rows
                 launch.cuda_lanes = default_lanes if lanes is None else (lambda k, n=lanes: n if k <= 15 else 64)
                 rec = dict(
@@ -70,7 +77,7 @@ def main(argv=None):
                 )
                 try:
                     call = bench.make_call(bench.make_loss("splatloss-triton", op, "cuda"), x, y, mode)
-                    value = float(call())
+                    value = float(call().detach())
                     torch.cuda.synchronize()
                     ref = value if ref is None else ref
                     rec["value"], rec["rel_diff_vs_default"] = value, abs(value - ref) / max(abs(ref), 1e-30)
@@ -94,7 +101,7 @@ def main(argv=None):
         )
     if args.json:
         info = bench.machine_info("cuda")
-        Path(args.json).write_text(json.dumps({"machine": info, "records": records}, indent=1))
+        bench.write_json(args.json, {"machine": info, "records": records})
         print(f"wrote {args.json}")
     return 0
 

@@ -108,3 +108,16 @@ def test_triton_pyramid_kernel_equals_the_reference_step_on_odd_sides():
     # fp16 input is read as fp16 and averaged in fp32: no full-size fp32 copy is made
     dh = tri_ms.downsample2x(x64.half().to(dev))
     assert dh.dtype == torch.float32 and rel(dh, reference.downsample2x(x64.half().double())) <= 1e-6
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch", "cpu"])
+def test_ms_ssim_differentiates_after_a_call_under_inference_mode(backend):
+    # The scale weights' tensor is made once per (weights, dtype, device); made during an
+    # inference-mode evaluation it must still serve a later training step (autograd saves it).
+    x, y = make_pair((1, 1, 40, 44), seed=9)
+    w = (0.35, 0.65)  # weights of their own: the first call of this test makes their tensor
+    with torch.inference_mode():
+        value = splatloss.ms_ssim(x, y, weights=w, backend=backend)
+    x.requires_grad_(True)
+    (g,) = torch.autograd.grad(splatloss.ms_ssim(x, y, weights=w, backend=backend), x)
+    assert float(value) > 0 and bool(torch.isfinite(g).all()) and float(g.abs().max()) > 0
