@@ -214,3 +214,33 @@ def test_loss_forward_and_backward_replay_from_a_cuda_graph(masked):
         (got,) = torch.autograd.grad(value := graphed(xg, y), xg)
         (want,) = torch.autograd.grad(eager := loss(xe, y), xe)
         assert torch.equal(value, eager) and torch.equal(got, want)
+
+
+@pytest.mark.slow  # (the interpreter: about 30 s)
+def test_eager_calls_skip_the_custom_op_dispatch_and_equal_it_bitwise():
+    # Eager calls run the ops' own forward / setup_context / backward as a plain autograd.Function
+    # (the custom-op dispatch is a fifth of a call's Python time); torch.compile and torch.func get
+    # the custom op. Same kernels: bitwise the same values and gradients.
+    from splatloss.backends.triton import dssim_l1, ms_ssim, ssim
+    from splatloss.backends.triton.glue import window_taps
+    from splatloss.config import SSIMConfig
+
+    g = torch.Generator().manual_seed(3)
+    x, y = (torch.rand(1, 2, 20, 22, generator=g).to(DEV) for _ in range(2))
+    w = window_taps(SSIMConfig(), x.device)
+    cases = {
+        "ssim_term": (ssim._term_op, ssim._term_call, (w, "same", 1e-4, 9e-4, False, True, True)),
+        "dssim_l1": (dssim_l1._dssim_l1_op, dssim_l1._dssim_l1_call, (w, "same", 1e-4, 9e-4, 0.2, True, True)),
+        "downsample2x": (ms_ssim._down_op, ms_ssim._down_call, ()),
+    }
+    for name, (op, call, rest) in cases.items():
+        results = []
+        for fn in (op, call):
+            xr, yr = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+            out = fn(xr, yr, *rest) if rest else (fn(xr),)
+            loss = (out[0] * torch.linspace(0.5, 1.5, out[0].numel(), device=DEV).view(out[0].shape)).sum()
+            grads = torch.autograd.grad(loss, (xr, yr) if rest else (xr,))
+            results.append((out[0].detach(), *grads, type(out[0].grad_fn).__name__))
+        (*want, op_node), (*got, eager_node) = results
+        assert "eager" in eager_node and "eager" not in op_node, (name, op_node, eager_node)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), name

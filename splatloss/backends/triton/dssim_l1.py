@@ -22,6 +22,7 @@ from .forward import launch_fwd
 from .glue import (
     backward_from_unit_grads,
     check_inputs,
+    eager_path,
     fake_grads,
     fake_unit_grads,
     functorch_guard,
@@ -42,8 +43,7 @@ def _sizes(img: Tensor, window: Tensor, padding: str) -> Tuple[int, int]:
     return C * out_size(H, K, padding) * out_size(W, K, padding), C * H * W
 
 
-@torch.library.custom_op("splatloss::triton_dssim_l1", mutates_args=())
-def _dssim_l1_op(
+def _dssim_l1_impl(
     img1: Tensor,
     img2: Tensor,
     window: Tensor,
@@ -69,6 +69,9 @@ def _dssim_l1_op(
     )
     loss = (1.0 - lam) * l1.sum(dim=1) / n_img + lam * (1.0 - s.sum(dim=1) / n_map)
     return loss, (gx if need1 else empty), (gy if need2 else empty.clone())
+
+
+_dssim_l1_op = torch.library.custom_op("splatloss::triton_dssim_l1", _dssim_l1_impl, mutates_args=())
 
 
 @_dssim_l1_op.register_fake
@@ -118,13 +121,14 @@ def _backward(ctx, g, _gx, _gy):
 
 
 _dssim_l1_op.register_autograd(_backward, setup_context=_save)
+_dssim_l1_call = eager_path(_dssim_l1_op, _dssim_l1_impl, _save, _backward)
 
 
 def dssim_l1(img1: Tensor, img2: Tensor, cfg, lam: float) -> Tensor:
     """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)``, shape ``[B]`` float32."""
     check_inputs(img1, img2, cfg)
     with functorch_guard():
-        loss, _, _ = _dssim_l1_op(
+        loss, _, _ = _dssim_l1_call(
             img1,
             img2,
             window_taps(cfg, img1.device),

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ... import multiscale
 from . import launch
-from .glue import check_inputs, functorch_guard, refuse_double_backward
+from .glue import check_inputs, eager_path, functorch_guard, refuse_double_backward
 from .launch import device_guard, launch_options
 from .ssim import ssim_term
 
@@ -93,8 +93,7 @@ def _down_bwd_kernel(
     tl.store(out_ptr + row.to(tl.int64) * W + c, g.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-@torch.library.custom_op("splatloss::triton_downsample2x", mutates_args=())
-def _down_op(x: Tensor) -> Tensor:
+def _down_impl(x: Tensor) -> Tensor:
     B, C, H, W = x.shape
     Ho, Wo = (H + 1) // 2, (W + 1) // 2
     out = torch.empty((B, C, Ho, Wo), dtype=torch.float32, device=x.device)
@@ -105,6 +104,9 @@ def _down_op(x: Tensor) -> Tensor:
             x, out, C, H, W, Ho, Wo, n_rows, *x.stride(), RB=rb, BLOCK=block, **launch_options(WARPS)
         )
     return out
+
+
+_down_op = torch.library.custom_op("splatloss::triton_downsample2x", _down_impl, mutates_args=())
 
 
 @_down_op.register_fake
@@ -143,12 +145,13 @@ def _down_backward(ctx, g):
 
 
 _down_op.register_autograd(_down_backward, setup_context=_down_setup)
+_down_call = eager_path(_down_op, _down_impl, _down_setup, _down_backward)
 
 
 def downsample2x(x: Tensor) -> Tensor:
     """``(B, C, H, W)`` -> ``(B, C, ceil(H/2), ceil(W/2))`` float32, TF's pyramid step."""
     with functorch_guard():
-        return _down_op(x)
+        return _down_call(x)
 
 
 def ms_ssim(img1: Tensor, img2: Tensor, cfg, weights: Sequence[float], tau: Optional[float] = None) -> Tensor:

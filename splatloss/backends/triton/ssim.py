@@ -37,6 +37,7 @@ from .forward import launch_fwd
 from .glue import (
     backward_from_unit_grads,
     check_inputs,
+    eager_path,
     fake_grads,
     fake_unit_grads,
     functorch_guard,
@@ -188,8 +189,7 @@ def _map_backward(ctx, g_s, g_cs):
 _map_op.register_autograd(_map_backward, setup_context=_save)
 
 
-@torch.library.custom_op("splatloss::triton_ssim_term", mutates_args=())
-def _term_op(
+def _term_impl(
     img1: Tensor,
     img2: Tensor,
     window: Tensor,
@@ -228,6 +228,9 @@ def _term_op(
     return t_sum / n, (gx if need1 else empty), (gy if need2 else empty.clone())
 
 
+_term_op = torch.library.custom_op("splatloss::triton_ssim_term", _term_impl, mutates_args=())
+
+
 @_term_op.register_fake
 def _(img1, img2, window, padding, c1, c2, cs, need1, need2):
     gx, gy = fake_unit_grads(img1, img2, need1, need2)
@@ -252,6 +255,7 @@ def _term_backward(ctx, g_t, _gx, _gy):
 
 
 _term_op.register_autograd(_term_backward, setup_context=_term_save)
+_term_call = eager_path(_term_op, _term_impl, _term_save, _term_backward)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -301,7 +305,7 @@ def ssim_term(img1: Tensor, img2: Tensor, cfg, cs: bool = False) -> Tensor:
         (True, torch.Size([1, 3, 16, 16]))
     """
     with functorch_guard():
-        s, _, _ = _term_op(img1, img2, *_args(img1, img2, cfg), bool(cs), wants_grad(img1), wants_grad(img2))
+        s, _, _ = _term_call(img1, img2, *_args(img1, img2, cfg), bool(cs), wants_grad(img1), wants_grad(img2))
     return s
 
 
