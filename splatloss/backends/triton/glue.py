@@ -70,6 +70,11 @@ class functorch_guard:
         return False
 
 
+#: Whether a torch.func transform (vmap, grad, jvp) is active; a torch without the query is
+#: treated as if one were (the custom op then always runs).
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
+
+
 def eager_path(op, impl, setup_context, backward):
     """``op`` (a ``torch.library.custom_op`` made from ``impl``, with ``setup_context`` and
     ``backward`` as its autograd) called the cheap way where nothing needs the custom op.
@@ -93,7 +98,7 @@ def eager_path(op, impl, setup_context, backward):
     Eager = type(name, (torch.autograd.Function,), methods)
 
     def call(*args):
-        if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        if torch.compiler.is_compiling() or _functorch_active():
             return op(*args)
         return Eager.apply(*args)
 
