@@ -2,7 +2,7 @@
 
 Runs on the CPU in Triton's interpreter with the kernel launches replaced by no-ops (the kernels'
 own time is the GPU's; what is left is argument checks, dispatch, allocations and launch set-up),
-and compares the eager path (``glue.eager_path``: the ops' functions as a plain autograd.Function)
+and compares the eager path (``glue.with_autograd``: the ops' functions as a plain autograd.Function)
 with the custom-op dispatch that torch.compile uses, alternating in one process so that both see
 the same machine. Medians of 15 rounds of 40 calls, microseconds per call:
 

@@ -22,13 +22,13 @@ from .forward import launch_fwd
 from .glue import (
     backward_from_unit_grads,
     check_inputs,
-    eager_path,
     fake_grads,
     fake_unit_grads,
     functorch_guard,
     save_unit_grads,
     wants_grad,
     window_taps,
+    with_autograd,
 )
 from .launch import out_size
 
@@ -120,8 +120,7 @@ def _backward(ctx, g, _gx, _gy):
     return backward_from_unit_grads(ctx, g, 1, recompute, "dssim_l1")
 
 
-_dssim_l1_op.register_autograd(_backward, setup_context=_save)
-_dssim_l1_call = eager_path(_dssim_l1_op, _dssim_l1_impl, _save, _backward)
+_dssim_l1_call = with_autograd(_dssim_l1_op, _dssim_l1_impl, _save, _backward)
 
 
 def dssim_l1(img1: Tensor, img2: Tensor, cfg, lam: float) -> Tensor:

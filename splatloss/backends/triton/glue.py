@@ -75,9 +75,10 @@ class functorch_guard:
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
 
 
-def eager_path(op, impl, setup_context, backward):
-    """``op`` (a ``torch.library.custom_op`` made from ``impl``, with ``setup_context`` and
-    ``backward`` as its autograd) called the cheap way where nothing needs the custom op.
+def with_autograd(op, impl, setup_context, backward):
+    """Register ``setup_context`` and ``backward`` as the autograd of ``op`` (a
+    ``torch.library.custom_op`` made from ``impl``) and return the function to call it by: the
+    op, or where nothing needs the custom op, the same three functions the cheap way.
 
     In eager mode the same three functions run as a plain ``torch.autograd.Function``: the
     dispatcher's round trips of a custom op (autograd kernel, redispatch, the compiler guard
@@ -87,6 +88,8 @@ def eager_path(op, impl, setup_context, backward):
     op's vmap fallback and error messages) the custom op runs. The same kernels either way, so
     the results are bitwise the same."""
 
+    op.register_autograd(backward, setup_context=setup_context)
+
     def forward(ctx, *args):
         out = impl(*args)
         setup_context(ctx, args, out)
@@ -94,7 +97,7 @@ def eager_path(op, impl, setup_context, backward):
 
     # named after the op, so that its graph node reads e.g. ``term_eagerBackward``
     name = f"{impl.__name__.strip('_').removesuffix('_impl')}_eager"
-    methods = {"forward": staticmethod(forward), "backward": staticmethod(lambda ctx, *g: backward(ctx, *g))}
+    methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
     Eager = type(name, (torch.autograd.Function,), methods)
 
     def call(*args):

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ... import multiscale
 from . import launch
-from .glue import check_inputs, eager_path, functorch_guard, refuse_double_backward
+from .glue import check_inputs, functorch_guard, refuse_double_backward, with_autograd
 from .launch import device_guard, launch_options
 from .ssim import ssim_term
 
@@ -144,8 +144,7 @@ def _down_backward(ctx, g):
     return _down_bwd_op(g, x)
 
 
-_down_op.register_autograd(_down_backward, setup_context=_down_setup)
-_down_call = eager_path(_down_op, _down_impl, _down_setup, _down_backward)
+_down_call = with_autograd(_down_op, _down_impl, _down_setup, _down_backward)
 
 
 def downsample2x(x: Tensor) -> Tensor:

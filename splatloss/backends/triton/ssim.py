@@ -37,7 +37,6 @@ from .forward import launch_fwd
 from .glue import (
     backward_from_unit_grads,
     check_inputs,
-    eager_path,
     fake_grads,
     fake_unit_grads,
     functorch_guard,
@@ -46,6 +45,7 @@ from .glue import (
     save_unit_grads,
     wants_grad,
     window_taps,
+    with_autograd,
     zeros_if_none,
 )
 from .launch import out_size
@@ -254,8 +254,7 @@ def _term_backward(ctx, g_t, _gx, _gy):
     return backward_from_unit_grads(ctx, g_t, 2, recompute, "ssim_term")
 
 
-_term_op.register_autograd(_term_backward, setup_context=_term_save)
-_term_call = eager_path(_term_op, _term_impl, _term_save, _term_backward)
+_term_call = with_autograd(_term_op, _term_impl, _term_save, _term_backward)
 
 
 # ------------------------------------------------------------------------------------------------
