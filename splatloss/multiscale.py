@@ -121,7 +121,13 @@ def combine(terms: Tensor, weights: Sequence[float], tau: Optional[float] = None
         tensor([0.4243])
     """
     t = torch.relu(terms) if tau is None else smooth_positive(terms, tau)
-    return torch.prod(t ** _weights_tensor(weights, terms), dim=-1).mean(dim=-1)
+    f = t ** _weights_tensor(weights, terms)
+    # the product as M - 1 multiplies, not torch.prod: prod's backward counts the zero factors on
+    # the host (a synchronisation per call, which also stops a CUDA graph capture)
+    prod = f[..., 0]
+    for j in range(1, f.shape[-1]):
+        prod = prod * f[..., j]
+    return prod.mean(dim=-1)
 
 
 #: The scale weights as tensors, one per (weights, dtype, device): made once, so that a call copies

@@ -75,6 +75,15 @@ class functorch_guard:
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
 
 
+def eager(*tensors: Tensor) -> bool:
+    """Whether a call may skip the custom-op dispatch: not under ``torch.compile`` or a
+    ``torch.func`` transform, and every tensor a plain ``torch.Tensor`` (the tensors an
+    ahead-of-time trace of a backward passes are fake or functional subclasses, which need the op)."""
+    if torch.compiler.is_compiling() or _functorch_active():
+        return False
+    return all(type(t) is torch.Tensor for t in tensors)
+
+
 def with_autograd(op, impl, setup_context, backward):
     """Register ``setup_context`` and ``backward`` as the autograd of ``op`` (a
     ``torch.library.custom_op`` made from ``impl``) and return the function to call it by: the

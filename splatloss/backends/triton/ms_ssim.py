@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ... import multiscale
 from . import launch
-from .glue import check_inputs, functorch_guard, refuse_double_backward, with_autograd
+from .glue import check_inputs, eager, functorch_guard, refuse_double_backward, with_autograd
 from .launch import device_guard, launch_options
 from .ssim import ssim_term
 
@@ -115,8 +115,7 @@ def _(x):
     return x.new_empty((B, C, (H + 1) // 2, (W + 1) // 2), dtype=torch.float32)
 
 
-@torch.library.custom_op("splatloss::triton_downsample2x_bwd", mutates_args=())
-def _down_bwd_op(g: Tensor, x: Tensor) -> Tensor:
+def _down_bwd_impl(g: Tensor, x: Tensor) -> Tensor:
     B, C, H, W = x.shape
     out = torch.empty((B, C, H, W), dtype=x.dtype, device=x.device)  # contiguous
     n_rows = B * C * H
@@ -126,6 +125,9 @@ def _down_bwd_op(g: Tensor, x: Tensor) -> Tensor:
             g, out, C, H, W, g.shape[2], g.shape[3], n_rows, *g.stride(), RB=rb, BLOCK=block, **launch_options(WARPS)
         )
     return out
+
+
+_down_bwd_op = torch.library.custom_op("splatloss::triton_downsample2x_bwd", _down_bwd_impl, mutates_args=())
 
 
 @_down_bwd_op.register_fake
@@ -141,7 +143,8 @@ def _down_setup(ctx, inputs, output):
 def _down_backward(ctx, g):
     refuse_double_backward("downsample2x")
     (x,) = ctx.saved_tensors
-    return _down_bwd_op(g, x)
+    # eager: the kernel directly (no custom-op dispatch); a compiled backward's trace: the op
+    return (_down_bwd_impl if eager(g, x) else _down_bwd_op)(g, x)
 
 
 _down_call = with_autograd(_down_op, _down_impl, _down_setup, _down_backward)
