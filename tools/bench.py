@@ -346,8 +346,17 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+#: The first library call that raised on CUDA in this process ("lib op mode shape: error"), or None.
+#: A call that fails on CUDA can leave the device in a state where later work silently does not
+#: run (after a CUDA graph capture failed part-way, fused-ssim, which launches on the legacy
+#: default stream without checking its launches, timed 2 to 4 times too fast in one run), so every
+#: CUDA record timed after it carries ``after_cuda_error`` and the table marks it with ``!``.
+CUDA_FAILURE = None
+
+
 def time_config(libs, op, mode, shape, dtype, device, repeats, warmup, baseline, peak=None):
     """Median time of each library on one configuration, runs alternating; list of records."""
+    global CUDA_FAILURE
     b, c, h, w = shape
     x, y = make_inputs(b, c, h, w, dtype, device)
     calls, records = {}, {}
@@ -379,6 +388,13 @@ def time_config(libs, op, mode, shape, dtype, device, repeats, warmup, baseline,
             rec["skipped"] = str(exc)
         except Exception as exc:  # a library that fails on this input: say so, keep going
             rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            if device == "cuda" and CUDA_FAILURE is None:
+                CUDA_FAILURE = f"{lib} {op} {mode} {'x'.join(map(str, shape))}: {rec['error'][:120]}"
+                print(
+                    f"warning: {CUDA_FAILURE}; the CUDA rows timed after it are marked '!' (re-time them "
+                    "in a fresh process)",
+                    file=sys.stderr,
+                )
     times = {lib: [] for lib in calls}
     cpu = {lib: [] for lib in calls}  # process CPU time: less disturbed by other jobs on a shared machine
     if device == "cuda":
@@ -410,6 +426,8 @@ def time_config(libs, op, mode, shape, dtype, device, repeats, warmup, baseline,
                     records[lib]["x_floor"] = statistics.median(a for a, _ in fl)
                     records[lib]["cpu_x_floor"] = statistics.median(b for _, b in fl)
     for lib, ts in times.items():
+        if CUDA_FAILURE is not None:
+            records[lib]["after_cuda_error"] = CUDA_FAILURE
         records[lib]["median_ms"] = statistics.median(ts)
         records[lib]["times_ms"] = [round(t, 3) for t in ts]
         if cpu[lib]:
@@ -590,8 +608,9 @@ def print_table(results, baseline, file=sys.stdout):
             mratio = f"{r[mkey]:.1f}" if mkey in r else ""
             cpu = f"{r['cpu_median_ms']:.1f}" if "cpu_median_ms" in r else ""
             floor = f"{r['cpu_x_floor']:.2f}" if "cpu_x_floor" in r else ""
+            lib = r["lib"] + (" !" if "after_cuda_error" in r else "")
             print(
-                f"{r['op']:9} {r['mode']:6} {shape:25} {r['lib']:21} {r['median_ms']:10.2f} {ratio:>17} "
+                f"{r['op']:9} {r['mode']:6} {shape:25} {lib:21} {r['median_ms']:10.2f} {ratio:>17} "
                 f"{cpu:>8} {floor:>8} {mem:>8} {mratio:>6} {r.get('first_call_ms', 0):9.0f}",
                 file=file,
             )
@@ -614,8 +633,9 @@ def markdown_table(results, baseline):
             continue
         shape = f"{r['batch']}x{r['channels']}x{r['height']}x{r['width']}" + _dtype_suffix(r)
         mem = r.get("peak_added_bytes")
+        lib = r["lib"] + (" (timed after a CUDA failure)" if "after_cuda_error" in r else "")
         lines.append(
-            f"| {r['op']} | {r['mode']} | {shape} | {r['lib']} | {r['median_ms']:.1f} | "
+            f"| {r['op']} | {r['mode']} | {shape} | {lib} | {r['median_ms']:.1f} | "
             + (f"{r[key]:.1f}" if key in r else "")
             + " | "
             + (f"{r['cpu_median_ms']:.1f}" if "cpu_median_ms" in r else "")
