@@ -1,6 +1,7 @@
 """tools/bench.py runs end to end at tiny sizes and writes its JSON and plot (no timing asserts:
 speed is measured by the script itself, never by a unit test)."""
 
+import io
 import json
 import os
 import subprocess
@@ -164,7 +165,8 @@ def test_rows_timed_after_a_library_failed_on_cuda_are_marked(monkeypatch, capsy
     assert "splatloss-reference ssim fwd 1x1x24x24" in bench.CUDA_FAILURE
     assert failed[1]["after_cuda_error"] == after[0]["after_cuda_error"] == bench.CUDA_FAILURE
     assert "re-time them in a fresh process" in capsys.readouterr().err
-    bench.print_table(before + after, "splatloss-torch")
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ssim")]
+    table = io.StringIO()
+    bench.print_table(before + after, "splatloss-torch", file=table)
+    lines = [line for line in table.getvalue().splitlines() if line.startswith("ssim")]
     assert "splatloss-torch !" not in lines[0] and "splatloss-torch !" in lines[1]
     assert "(timed after a CUDA failure)" in bench.markdown_table(after, "splatloss-torch")
