@@ -247,3 +247,25 @@ def test_eager_calls_skip_the_custom_op_dispatch_and_equal_it_bitwise():
         (*want, op_node), (*got, eager_node) = results
         assert "eager" in eager_node and "eager" not in op_node, (name, op_node, eager_node)
         assert all(torch.equal(a, b) for a, b in zip(got, want)), name
+
+
+def test_rows_per_program_step_down_until_the_grid_fills_the_gpu_once(monkeypatch):
+    # Host-side geometry on the model GPU (132 SMs): a grid that fills every resident slot keeps
+    # CUDA_ROWS; one that would leave SMs idle gets the rows of least wave-quantised time: one
+    # 1080p image 99 (backward: 264 programs, 2 per SM), MS-SSIM's second scale 25, the coarsest
+    # scales 16.
+    monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
+    cpu = torch.device("cpu")
+
+    def rows(b, h, w, halo, k=11):
+        frame = w + k - 1 if halo else w
+        maxnreg = launch.bwd_maxnreg(k, False) if halo else launch.fwd_maxnreg(k)
+        return launch.geometry(frame, h, k, 3 * b, cpu, halo=halo, maxnreg=maxnreg).rows
+
+    assert (rows(1, 1080, 1920, True), rows(1, 1080, 1920, False)) == (99, 99)
+    assert (rows(1, 540, 960, True), rows(1, 270, 480, True), rows(1, 68, 120, False)) == (25, 16, 16)
+    assert rows(5, 1080, 1920, True) == rows(1, 2160, 3840, True) == rows(1, 2160, 3840, False) == 128
+    assert launch.programs_per_sm(8, 128) == 2 and launch.programs_per_sm(4, 128) == 4
+    assert launch.programs_per_sm(8, 255) == 1 and launch.programs_per_sm(1, 32) == 32
+    monkeypatch.setattr(launch, "ROW_STEPS", ())  # the steps off: CUDA_ROWS everywhere
+    assert rows(1, 540, 960, True) == launch.CUDA_ROWS

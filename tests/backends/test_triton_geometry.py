@@ -33,6 +33,7 @@ def test_cuda_launch_geometry(monkeypatch, shape, padding, window_size):
     tri_launch = importlib.import_module("splatloss.backends.triton.launch")
     monkeypatch.setattr(tri_launch, "FORCE_CUDA_GEOMETRY", True)
     monkeypatch.setattr(tri_launch, "CUDA_ROWS", 32)
+    monkeypatch.setattr(tri_launch, "ROW_STEPS", ())  # exactly 32-row chunks
     tri = splatloss.backends.get("triton")
     dev = device_for("triton")
     cfg = SSIMConfig(padding=padding, window_size=window_size, sigma=1.5 if window_size == 11 else 5.0)
@@ -64,6 +65,7 @@ def test_cuda_geometry_fused_loss(monkeypatch, layout):
     tri_launch = importlib.import_module("splatloss.backends.triton.launch")
     monkeypatch.setattr(tri_launch, "FORCE_CUDA_GEOMETRY", True)
     monkeypatch.setattr(tri_launch, "CUDA_ROWS", 32)
+    monkeypatch.setattr(tri_launch, "ROW_STEPS", ())  # exactly 32-row chunks
     dev = device_for("triton")
     x, y = make_pair((1, 3, 40, 300), seed=5, device=dev)
     if layout == "hwc":
@@ -86,6 +88,7 @@ def test_cuda_geometry_map_backward_on_interior_strips(monkeypatch):
     tri_launch = importlib.import_module("splatloss.backends.triton.launch")
     monkeypatch.setattr(tri_launch, "FORCE_CUDA_GEOMETRY", True)
     monkeypatch.setattr(tri_launch, "CUDA_ROWS", 32)
+    monkeypatch.setattr(tri_launch, "ROW_STEPS", ())  # exactly 32-row chunks
     tri = splatloss.backends.get("triton")
     dev = device_for("triton")
     cfg = SSIMConfig(padding="same")
@@ -96,5 +99,29 @@ def test_cuda_geometry_map_backward_on_interior_strips(monkeypatch):
     x6, y6 = x.double().cpu().requires_grad_(True), y.double().cpu().requires_grad_(True)
     gx6, gy6 = torch.autograd.grad((reference.ssim_map(x6, y6, cfg) * up).sum(), [x6, y6])
     tol = TOL["triton"]
+    assert_rel(gx, gx6, tol["grads"], "grad img1")
+    assert_rel(gy, gy6, tol["grads"], "grad img2")
+
+
+def test_a_grid_under_one_wave_runs_short_programs(monkeypatch):
+    """The default rows per program on the model GPU: a 40x50 image fills one of the 132 SMs' slots,
+    so its programs stream 16 rows (3 row chunks, forward and backward) instead of 128; the chunk
+    seams give the float64 numbers."""
+    tri_launch = importlib.import_module("splatloss.backends.triton.launch")
+    monkeypatch.setattr(tri_launch, "FORCE_CUDA_GEOMETRY", True)
+    cpu = torch.device("cpu")
+    assert tri_launch.geometry(50, 40, 11, 1, cpu).rows == 16
+    assert tri_launch.geometry(60, 40, 11, 1, cpu, halo=True).rows == 16
+    tri = splatloss.backends.get("triton")
+    cfg = SSIMConfig(padding="same")
+    x, y = make_pair((1, 1, 40, 50), seed=5, device=device_for("triton"))
+    xr, yr = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+    s, _ = tri.ssim_stats(xr, yr, cfg)
+    gx, gy = torch.autograd.grad(s.sum(), [xr, yr])
+    x6, y6 = x.double().cpu().requires_grad_(True), y.double().cpu().requires_grad_(True)
+    s6, _ = reference.ssim_stats(x6, y6, cfg)
+    gx6, gy6 = torch.autograd.grad(s6.sum(), [x6, y6])
+    tol = TOL["triton"]
+    assert_rel(s, s6, tol["values"], "ssim mean")
     assert_rel(gx, gx6, tol["grads"], "grad img1")
     assert_rel(gy, gy6, tol["grads"], "grad img2")

@@ -350,7 +350,7 @@ def launch_bwd(
     """
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
-    geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True)
+    geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=bwd_maxnreg(K, reflect))
     step = geo.f - (K - 1)
     n_strips = triton.cdiv(W, step)
     n_chunks = triton.cdiv(H, geo.rows)

@@ -210,7 +210,7 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
     ``(ssim_map, cs_map)``."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
-    geo = geometry(Wo, Ho, K, BC, img1.device)
+    geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=fwd_maxnreg(K))
     n_strips = triton.cdiv(Wo, geo.f)
     n_chunks = triton.cdiv(Ho, geo.rows)
     n_groups = triton.cdiv(BC, geo.bw // geo.f)

@@ -38,11 +38,45 @@ class Geometry(NamedTuple):
     warps: int
 
 
-#: Rows streamed per program on CUDA; the interpreter (one program at a time) uses wider and longer
-#: programs, see :func:`geometry`. Tests set ``FORCE_CUDA_GEOMETRY`` to run the CUDA geometry in
-#: the interpreter.
+#: Rows streamed per program on CUDA (at most: see :data:`ROW_STEPS`); the interpreter (one program
+#: at a time) uses wider and longer programs, see :func:`geometry`. Tests set
+#: ``FORCE_CUDA_GEOMETRY`` to run the CUDA geometry in the interpreter.
 CUDA_ROWS = 128
 FORCE_CUDA_GEOMETRY = False
+
+#: Shorter programs for launches whose ``CUDA_ROWS`` grid would not fill every resident slot of the
+#: GPU (SMs x programs per SM) once: of ``CUDA_ROWS`` and these (those below it), the rows with the
+#: least wave-quantised time, ``ceil(programs / slots) x (rows + halo rows)`` (a program streams its
+#: rows and the window's halo serially). A grid of a few long programs (MS-SSIM's second scale at
+#: 1080p: 60 programs of 128 rows) otherwise leaves most SMs idle for as long as a full scale
+#: takes. Grids that fill the GPU keep ``CUDA_ROWS`` (measured fastest at five 1080p frames on an
+#: H200, docs/gpu_check.md). ``ROWS`` is a plain launch argument (no recompile). On 132 SMs: 99
+#: rows for one 1080p image (backward: 264 programs, 2 per SM; forward 495 of 528 slots), 25 for
+#: MS-SSIM's second scale, 16 for the coarser ones.
+ROW_STEPS = (99, 64, 50, 32, 25, 16)
+
+#: SMs assumed where no CUDA device is asked (``FORCE_CUDA_GEOMETRY`` in the interpreter): an H100.
+MODEL_SMS = 132
+_SMS: dict = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (cached per device), or :data:`MODEL_SMS` off CUDA."""
+    if device.type != "cuda":
+        return MODEL_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
+def programs_per_sm(warps: int, maxnreg: int) -> int:
+    """Programs of ``warps`` warps an SM holds at once with ``maxnreg`` registers per thread (sm_80 /
+    sm_90: 64K registers, allocated per warp in multiples of 256, i.e. 8 per thread; 64 warps; 32
+    programs), at least 1."""
+    regs = -(-min(maxnreg, 255) // 8) * 8
+    return max(1, min(65536 // (regs * 32 * warps), 64 // warps, 32))
+
 
 #: Register ceilings passed to the launches (and seen by tools/check_kernels.py). Column kernels
 #: (``K <= COLUMN_TAPS``): 128 registers, so that four 4-warp CTAs (16 warps, 8-warp programs: two)
@@ -95,7 +129,15 @@ def cuda_warps(window_size: int) -> int:
     return max(4, (triton.next_power_of_2(window_size) * lanes) // (8 * 32))
 
 
-def geometry(frame: int, rows: int, window_size: int, bc: int, device: torch.device, halo: bool = False) -> Geometry:
+def geometry(
+    frame: int,
+    rows: int,
+    window_size: int,
+    bc: int,
+    device: torch.device,
+    halo: bool = False,
+    maxnreg: int = 128,
+) -> Geometry:
     """Geometry for rows of ``frame`` lanes of work (map width, or image width + K - 1 halo).
 
     On CUDA: 128 lanes (64 for windows of 17..31 taps), 128 rows per program; rows of at most
@@ -104,6 +146,10 @@ def geometry(frame: int, rows: int, window_size: int, bc: int, device: torch.dev
     kernels take 256 lanes and 8 warps, so that the recomputed halo is 4 %, not 8 %, of the work. In the
     interpreter programs run one after the other at a cost per operation, not per element: one
     program takes every row and column (up to 2048 lanes) of as many channels as fit.
+
+    Rows per program: ``CUDA_ROWS``, or fewer (:data:`ROW_STEPS`) where that grid would not fill
+    every SM's resident slots once (``maxnreg``: the launch's register ceiling, which sets how many
+    programs an SM holds).
     """
     kp = triton.next_power_of_2(window_size)
     need = triton.next_power_of_2(max(frame, 1))
@@ -112,13 +158,22 @@ def geometry(frame: int, rows: int, window_size: int, bc: int, device: torch.dev
         warps = cuda_warps(window_size)
         if halo and window_size <= COLUMN_TAPS.value:
             lanes, warps = 2 * lanes, 2 * warps
-        return Geometry(
-            bw=lanes,
-            f=min(lanes, need),
-            rows=CUDA_ROWS,
-            kp=kp,
-            warps=warps,
-        )
+        f = min(lanes, need)
+        # programs per row chunk: lane groups x column strips (a backward strip yields f - (K - 1)
+        # gradient columns of the frame - (K - 1) image columns)
+        halo_cols = window_size - 1 if halo else 0
+        per_chunk = triton.cdiv(bc, lanes // f) * triton.cdiv(max(frame - halo_cols, 1), f - halo_cols)
+        slots = sm_count(device) * programs_per_sm(warps, maxnreg)
+        halo_rows = (2 if halo else 1) * (window_size - 1)
+        rows = max(rows, 1)
+
+        def waved(r: int) -> tuple:  # wave-quantised time in row steps; ties: the longer programs
+            return (triton.cdiv(per_chunk * triton.cdiv(rows, r), slots) * (min(r, rows) + halo_rows), -r)
+
+        n_rows = CUDA_ROWS
+        if per_chunk * triton.cdiv(rows, CUDA_ROWS) < slots:
+            n_rows = min([CUDA_ROWS] + [r for r in ROW_STEPS if r < CUDA_ROWS], key=waved)
+        return Geometry(bw=lanes, f=f, rows=n_rows, kp=kp, warps=warps)
     f = min(need, 2048)
     bw = f * min(triton.next_power_of_2(bc), max(1, 2048 // f))
     return Geometry(bw=bw, f=f, rows=max(rows, 1), kp=kp, warps=4)

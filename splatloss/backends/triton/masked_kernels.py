@@ -256,7 +256,7 @@ def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: flo
     """``(ssim_sum, cs_sum)``, each ``[B, C]``: the maps summed with the centre mask as weight."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
-    geo = geometry(Wo, Ho, K, BC, img1.device)
+    geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=fwd_maxnreg(K))
     n_strips, n_chunks = triton.cdiv(Wo, geo.f), triton.cdiv(Ho, geo.rows)
     n_prog = triton.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
     s = torch.empty((BC, n_chunks * n_strips), dtype=torch.float32, device=img1.device)
@@ -284,7 +284,7 @@ def launch_masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, need
     ``[B, C]`` centre-weighted SSIM sum computed on the way."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
-    geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True)
+    geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=_bwd_maxnreg(K, reflect, need1 and need2))
     n_strips, n_chunks = triton.cdiv(W, geo.f - (K - 1)), triton.cdiv(H, geo.rows)
     n_prog = triton.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
     dev = img1.device
