@@ -394,7 +394,11 @@ def test_cost_json_structure_no_spills(tmp_path):
         assert one["bar_per_pixel"] <= 0.05 and one["min_warps_per_sm"] >= 16, (arch, one)
         assert one["dram_bytes_per_pixel"] <= 32, (arch, one)
         ratio = {n: calls[n]["warp_instructions_per_pixel"] / one["warp_instructions_per_pixel"] for n in calls}
-        assert ratio["dssim_l1_fwd_bwd"] <= 1.1 and ratio["ms_ssim_loss_fwd_bwd"] <= 1.5, (arch, ratio)
+        # MS-SSIM: the coarse scales' grids are under one wave, so their programs stream 16 to 25
+        # rows and re-stream the window's halo more often (1.63x the SSIM loss's instructions per
+        # pixel here, at most 1.5x with 128-row programs): more instructions, less time on an idle GPU
+        # (docs/cost_model.md: 815 against 1351 us at 1080p)
+        assert ratio["dssim_l1_fwd_bwd"] <= 1.1 and ratio["ms_ssim_loss_fwd_bwd"] <= 1.7, (arch, ratio)
 
 
 RECORD = """
@@ -514,8 +518,9 @@ def test_trip_counts_on_real_ptxas_output(tmp_path):
 @pytest.mark.triton
 @pytest.mark.slow
 def test_launch_tables_propose_full_waves(tmp_path):
-    """The launch tables on the 1080p SSIM loss: the backward kernel's 216 programs (2 per SM on 132
-    SMs) fill 82 % of one wave; 99 rows per program make 264, one full wave, and the search picks it."""
+    """The launch tables on the 1080p SSIM loss: 128 rows per program would make the backward
+    kernel's 216 programs (2 per SM on 132 SMs) fill 82 % of one wave; the launchers step down to
+    99 rows, 264 programs, one full wave (launch.ROW_STEPS), and the search finds nothing better."""
     out = tmp_path / "launches.json"
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
@@ -534,9 +539,8 @@ def test_launch_tables_propose_full_waves(tmp_path):
     call = json.loads(out.read_text())["calls"]["ssim fwd+bwd 1x3x1080x1920 float32"]
     (cur,) = [k for k in call["current_launches"] if not k["glue"]]
     (new,) = [k for k in call["proposed_launches"] if not k["glue"]]
-    assert (cur["programs"], cur["rows"], cur["ctas"]) == (216, 128, 2)
-    assert cur["efficiency"] == pytest.approx(216 / 264)
+    assert (cur["programs"], cur["rows"], cur["ctas"], cur["efficiency"]) == (264, 99, 2, 1.0)
     assert (new["programs"], new["rows"], new["efficiency"]) == (264, 99, 1.0)
-    assert call["proposed"]["model_s"] < call["current"]["model_s"]
+    assert call["proposed"]["model_s"] <= call["current"]["model_s"]
     assert call["current"]["issue_s"] <= call["current"]["latency_s"] <= call["current"]["wave_s"]
     assert call["fused_ssim"]["model_s"] > 0

@@ -1087,6 +1087,7 @@ def _launch_rows(ck, gpu: GPU, items, cache, maxnreg=None, counts_cache=None, he
                 kernel=it.fn.fn.__name__,
                 glue=False,
                 grid=list(it.grid),
+                launched_rows=it.args.get("ROWS"),  # the launch's own rows per program (None: no ROWS)
                 spill=c["spill"],
                 maxnreg=m,
                 warp_instructions=c["warp_instructions"],
@@ -1398,7 +1399,8 @@ def main(argv=None) -> int:
             label, est, missed = choose_geometry([((R, m), rows[i]["est"], rows[i]["spill"]) for R, m, rows in options])
             pick = next(rows[i] for R, m, rows in options if (R, m) == label)
             proposed.append(dict(pick, share=r["share"]))
-            chosen.append(label[0] if label[0] is not None else base_rows)
+            # the rows the launch ran with: below the searched CUDA_ROWS where the launchers step down
+            chosen.append(pick.get("launched_rows") or (label[0] if label[0] is not None else base_rows))
             if r["share"] >= TARGET_SHARE and missed:
                 missed_all.append(f"{r['kernel']}: " + "; ".join(missed))
         plan = proposed
@@ -1412,7 +1414,7 @@ def main(argv=None) -> int:
             if best is not None:
                 plan = [best[0] if r["kernel"].endswith(" batched") else r for r in plan]
         plan = fuse_scalar_glue(plan)
-        cur_rows = [base_rows if not r["glue"] else None for r in current]
+        cur_rows = [(r.get("launched_rows") or base_rows) if not r["glue"] else None for r in current]
         if args.launches:
             print_launches(f"{name}: launched geometry (modelled, {gpu.name})", current, cur_rows)
             print_launches(f"{name}: proposed geometry (modelled, {gpu.name})", proposed, chosen)
