@@ -59,11 +59,12 @@ def test_all_ones_mask_equals_unmasked(name, padding):
     + backend_params(NAMES[2:], slow_triton=True),
 )
 def test_masked_ms_ssim_equals_oracle(name):
+    # three scales (two masked pyramid steps, odd sides at both) keep the Triton interpreter short
     dev = device_for(name)
-    x, y = photo_pair(163, 167, seed=3, dtype=torch.float32, device=dev)
-    m = soft_mask(163, 167, seed=2)
-    weights = (0.0448, 0.2856, 0.3001, 0.2363, 0.1333)
-    v, gx, gy = _both_grads(lambda a, b: splatloss.ms_ssim(a, b, mask=m.to(dev), backend=name), x, y)
+    x, y = photo_pair(45, 51, seed=3, dtype=torch.float32, device=dev)
+    m = soft_mask(45, 51, seed=2)
+    weights = (0.3, 0.3, 0.4)
+    v, gx, gy = _both_grads(lambda a, b: splatloss.ms_ssim(a, b, weights=weights, mask=m.to(dev), backend=name), x, y)
     tv, tgx, tgy = _both_grads(lambda a, b: masked_ms_ssim(a, b, m, weights), x.cpu().double(), y.cpu().double())
     assert abs(v.item() - tv.item()) <= VALUE_TOL
     assert rel(gx, tgx) <= GRAD_TOL and rel(gy, tgy) <= GRAD_TOL
@@ -90,11 +91,13 @@ def test_photometric_every_term_masked(name, padding):
     tv, tgx, tgy = _both_grads(truth, x.cpu().double(), y.cpu().double())
     assert abs(v.item() - tv.item()) <= VALUE_TOL
     assert rel(gx, tgx) <= GRAD_TOL and rel(gy, tgy) <= GRAD_TOL
-    # msssim term separately (needs a bigger image)
-    xb, yb = photo_pair(161, 165, seed=3, dtype=x.dtype, device=dev)
-    mb = soft_mask(161, 165, seed=6)
-    ms = splatloss.PhotometricLoss(weights=dict(msssim=1.0), tau=None, backend=name)(xb, yb, mask=mb.to(dev, x.dtype))
-    assert abs(ms.item() - (1 - masked_ms_ssim(xb.cpu(), yb.cpu(), mb)).item()) <= VALUE_TOL
+    # msssim term separately (three scales: needs a bigger image than the other terms)
+    xb, yb = photo_pair(45, 51, seed=3, dtype=x.dtype, device=dev)
+    mb = soft_mask(45, 51, seed=6)
+    ws = (0.3, 0.3, 0.4)
+    ms = splatloss.PhotometricLoss(weights=dict(msssim=1.0), ms_weights=ws, tau=None, backend=name)
+    value = ms(xb, yb, mask=mb.to(dev, x.dtype))
+    assert abs(value.item() - (1 - masked_ms_ssim(xb.cpu(), yb.cpu(), mb, weights=ws)).item()) <= VALUE_TOL
 
 
 def test_unmasked_gaussian_l1_is_the_all_ones_value():

@@ -67,12 +67,13 @@ def _fast(backend, entry, dtype, padding, masked):
 
 def _redundant(backend, entry, dtype, padding, masked):
     """Triton in the interpreter (seconds a case, up to 30 s with "reflect"): half precision with
-    "same" only, as the kernels convert a loaded fp16 / bf16 value to fp32 before any padding-dependent
-    code; MS-SSIM and the no-graph gradient with "same" only, as they run the statistics kernels whose
-    every padding the ``stats`` and ``mean`` cases hold."""
-    if backend != "triton" or has_cuda() or masked or padding == "same":
+    "same" only, masked or not, as the kernels (the masked ones too) convert a loaded fp16 / bf16
+    value to fp32 before any padding-dependent code; unmasked MS-SSIM and the no-graph gradient with
+    "same" only, as they run the statistics kernels whose every padding the ``stats`` and ``mean``
+    cases hold."""
+    if backend != "triton" or has_cuda() or padding == "same":
         return False
-    return dtype != torch.float32 or entry in ("ms_ssim", "mean_and_grad")
+    return dtype != torch.float32 or (not masked and entry in ("ms_ssim", "mean_and_grad"))
 
 
 def _cases():
