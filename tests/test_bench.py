@@ -170,3 +170,27 @@ def test_rows_timed_after_a_library_failed_on_cuda_are_marked(monkeypatch, capsy
     lines = [line for line in table.getvalue().splitlines() if line.startswith("ssim")]
     assert "splatloss-torch !" not in lines[0] and "splatloss-torch !" in lines[1]
     assert "(timed after a CUDA failure)" in bench.markdown_table(after, "splatloss-torch")
+
+
+def test_a_library_whose_loss_value_differs_is_marked():
+    # Every library's first-call value against splatloss's, where both compute the same loss: the
+    # real peers on CPU (pytorch-msssim's SSIM: the same "valid" Gaussian SSIM), and a copy of one
+    # record given a value 1 % off. Peers with other conventions (kornia's SSIM pads) are not compared.
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import bench
+    finally:
+        sys.path.pop(0)
+    libs = ["splatloss-torch", "splatloss-reference", "pytorch_msssim", "kornia"]
+    recs = bench.time_config(libs, "ssim", "fwd", (1, 3, 48, 64), torch.float32, "cpu", 1, 0, "splatloss-torch")
+    values = {r["lib"]: r["value"] for r in recs}
+    assert abs(values["pytorch_msssim"] - values["splatloss-torch"]) <= 1e-5 * values["splatloss-torch"]
+    assert not any("value_mismatch" in r for r in recs)
+    assert bench.same_loss("fused_ssim", "dssim_l1") and not bench.same_loss("kornia", "ssim")
+    off = dict(recs[2], value=recs[2]["value"] * 1.01)
+    far = dict(recs[3], value=recs[3]["value"] * 2)  # kornia: another convention, never compared
+    bench.check_values([recs[0], off, far], torch.float32)
+    assert "against splatloss-torch's" in off["value_mismatch"] and "value_mismatch" not in far
+    table = io.StringIO()
+    bench.print_table([recs[0], off], "splatloss-torch", file=table)
+    assert "pytorch_msssim ?" in table.getvalue()

@@ -346,6 +346,44 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+#: Relative tolerance of the value check (:func:`check_values`): float32 / float64, and half precision.
+VALUE_RTOL = {True: 1e-3, False: 5e-2}
+
+
+def same_loss(lib: str, op: str) -> bool:
+    """Whether ``lib``'s ``op`` is the very loss splatloss computes (so their values must agree):
+    every splatloss library; fused-ssim's D-SSIM + L1 ("same" padding, as 3DGS) and SSIM when
+    splatloss's SSIM padding is "valid" (fused-ssim's); pytorch-msssim's SSIM likewise (11-tap
+    Gaussian, sigma 1.5, "valid"). The other peers' conventions differ (MS-SSIM pyramids, masks
+    multiplied in, downsampling)."""
+    if lib.startswith("splatloss") or lib == "compiled-reference":
+        return True
+    valid = PADDING["padding"] == "valid"
+    if lib == "fused_ssim":
+        return op == "dssim_l1" or (op == "ssim" and valid)
+    return lib == "pytorch_msssim" and op == "ssim" and valid
+
+
+def check_values(records, dtype) -> None:
+    """Mark every record whose first call's loss value disagrees with the first splatloss
+    library's on the same inputs (``value_mismatch``, ``?`` in the table, a warning on stderr): a
+    time is only worth printing for a call that computed the loss."""
+    ref = next((r for r in records if r["lib"].startswith("splatloss") and "value" in r), None)
+    if ref is None:
+        return
+    rtol = VALUE_RTOL[dtype in (torch.float32, torch.float64)]
+    for r in records:
+        if r is ref or "value" not in r or not same_loss(r["lib"], r["op"]):
+            continue
+        if not abs(r["value"] - ref["value"]) <= rtol * max(abs(ref["value"]), 1e-3):
+            r["value_mismatch"] = f"{r['value']:.6g} against {ref['lib']}'s {ref['value']:.6g}"
+            print(
+                f"warning: {r['lib']} {r['op']} {r['mode']} {r['batch']}x{r['channels']}x{r['height']}x{r['width']}: "
+                f"loss {r['value_mismatch']} (relative tolerance {rtol:g}); its time is marked '?'",
+                file=sys.stderr,
+            )
+
+
 #: The first library call that raised on CUDA in this process ("lib op mode shape: error"), or None.
 #: A call that fails on CUDA can leave the device in a state where later work silently does not
 #: run (after a CUDA graph capture failed part-way, fused-ssim, which launches on the legacy
@@ -378,9 +416,11 @@ def time_config(libs, op, mode, shape, dtype, device, repeats, warmup, baseline,
             call = make_call(make_loss(lib, op, device), x, y, mode)
             _sync(device)
             t0 = time.perf_counter()
-            call()  # first call: compiles / builds caches
+            out = call()  # first call: compiles / builds caches
             _sync(device)
             rec["first_call_ms"] = 1e3 * (time.perf_counter() - t0)
+            if isinstance(out, torch.Tensor) and out.numel() == 1:
+                rec["value"] = float(out.detach().double())
             for _ in range(warmup):
                 call()
             calls[lib] = call
@@ -425,6 +465,7 @@ def time_config(libs, op, mode, shape, dtype, device, repeats, warmup, baseline,
                     records[lib]["fma_peak_lanes_per_s"] = statistics.median(p for p, _ in peaks)
                     records[lib]["x_floor"] = statistics.median(a for a, _ in fl)
                     records[lib]["cpu_x_floor"] = statistics.median(b for _, b in fl)
+    check_values(list(records.values()), dtype)
     for lib, ts in times.items():
         if CUDA_FAILURE is not None:
             records[lib]["after_cuda_error"] = CUDA_FAILURE
@@ -608,7 +649,7 @@ def print_table(results, baseline, file=sys.stdout):
             mratio = f"{r[mkey]:.1f}" if mkey in r else ""
             cpu = f"{r['cpu_median_ms']:.1f}" if "cpu_median_ms" in r else ""
             floor = f"{r['cpu_x_floor']:.2f}" if "cpu_x_floor" in r else ""
-            lib = r["lib"] + (" !" if "after_cuda_error" in r else "")
+            lib = r["lib"] + (" !" if "after_cuda_error" in r else "") + (" ?" if "value_mismatch" in r else "")
             print(
                 f"{r['op']:9} {r['mode']:6} {shape:25} {lib:21} {r['median_ms']:10.2f} {ratio:>17} "
                 f"{cpu:>8} {floor:>8} {mem:>8} {mratio:>6} {r.get('first_call_ms', 0):9.0f}",
@@ -634,6 +675,7 @@ def markdown_table(results, baseline):
         shape = f"{r['batch']}x{r['channels']}x{r['height']}x{r['width']}" + _dtype_suffix(r)
         mem = r.get("peak_added_bytes")
         lib = r["lib"] + (" (timed after a CUDA failure)" if "after_cuda_error" in r else "")
+        lib += " (value differs)" if "value_mismatch" in r else ""
         lines.append(
             f"| {r['op']} | {r['mode']} | {shape} | {lib} | {r['median_ms']:.1f} | "
             + (f"{r[key]:.1f}" if key in r else "")
