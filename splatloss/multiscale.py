@@ -18,6 +18,7 @@ nowhere else:
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Iterator, Optional, Sequence, Tuple
 
 import torch
@@ -124,10 +125,7 @@ def combine(terms: Tensor, weights: Sequence[float], tau: Optional[float] = None
     f = t ** _weights_tensor(weights, terms)
     # the product as M - 1 multiplies, not torch.prod: prod's backward counts the zero factors on
     # the host (a synchronisation per call, which also stops a CUDA graph capture)
-    prod = f[..., 0]
-    for j in range(1, f.shape[-1]):
-        prod = prod * f[..., j]
-    return prod.mean(dim=-1)
+    return functools.reduce(torch.mul, f.unbind(-1)).mean(dim=-1)
 
 
 #: The scale weights as tensors, one per (weights, dtype, device): made once, so that a call copies

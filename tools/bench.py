@@ -632,6 +632,15 @@ def _dtype_suffix(record) -> str:
     return "" if dt == "float32" else f" {dt}"
 
 
+def _lib_label(r, after_cuda_error: str, value_mismatch: str) -> str:
+    """A record's library name with the marks of :data:`CUDA_FAILURE` and :func:`check_values`."""
+    return (
+        r["lib"]
+        + (after_cuda_error if "after_cuda_error" in r else "")
+        + (value_mismatch if "value_mismatch" in r else "")
+    )
+
+
 def print_table(results, baseline, file=sys.stdout):
     key = f"speedup_vs_{baseline}"
     mkey = f"memory_ratio_vs_{baseline}"
@@ -649,7 +658,7 @@ def print_table(results, baseline, file=sys.stdout):
             mratio = f"{r[mkey]:.1f}" if mkey in r else ""
             cpu = f"{r['cpu_median_ms']:.1f}" if "cpu_median_ms" in r else ""
             floor = f"{r['cpu_x_floor']:.2f}" if "cpu_x_floor" in r else ""
-            lib = r["lib"] + (" !" if "after_cuda_error" in r else "") + (" ?" if "value_mismatch" in r else "")
+            lib = _lib_label(r, " !", " ?")
             print(
                 f"{r['op']:9} {r['mode']:6} {shape:25} {lib:21} {r['median_ms']:10.2f} {ratio:>17} "
                 f"{cpu:>8} {floor:>8} {mem:>8} {mratio:>6} {r.get('first_call_ms', 0):9.0f}",
@@ -674,8 +683,7 @@ def markdown_table(results, baseline):
             continue
         shape = f"{r['batch']}x{r['channels']}x{r['height']}x{r['width']}" + _dtype_suffix(r)
         mem = r.get("peak_added_bytes")
-        lib = r["lib"] + (" (timed after a CUDA failure)" if "after_cuda_error" in r else "")
-        lib += " (value differs)" if "value_mismatch" in r else ""
+        lib = _lib_label(r, " (timed after a CUDA failure)", " (value differs)")
         lines.append(
             f"| {r['op']} | {r['mode']} | {shape} | {lib} | {r['median_ms']:.1f} | "
             + (f"{r[key]:.1f}" if key in r else "")

@@ -110,9 +110,7 @@ def with_autograd(op, impl, setup_context, backward):
     Eager = type(name, (torch.autograd.Function,), methods)
 
     def call(*args):
-        if torch.compiler.is_compiling() or _functorch_active():
-            return op(*args)
-        return Eager.apply(*args)
+        return Eager.apply(*args) if eager() else op(*args)
 
     return call
 
