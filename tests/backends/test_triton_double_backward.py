@@ -43,6 +43,7 @@ def test_create_graph_is_refused(name):
     assert g.shape == x.shape and bool(torch.isfinite(g).all()) and float(g.abs().max()) > 0
 
 
+@pytest.mark.slow  # the fast tier's refusal: test_create_graph_is_refused[ssim]
 def test_create_graph_on_the_target_image_is_refused_too():
     x, y = make_pair((1, 1, 10, 10), seed=4, device=device_for(T))
     y.requires_grad_(True)
