@@ -68,12 +68,17 @@ def _fast(backend, entry, dtype, padding, masked):
 def _redundant(backend, entry, dtype, padding, masked):
     """Triton in the interpreter (seconds a case, up to 30 s with "reflect"): half precision with
     "same" only, masked or not, as the kernels (the masked ones too) convert a loaded fp16 / bf16
-    value to fp32 before any padding-dependent code; unmasked MS-SSIM and the no-graph gradient with
-    "same" only, as they run the statistics kernels whose every padding the ``stats`` and ``mean``
-    cases hold."""
-    if backend != "triton" or has_cuda() or padding == "same":
+    value to fp32 before any padding-dependent code; and one half dtype per entry and mask,
+    alternating (fp16 and bf16 each reach the unmasked and the masked kernels of some entry), as
+    both take the same kernel code: a load converted to fp32, a store converted to the gradient's
+    dtype. Unmasked MS-SSIM and the no-graph gradient with "same" only, as they run the statistics
+    kernels whose every padding the ``stats`` and ``mean`` cases hold."""
+    if backend != "triton" or has_cuda():
         return False
-    return dtype != torch.float32 or (not masked and entry in ("ms_ssim", "mean_and_grad"))
+    if dtype in (torch.float16, torch.bfloat16):
+        other = torch.bfloat16 if (ENTRIES.index(entry) + masked) % 2 == 0 else torch.float16
+        return padding != "same" or dtype == other
+    return padding != "same" and not masked and entry in ("ms_ssim", "mean_and_grad")
 
 
 def _cases():
