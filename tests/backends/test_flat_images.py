@@ -4,7 +4,9 @@ Two levels (0.2 and 0.8 rectangles) against a copy at 0.98x or 0.99x: most windo
 the local variances are differences of moments of magnitude 1 while ``C2 = 9e-4``, and the partials
 w.r.t. the second moments are of order ``1 / C2``. Moments formed around one shift per plane leave
 the gradients 5e-4 to 2e-3 from float64 here; the local shift (one per input row and column tile,
-see :mod:`splatloss.backends.torch_fused`) makes the differences exactly 0 in flat windows.
+see :mod:`splatloss.backends.torch_fused`; per input row and map column in the Triton kernels,
+:func:`splatloss.backends.triton.columns.vmoments`) makes the differences exactly 0 in flat
+windows.
 
 Each case is a batch of three seeds, one channel, checked against the float64 reference backend on
 the very same input values: the SSIM and cs means per image and the gradients to both images of
@@ -22,16 +24,9 @@ from conftest import PADDINGS, backend_params, device_for, has_cuda, rel
 from splatloss import backends
 from splatloss.config import SSIMConfig
 
-# Backends whose kernels do not form their moments around the local shift yet: their cases are
-# expected to fail (strictly: a pass means the mark is stale). Remove a backend from this list when
-# its kernel lands.
-NOT_YET_LOCAL_SHIFT = {
-    "triton": "the Triton kernels form their moments around one shift per program",
-}
-
-# Normwise bars against float64. torch measured on these cases: values <= 1.8e-7, gradients <= 1.5e-5; cpu
-# gradients <= 7.2e-6
-# (moments around one shift per plane: values up to 1e-5, gradients 5e-4 to 1.2e-3).
+# Normwise bars against float64. Measured on these cases: torch values <= 1.8e-7, gradients <= 1.5e-5;
+# cpu gradients <= 7.2e-6; triton (interpreter) values <= 3e-7, gradients <= 1.4e-5 (moments around
+# one shift per plane: values up to 1.2e-5, gradients 5e-4 to 1.2e-3).
 VALUE_TOL = 1e-6
 GRAD_TOL = 3e-5
 SEEDS = (0, 1, 2)
@@ -54,12 +49,12 @@ def _pair(factor: float, h: int, w: int):
     return x, (x * factor).to(torch.float32)
 
 
-def _outputs(name: str, x, y, padding: str, dtype):
+def _outputs(name: str, x, y, padding: str, dtype, window_size: int = 11):
     """SSIM and cs means ``[B, 1]`` and the gradients to (x, y), on ``name``'s device, in float64."""
     dev = device_for(name) if name != "reference" else torch.device("cpu")
     x = x.to(dev, dtype).requires_grad_(True)
     y = y.to(dev, dtype).requires_grad_(True)
-    s, c = backends.get(name).ssim_stats(x, y, SSIMConfig(padding=padding))
+    s, c = backends.get(name).ssim_stats(x, y, SSIMConfig(padding=padding, window_size=window_size))
     g = torch.Generator().manual_seed(7)
     u_s, u_c = torch.rand(s.shape, generator=g, dtype=torch.float64) + 0.5, torch.rand(c.shape, generator=g) - 0.5
     total = (s * u_s.to(dev, s.dtype)).sum() + (c * u_c.to(dev, c.dtype)).sum()
@@ -72,27 +67,29 @@ def _cases():
     for p in backend_params():
         name = p.values[0]
         marks = list(p.marks)
-        if name in NOT_YET_LOCAL_SHIFT:
-            marks.append(pytest.mark.xfail(strict=True, reason=NOT_YET_LOCAL_SHIFT[name]))
         if name == "triton" and not has_cuda():
             marks.append(pytest.mark.slow)  # the interpreter: seconds per case
         for padding in PADDINGS:
             for factor in (0.98, 0.99):
-                out.append(pytest.param(name, padding, factor, marks=marks, id=f"{name}-{padding}-{factor}"))
+                out.append(pytest.param(name, padding, factor, 11, marks=marks, id=f"{name}-{padding}-{factor}"))
+        # a 13-tap window: Triton's ring kernels (the column kernels end at 11 taps); "reflect" has
+        # every border path (mirrored rows and columns) of the other paddings' plus its own
+        for padding in PADDINGS if name != "triton" else ("reflect",):
+            out.append(pytest.param(name, padding, 0.98, 13, marks=marks, id=f"{name}-{padding}-0.98-K13"))
     return out
 
 
-@pytest.mark.parametrize("backend, padding, factor", _cases())
-def test_flat_two_level_images_match_float64(backend, padding, factor):
+@pytest.mark.parametrize("backend, padding, factor, window_size", _cases())
+def test_flat_two_level_images_match_float64(backend, padding, factor, window_size):
     # Triton in the interpreter gets small images (slow); the others the 96x128 of the bounds tests.
     h, w = (40, 48) if backend == "triton" and not has_cuda() else (96, 128)
     x, y = _pair(factor, h, w)
-    got = _outputs(backend, x, y, padding, torch.float32)
-    truth = _outputs("reference", x, y, padding, torch.float64)
+    got = _outputs(backend, x, y, padding, torch.float32, window_size)
+    truth = _outputs("reference", x, y, padding, torch.float64, window_size)
     errors = {what: rel(a, b) for what, a, b in zip(("ssim", "cs", "grad_x", "grad_y"), got, truth)}
     bars = {"ssim": VALUE_TOL, "cs": VALUE_TOL, "grad_x": GRAD_TOL, "grad_y": GRAD_TOL}
     over = {what: f"{err:.3g} > {bars[what]:.1g}" for what, err in errors.items() if err > bars[what]}
-    assert not over, f"{backend}, {padding}, {factor}x: normwise errors against float64: {over}"
+    assert not over, f"{backend}, {padding}, {factor}x, {window_size} taps: normwise errors against float64: {over}"
 
 
 @pytest.mark.parametrize("padding", PADDINGS)

@@ -5,7 +5,9 @@ gradient columns). Computes the moments on the map positions whose windows reach
 forms the partial derivatives of ``gs * SSIM + gc * cs`` (``gs`` / ``gc`` one scalar per (image,
 channel) for the means, or map-sized upstream gradients for ``ssim_map``; ``HAS_CS == 2``: of
 ``gc * cs`` alone), applies the adjoint window (horizontal through a scratch row, vertical
-through pending sums or a ring) and writes both image gradients once; optionally adds an L1 term
+through pending sums or a ring; the column body takes the vertical adjoint first, so that the
+horizontal one can form each pixel's difference against each map column's shift) and writes both
+image gradients once; optionally adds an L1 term
 ``l1 * sign(x - y)`` (the fused photometric loss) and sums the SSIM values (cs with
 ``HAS_CS == 2``) and ``|x - y|`` it computed on the way: a loss's value and gradient in one pass.
 Column body (:mod:`.columns`) up to ``COLUMN_TAPS`` taps, ring body (:mod:`.ring`) above.
@@ -20,11 +22,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .bodies import interior, l1_sign_term, lanes, stage_partials, store_grad, store_sums
-from .columns import hadjoint_cols, hmoments, load_taps, push, vadjoint_taps
+from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
+from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, vadjoint_taps, vmoments
 from .launch import COLUMN_TAPS, SIZES, bwd_maxnreg, device_guard, geometry, launch_options, problem
-from .moments import local_shift, partials
-from .ring import hadjoint, ring_vsum, row_moments
+from .moments import partials
+from .ring import hadjoint_moved as hadjoint_moved_ring
+from .ring import ring_vsum, row_moments, window_taus
 
 __all__ = ["ssim_bwd_kernel", "launch_bwd"]
 
@@ -56,13 +59,12 @@ def _bwd_columns(
     y_lane = y_base + (p_c - PAD).to(tl.int64) * sy_w
     q_r0 = chunk * ROWS
     n_rows = tl.minimum(ROWS, H - q_r0)
-    shift = local_shift(x_ptr, y_ptr, x_base, y_base, q_r0, n_rows, q_c, qcol_ok, sx_h, sx_w, sy_h, sy_w, F, BW)
     wt = load_taps(w_ptr, K)
     zero = tl.zeros([BW], dtype=tl.float32)
 
-    # scratch (stays in L1/L2): two rows of up to 4 partials (double-buffered: one barrier per
+    # scratch (stays in L1/L2): two rows of 5 values per lane (double-buffered: one barrier per
     # row), read back at shifted columns by the horizontal adjoint
-    scr = scr_ptr + pid.to(tl.int64) * (8 * BW + 32)
+    scr = scr_ptr + pid.to(tl.int64) * (10 * BW + 32)
 
     # per-channel scalars: one value per program when it holds one channel (uniform registers)
     sel = group if F == BW else bc
@@ -81,27 +83,25 @@ def _bwd_columns(
         l1 = 0.0
     acc_s = zero  # the SSIM map's sum (cs in cs-only mode, where partials returns cs for it)
     acc_l = zero
-    # pending vertical sums of the moments (slot j: map row j + 1 steps ahead) and of the
-    # horizontally adjoined partials (slot j: gradient row j + 1 steps ahead)
-    v1 = (zero,) * (K - 1)
-    v2 = (zero,) * (K - 1)
-    v11 = (zero,) * (K - 1)
-    v12 = (zero,) * (K - 1)
+    # the moments' vertical state (:func:`vmoments`), and the pending vertical adjoint sums of the
+    # partials (slot j: gradient row j + 1 steps ahead), per map column
+    ring = (zero,) * (K // 2)
+    state = (ring, ring, ring, ring, (zero,) * (K - 1), ring, ring, ring, ring)
     a_sq = (zero,) * (K - 1)
     a_xy = (zero,) * (K - 1)
     a_1 = (zero,) * (K - 1)
     a_2 = (zero,) * (K - 1)
     for i in tl.range(0, n_rows + 2 * (K - 1), num_stages=1):
-        # 1. padded input row r enters; moments of map row p = r - (K - 1) + PAD complete
+        # 1. padded input row r enters; moments of map row p = r - (K - 1) + PAD complete, around
+        #    the shift of their centre row
         r = q_r0 - (K - 1) + i
-        h1, h2, h11, h12, _ = hmoments(
+        h1, h2, h11, h12, _, s = hmoments(
             x_ptr, y_ptr, x_lane, y_lane, r, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
-            lane_ok, lane_ok, lane_ok, shift, wt, K, PAD, REFLECT, False, EDGE,
+            lane_ok, lane_ok, lane_ok, wt, K, PAD, REFLECT, False, EDGE,
         )  # fmt: skip
-        mu1, v1 = push(v1, h1, wt, K, True)
-        mu2, v2 = push(v2, h2, wt, K, True)
-        e11, v11 = push(v11, h11, wt, K, True)  # E[x'^2] + E[y'^2]: only their sum enters B2
-        e12, v12 = push(v12, h12, wt, K, True)
+        hist = state[4]  # shifts of rows r - (K - 1) .. r - 1
+        done, state = vmoments(state, h1, h2, h11, h12, s, wt, K)
+        mu1, mu2, e11, e12, shift = done  # e11: E[x'^2] + E[y'^2] (only their sum enters B2)
 
         # 2. partial derivatives on map row p; zero off the map
         p = r - (K - 1) + PAD
@@ -117,36 +117,42 @@ def _bwd_columns(
         if WRITE_SUMS:
             own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
             acc_s += tl.where(own, ssim, 0.0)
+        dsq = tl.where(valid, dsq, 0.0)
+        dxy = tl.where(valid, dxy, 0.0)
+        e = 2.0 * dsq + dxy
 
-        # 3. horizontal adjoint through the scratch row
-        buf = scr + (i % 2) * (4 * BW)
-        stage_partials(buf, ar, valid, dsq, dxy, d1, d2, NEED1, NEED2, BW)
-        h_sq = hadjoint_cols(buf, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT)
-        h_xy = hadjoint_cols(buf + BW, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT)
-
-        # 4. vertical adjoint: map row p enters gradient rows q = p - PAD + j with tap j (and the
-        #    mirrored taps under "reflect"); gradient row q = p - PAD completes
+        # 3. vertical adjoint: map row p enters gradient rows q = p - PAD + j with tap j (and the
+        #    mirrored taps under "reflect"), the means' partials moved to each row's shift;
+        #    gradient row q = p - PAD completes
         wa = vadjoint_taps(w_ptr, wt, p, H, K, PAD, REFLECT)
-        g_sq, a_sq = push(a_sq, h_sq, wa, K, False)
-        g_xy, a_xy = push(a_xy, h_xy, wa, K, False)
+        g_sq, a_sq = push(a_sq, dsq, wa, K, False)
+        g_xy, a_xy = push(a_xy, dxy, wa, K, False)
+        buf = scr + (i % 2) * (5 * BW)
+        tl.store(buf + ar, 2.0 * g_sq)
+        tl.store(buf + BW + ar, g_xy)
+        if NEED1:
+            g1, a_1 = push_moved(a_1, tl.where(valid, d1, 0.0), e, hist, s, shift, wa, K)
+            tl.store(buf + 2 * BW + ar, g1)
+        if NEED2:
+            g2, a_2 = push_moved(a_2, tl.where(valid, d2, 0.0), e, hist, s, shift, wa, K)
+            tl.store(buf + 3 * BW + ar, g2)
+        tl.store(buf + 4 * BW + ar, tl.where(pcol_ok, hist[0], 0.0))
+        tl.debug_barrier()
+
+        # 4. horizontal adjoint of gradient row q through the scratch row
         q = p - PAD
         out = qcol_ok & (i >= 2 * (K - 1)) & (q < q_r0 + n_rows)
         q64 = q.to(tl.int64)
         # gradient column q_c is the last tap of the lane's window: K - 1 columns past its start
-        xq = tl.load(x_ptr + x_lane + q64 * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32) - shift
-        yq = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32) - shift
+        xq = tl.load(x_ptr + x_lane + q64 * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32)
+        yq = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32)
+        gx, gy = hadjoint_moved(buf, wt, q_c0, W, f, xq, yq, NEED1, NEED2, F, BW, K, PAD, REFLECT, EDGE)
         o_offs = o_base + q64 * so_h + q_c.to(tl.int64) * so_w
         l1_term, acc_l = l1_sign_term(xq, yq, l1, out, acc_l, HAS_L1, WRITE_SUMS)
         if NEED1:
-            g1, a_1 = push(
-                a_1, hadjoint_cols(buf + 2 * BW, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT), wa, K, False
-            )
-            store_grad(gx_ptr, o_offs, out, g1, xq, yq, g_sq, g_xy, l1_term, 1, HAS_L1)
+            store_grad(gx_ptr, o_offs, out, gx, xq, yq, None, None, l1_term, 1, HAS_L1)
         if NEED2:
-            g2, a_2 = push(
-                a_2, hadjoint_cols(buf + 3 * BW, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT), wa, K, False
-            )
-            store_grad(gy_ptr, o_offs, out, g2, yq, xq, g_sq, g_xy, l1_term, -1, HAS_L1)
+            store_grad(gy_ptr, o_offs, out, gy, yq, xq, None, None, l1_term, -1, HAS_L1)
     if WRITE_SUMS:
         # per program and channel: the SSIM (cs) and, with HAS_L1, |x - y| sums of the pixels it owns
         store_sums(sum_ptr, acc_s, BC, n_chunks * n_strips, 2, F, BW)
@@ -180,16 +186,17 @@ def _bwd_ring(
     own_c = pcol_ok & (p_c >= q_c0) & (p_c < q_c0 + STEP)  # map columns this strip sums
     q_r0 = chunk * ROWS
     n_rows = tl.minimum(ROWS, H - q_r0)
-    shift = local_shift(x_ptr, y_ptr, x_base, y_base, q_r0, n_rows, q_c, qcol_ok, sx_h, sx_w, sy_h, sy_w, F, BW)
 
-    # scratch (stays in L1/L2): two 4-row buffers of partials (double-buffered: one barrier per
-    # row suffices), 4 rings of horizontally-adjoined partial rows, 5 rings of moment rows
-    scr = scr_ptr + pid.to(tl.int64) * ((8 + 9 * KP) * BW)
-    aring = scr + 8 * BW
-    mring = aring + 4 * KP * BW
+    # scratch (stays in L1/L2): two rows of 5 values per lane (double-buffered: one barrier per
+    # row suffices), 5 rings of partial rows (d/dE[x'^2], d/dE[x'y'], the means', the map row's
+    # shift), 5 rings of moment rows and one of their shifts
+    scr = scr_ptr + pid.to(tl.int64) * ((10 + 11 * KP) * BW)
+    pring = scr + 10 * BW
+    mring = pring + 5 * KP * BW
+    msring = mring + 5 * KP * BW
     ring_offs = slots[:, None] * BW + ar[None, :]  # [KP, BW]
-    for j in tl.static_range(9):
-        tl.store(aring + j * KP * BW + ring_offs, tl.zeros([KP, BW], dtype=tl.float32))
+    for j in tl.static_range(11):
+        tl.store(pring + j * KP * BW + ring_offs, tl.zeros([KP, BW], dtype=tl.float32))
 
     if UPSTREAM_MAP:
         g_base = b * sg_b + ch * sg_c
@@ -206,11 +213,12 @@ def _bwd_ring(
     acc_s = tl.zeros([BW], dtype=tl.float32)
     acc_l = tl.zeros([BW], dtype=tl.float32)
     for i in range(0, n_rows + 2 * (K - 1)):
-        # 1. padded input row r enters; moments of map row p = r - (K - 1) + PAD
+        # 1. padded input row r enters; moments of map row p = r - (K - 1) + PAD, around the shift
+        #    of their centre row
         r = q_r0 - (K - 1) + i
-        h1, h2, h11, h22, h12, _ = row_moments(
+        h1, h2, h11, h22, h12, _, sh = row_moments(
             x_ptr, y_ptr, x_base, y_base, r, q_c0 - (K - 1) + f, H, W, sx_h, sx_w, sy_h, sy_w, w_ptr,
-            lane_ok, f, f, shift, K, KP, REFLECT, False, F == BW,
+            lane_ok, f, f, K, KP, REFLECT, False,
         )  # fmt: skip
         mslot = mring + (i % KP) * BW + ar
         tl.store(mslot, h1)
@@ -218,13 +226,15 @@ def _bwd_ring(
         tl.store(mslot + 2 * KP * BW, h11)
         tl.store(mslot + 3 * KP * BW, h22)
         tl.store(mslot + 4 * KP * BW, h12)
+        tl.store(mslot + 5 * KP * BW, sh)
         tl.debug_barrier()
         age = (i - slots + KP) % KP
         wv = tl.load(w_ptr + (K - 1 - age), mask=age < K, other=0.0)[:, None]
         live = (age < K)[:, None]  # only the K newest rows: 0 * NaN of an older row would be NaN
-        mu1, mu2, e11, e22, e12 = ring_vsum(mring, ring_offs, live, wv, KP, BW)
+        tau, shift = window_taus(msring, slots, i, live, KP, BW, K)
+        mu1, mu2, e11, e22, e12 = ring_vsum(mring, ring_offs, live, wv, tau, KP, BW)
 
-        # 2. partial derivatives on map row p; zero off the map
+        # 2. partial derivatives on map row p; zero off the map; into the partials' rings
         p = r - (K - 1) + PAD
         valid = pcol_ok & (i >= K - 1) & (p >= 0) & (p < Ho)
         if UPSTREAM_MAP:
@@ -238,21 +248,19 @@ def _bwd_ring(
         if WRITE_SUMS:
             own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
             acc_s += tl.where(own, ssim, 0.0)
-
-        # 3. horizontal adjoint through the scratch row, into the rings of adjoined partials
-        buf = scr + (i % 2) * (4 * BW)
-        stage_partials(buf, ar, valid, dsq, dxy, d1, d2, NEED1, NEED2, BW)
-        aslot = aring + (i % KP) * BW + ar
-        tl.store(aslot, hadjoint(buf, w_ptr, q_c0, W, f, F, BW, K, KP, PAD, REFLECT))
-        tl.store(aslot + KP * BW, hadjoint(buf + BW, w_ptr, q_c0, W, f, F, BW, K, KP, PAD, REFLECT))
+        pslot = pring + (i % KP) * BW + ar
+        tl.store(pslot, tl.where(valid, dsq, 0.0))
+        tl.store(pslot + KP * BW, tl.where(valid, dxy, 0.0))
         if NEED1:
-            tl.store(aslot + 2 * KP * BW, hadjoint(buf + 2 * BW, w_ptr, q_c0, W, f, F, BW, K, KP, PAD, REFLECT))
+            tl.store(pslot + 2 * KP * BW, tl.where(valid, d1, 0.0))
         if NEED2:
-            tl.store(aslot + 3 * KP * BW, hadjoint(buf + 3 * BW, w_ptr, q_c0, W, f, F, BW, K, KP, PAD, REFLECT))
+            tl.store(pslot + 3 * KP * BW, tl.where(valid, d2, 0.0))
+        tl.store(pslot + 4 * KP * BW, shift)
         tl.debug_barrier()
 
-        # 4. vertical adjoint: gradient row q = p - PAD gathers map rows q + PAD - g (ring age g)
-        #    with tap g, plus the taps through its mirror images under "reflect"
+        # 3. vertical adjoint: gradient row q = p - PAD gathers map rows q + PAD - g (ring age g)
+        #    with tap g, plus the taps through its mirror images under "reflect"; the means'
+        #    partials moved to the row's own shift
         q = p - PAD
         wa = tl.load(w_ptr + age, mask=age < K, other=0.0)
         if REFLECT:
@@ -263,20 +271,35 @@ def _bwd_ring(
                 w_ptr + db, mask=(age < K) & (q >= H - 1 - PAD) & (q <= H - 2) & (db >= 0) & (db < K), other=0.0
             )
         wa = wa[:, None]
+        p_sq = tl.load(pring + ring_offs, mask=live, other=0.0)
+        p_xy = tl.load(pring + KP * BW + ring_offs, mask=live, other=0.0)
+        s_q = tl.load(msring + ((i - (K - 1) + KP) % KP) * BW + ar)  # row q's shift
+        tau_q = s_q[None, :] - tl.load(pring + 4 * KP * BW + ring_offs, mask=live, other=0.0)
+        e_tau = (2.0 * p_sq + p_xy) * tau_q
+        buf = scr + (i % 2) * (5 * BW)
+        tl.store(buf + ar, 2.0 * tl.sum(p_sq * wa, axis=0))
+        tl.store(buf + BW + ar, tl.sum(p_xy * wa, axis=0))
+        if NEED1:
+            p_1 = tl.load(pring + 2 * KP * BW + ring_offs, mask=live, other=0.0)
+            tl.store(buf + 2 * BW + ar, tl.sum((p_1 + e_tau) * wa, axis=0))
+        if NEED2:
+            p_2 = tl.load(pring + 3 * KP * BW + ring_offs, mask=live, other=0.0)
+            tl.store(buf + 3 * BW + ar, tl.sum((p_2 + e_tau) * wa, axis=0))
+        tl.store(buf + 4 * BW + ar, tl.where(pcol_ok, s_q, 0.0))
+        tl.debug_barrier()
+
+        # 4. horizontal adjoint of gradient row q through the staged row
         out = qcol_ok & (i >= 2 * (K - 1)) & (q < q_r0 + n_rows)
         q64 = q.to(tl.int64)
-        xq = tl.load(x_ptr + x_base + q64 * sx_h + q_c.to(tl.int64) * sx_w, mask=out, other=0.0).to(tl.float32) - shift
-        yq = tl.load(y_ptr + y_base + q64 * sy_h + q_c.to(tl.int64) * sy_w, mask=out, other=0.0).to(tl.float32) - shift
-        g_sq = tl.sum(tl.load(aring + ring_offs, mask=live, other=0.0) * wa, axis=0)
-        g_xy = tl.sum(tl.load(aring + KP * BW + ring_offs, mask=live, other=0.0) * wa, axis=0)
+        xq = tl.load(x_ptr + x_base + q64 * sx_h + q_c.to(tl.int64) * sx_w, mask=out, other=0.0).to(tl.float32)
+        yq = tl.load(y_ptr + y_base + q64 * sy_h + q_c.to(tl.int64) * sy_w, mask=out, other=0.0).to(tl.float32)
+        gx, gy = hadjoint_moved_ring(buf, w_ptr, q_c0, W, f, xq, yq, NEED1, NEED2, F, BW, K, KP, PAD, REFLECT)
         o_offs = o_base + q64 * so_h + q_c.to(tl.int64) * so_w
         l1_term, acc_l = l1_sign_term(xq, yq, l1, out, acc_l, HAS_L1, WRITE_SUMS)
         if NEED1:
-            g1 = tl.sum(tl.load(aring + 2 * KP * BW + ring_offs, mask=live, other=0.0) * wa, axis=0)
-            store_grad(gx_ptr, o_offs, out, g1, xq, yq, g_sq, g_xy, l1_term, 1, HAS_L1)
+            store_grad(gx_ptr, o_offs, out, gx, xq, yq, None, None, l1_term, 1, HAS_L1)
         if NEED2:
-            g2 = tl.sum(tl.load(aring + 3 * KP * BW + ring_offs, mask=live, other=0.0) * wa, axis=0)
-            store_grad(gy_ptr, o_offs, out, g2, yq, xq, g_sq, g_xy, l1_term, -1, HAS_L1)
+            store_grad(gy_ptr, o_offs, out, gy, yq, xq, None, None, l1_term, -1, HAS_L1)
     if WRITE_SUMS:
         store_sums(sum_ptr, acc_s, BC, n_chunks * n_strips, 2, F, BW)
         if HAS_L1:
@@ -350,7 +373,8 @@ def launch_bwd(
     """
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
-    geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=bwd_maxnreg(K, reflect))
+    maxnreg = bwd_maxnreg(K, reflect, need1 and need2, img1.stride(3) != 1 or img2.stride(3) != 1)
+    geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=maxnreg)
     step = geo.f - (K - 1)
     n_strips = triton.cdiv(W, step)
     n_chunks = triton.cdiv(H, geo.rows)
@@ -378,9 +402,9 @@ def launch_bwd(
     out_strides = out.stride() if out is not None else (0, 0, 0, 0)
     if l1 is not None:
         l1 = l1.to(torch.float32).contiguous()
-    # per program: two rows of 4 partials (+ 32 floats: the horizontal adjoint of the column kernels
-    # reads up to K - 1 past a row for lanes it drops), and for the ring kernels 9 rings of KP rows
-    per_prog = 8 * geo.bw + (32 if K <= COLUMN_TAPS.value else 9 * geo.kp * geo.bw)
+    # per program: two rows of 5 values per lane (the column kernels + 32 floats: their horizontal
+    # adjoint reads up to K - 1 past a row for lanes it drops), the ring kernels 11 rings of KP rows
+    per_prog = 10 * geo.bw + (32 if K <= COLUMN_TAPS.value else 11 * geo.kp * geo.bw)
     scratch = torch.empty((n_prog, per_prog), dtype=torch.float32, device=dev)
     sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
     with device_guard(img1):
@@ -391,7 +415,7 @@ def launch_bwd(
             *img1.stride(), *img2.stride(), *g_strides, *out_strides, float(c1), float(c2),
             K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, UPSTREAM_MAP=upstream_map,
             HAS_CS=2 if cs_only else g_cs is not None, HAS_L1=l1 is not None, NEED1=need1, NEED2=need2,
-            WRITE_SUMS=sums, **launch_options(geo.warps, maxnreg=bwd_maxnreg(K, reflect)),
+            WRITE_SUMS=sums, **launch_options(geo.warps, maxnreg=maxnreg),
         )  # fmt: skip
     if sums:
         per_bc = sum_buf.sum(dim=1)  # fixed order: deterministic

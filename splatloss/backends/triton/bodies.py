@@ -77,7 +77,10 @@ def store_grad(ptr, o_offs, out, g, own, other, g_sq, g_xy, l1_term, SIGN: tl.co
     partials, applied at the pixel itself; ``own`` / ``other``: the two images' shifted pixels),
     plus ``SIGN`` times the L1 term. One image at a time: the second image's adjoint is formed
     after the first gradient is stored, so that both are never live at once."""
-    gv = g + 2.0 * own * g_sq + other * g_xy
+    if g_sq is None:  # the adjoint applied the pixels' terms itself (:func:`.columns.hadjoint_moved`)
+        gv = g
+    else:
+        gv = g + 2.0 * own * g_sq + other * g_xy
     if HAS_L1:
         if SIGN > 0:
             gv += l1_term

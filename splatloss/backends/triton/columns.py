@@ -1,18 +1,22 @@
 """Column bodies: one image column per lane (per thread), taps unrolled into registers.
 
 Per input row each thread sums its own K taps in registers (the loads of neighbouring threads
-overlap: L1 hits), and the vertical pass adds the row into the ``K - 1`` open map rows held as
-per-thread pending sums (:func:`push`): no cross-thread reduction, no barrier in the forward. The
+overlap: L1 hits), around the row's own pixel at the lane's centre tap, and the vertical pass
+moves the row into the open windows, each around its centre row's shift (:func:`vmoments`; the
+masked kernels keep one shift per program and :func:`push`): no cross-thread reduction, no
+barrier in the forward. The
 backward's horizontal adjoint needs the partial derivatives of the neighbouring columns: they go
 through a scratch row in global memory (written and read back by the same CTA around one barrier,
 so it stays in L1), as Triton has no shared-memory API. Windows up to ``launch.COLUMN_TAPS`` taps.
 
 The adjoint: the gradient at input pixel ``q`` gathers, through the window, the partial
 derivatives of every map value that used ``q`` (DESIGN.md): ``g[q] = sum_p P[p] w[q - p + pad]``
-over map positions ``p`` (``P`` is zero off the map), i.e. the partials convolved with the window,
-horizontally (through the scratch row) then vertically (pending sums here, a ring in
-:mod:`.ring`). With "reflect" padding a padded sample is a copy of an input pixel, so ``q`` also
-gathers through its mirror images ``-q`` and ``2 (n - 1) - q`` (extra taps at the borders only).
+over map positions ``p`` (``P`` is zero off the map), i.e. the partials convolved with the window:
+the unmasked column kernels vertically (pending sums, :func:`push_moved`) then horizontally
+(through the scratch row, :func:`hadjoint_moved`), the masked ones horizontally then vertically
+(:func:`hadjoint_cols`, :func:`push`; a ring in :mod:`.ring`). With "reflect" padding a padded
+sample is a copy of an input pixel, so ``q`` also gathers through its mirror images ``-q`` and
+``2 (n - 1) - q`` (extra taps at the borders only).
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ __all__ = [
     "hmoments_masked",
     "push",
     "hadjoint_cols",
+    "hadjoint_moved",
+    "push_moved",
     "vadjoint_taps",
+    "vmoments",
 ]
 
 
@@ -80,7 +87,6 @@ def hmoments(
     lane_ok,
     l1_own,
     l1_last,
-    shift,
     wt,
     K: tl.constexpr,
     PAD: tl.constexpr,
@@ -89,20 +95,26 @@ def hmoments(
     EDGE: tl.constexpr,
 ):
     """Horizontal pass of padded input row ``r`` for the lanes whose windows start at padded column
-    ``c0`` [BW] (element offsets ``x_lane`` / ``y_lane`` of column ``c0`` in row 0): window sums of
-    x', y', x'^2 + y'^2 (only the sum enters SSIM), x'y' (``x' = x - shift``; a zero-padded sample
-    is ``x = 0``, i.e. ``x' = -shift``). Each lane reads its own K
+    ``c0`` [BW] (element offsets ``x_lane`` / ``y_lane`` of column ``c0`` in row 0), around the row's
+    own shift: ``s = (x + y) / 2`` at the lane's centre tap (``K // 2``; 0 where that is not
+    finite, or in a zero-padded row). Returns the window sums of x', y', x'^2 + y'^2 (only the
+    sum enters SSIM), x'y' (``x' = x - s``), the L1 sum and ``s``. Each lane reads its own K
     taps (neighbouring lanes read the same addresses: L1 hits) and sums them in registers: no
     cross-lane traffic. With ``L1``, also the sum of ``|x - y|`` over the pixels the lane owns
     (tap PAD, or with "valid" tap 0 and, for the last map column ``l1_last``, every tap), else 0.
+
+    Why a shift per row and lane: in a window where the row is flat the differences are exact
+    zeros, so the moments of a flat window carry no rounding at all (:func:`vmoments` moves them
+    to the window's centre-row shift); around one shift per program, ``E[x'^2] - mu'^2`` cancels
+    at the magnitude of ``(level - shift)^2`` where SSIM's partials are of order ``1 / C2``.
 
     ``EDGE`` False is the interior of the image: every lane valid and every tap inside the row,
     so the loads need no mask and no clamp (tap ``a`` is the lane's first address plus ``a``
     columns: an immediate offset when columns are contiguous). ``EDGE`` True masks each tap (zero
     padding) or mirrors it ("reflect"). A row outside the image (zero padding) is read clamped to
-    the nearest row and its samples scaled by 0 (``x' = 0 * x - shift``, the multiply fused into
-    the shift): no row test enters the tap loop. (A NaN / Inf in that border row gives the padded
-    row NaN, in map rows whose windows hold the border row anyway.)"""
+    the nearest row and its sums and shift scaled by 0: no row test enters the tap loop. (A NaN /
+    Inf in that border row gives the padded row NaN, in map rows whose windows hold the border row
+    anyway.)"""
     rr = r
     if REFLECT:  # padded position i holds input -i, or 2 (n - 1) - i past the end (no edge repeat)
         rr = tl.where(rr < 0, -rr, rr)
@@ -113,28 +125,143 @@ def hmoments(
         rr = tl.minimum(tl.maximum(rr, 0), H - 1)
     xrow = x_ptr + x_lane + rr.to(tl.int64) * sx_h  # column c0 of row rr
     yrow = y_ptr + y_lane + rr.to(tl.int64) * sy_h
+    CT: tl.constexpr = K // 2
+    # the centre tap first (the row's shift), then each tap loaded and summed at once (the centre
+    # tap's samples reused), so that no more than one tap's samples are live
+    if EDGE:
+        cc = c0 + CT
+        if REFLECT:
+            cc = tl.where(cc < 0, -cc, cc)
+            cc = tl.where(cc >= W, 2 * (W - 1) - cc, cc)
+        ok_c = lane_ok & (cc >= 0) & (cc < W)
+        dc = (cc - c0).to(tl.int64)
+        xc = tl.load(xrow + dc * sx_w, mask=ok_c, other=0.0).to(tl.float32)
+        yc = tl.load(yrow + dc * sy_w, mask=ok_c, other=0.0).to(tl.float32)
+    else:
+        xc = tl.load(xrow + CT * sx_w).to(tl.float32)
+        yc = tl.load(yrow + CT * sy_w).to(tl.float32)
+    s = 0.5 * xc + 0.5 * yc
+    s = tl.where(s - s == 0.0, s, 0.0)  # a NaN / Inf centre: shift 0 (the row's sums carry it)
     h1 = tl.zeros(c0.shape, dtype=tl.float32)
     h2 = tl.zeros(c0.shape, dtype=tl.float32)
     h11 = tl.zeros(c0.shape, dtype=tl.float32)
     h12 = tl.zeros(c0.shape, dtype=tl.float32)
     l1 = tl.zeros(c0.shape, dtype=tl.float32)
-    if EDGE:
-        for a in tl.static_range(K):
+    for a in tl.static_range(K):
+        if EDGE:
             c = c0 + a
             if REFLECT:
                 c = tl.where(c < 0, -c, c)
                 c = tl.where(c >= W, 2 * (W - 1) - c, c)
             ok = lane_ok & (c >= 0) & (c < W)
-            d = (c - c0).to(tl.int64)
-            xv = tl.load(xrow + d * sx_w, mask=ok, other=0.0).to(tl.float32) * rowf - shift
-            yv = tl.load(yrow + d * sy_w, mask=ok, other=0.0).to(tl.float32) * rowf - shift
-            h1, h2, h11, h12, l1 = add_tap(h1, h2, h11, h12, l1, xv, yv, wt[a], ok, l1_own, l1_last, a, PAD, L1)
-    else:
-        for a in tl.static_range(K):
-            xv = tl.load(xrow + a * sx_w).to(tl.float32) * rowf - shift
-            yv = tl.load(yrow + a * sy_w).to(tl.float32) * rowf - shift
-            h1, h2, h11, h12, l1 = add_tap(h1, h2, h11, h12, l1, xv, yv, wt[a], True, l1_own, l1_last, a, PAD, L1)
-    return h1, h2, h11, h12, l1
+            if a == CT:
+                xv = xc
+                yv = yc
+            else:
+                d = (c - c0).to(tl.int64)
+                xv = tl.load(xrow + d * sx_w, mask=ok, other=0.0).to(tl.float32)
+                yv = tl.load(yrow + d * sy_w, mask=ok, other=0.0).to(tl.float32)
+        else:
+            ok = True
+            if a == CT:
+                xv = xc
+                yv = yc
+            else:
+                xv = tl.load(xrow + a * sx_w).to(tl.float32)
+                yv = tl.load(yrow + a * sy_w).to(tl.float32)
+        h1, h2, h11, h12, l1 = add_tap(h1, h2, h11, h12, l1, xv - s, yv - s, wt[a], ok, l1_own, l1_last, a, PAD, L1)
+    if not REFLECT:
+        h1 *= rowf
+        h2 *= rowf
+        h11 *= rowf
+        h12 *= rowf
+        s *= rowf
+    return h1, h2, h11, h12, l1, s
+
+
+@triton.jit
+def _rebased(m1, m2, e11, e12, h1, h2, h11, h12, t, w):
+    """Add one row's horizontal sums (around the row's shift ``s_r``), moved to another shift
+    ``S = s_r - t``, with vertical weight ``w``: ``x - S = (x - s_r) + t``, so the row's sums
+    become ``h1 + t``, ``h11 + 2 t (h1 + h2) + 2 t^2``, ``h12 + t (h1 + h2) + t^2``. ``t`` is 0 (and
+    every term exact) where the row and the window's centre row have the same shift."""
+    u = h1 + t
+    v = h2 + t
+    z = t * (u + h2)
+    return m1 + w * u, m2 + w * v, e11 + w * (h11 + 2.0 * z), e12 + w * (h12 + z)
+
+
+@triton.jit
+def vmoments(state, h1, h2, h11, h12, s, wt, K: tl.constexpr):
+    """Vertical pass of one new row (sums ``h*`` around its shift ``s``, :func:`hmoments`) for
+    windows whose moments are formed around their centre row's shift (the filter, the window's
+    tap ``a`` on the ``a``-th row of the window).
+
+    ``state`` (a tuple of tuples, per lane: ``ring1, ring2, ring11, ring12, hist, p1, p2, p11,
+    p12``; all zeros before the first row): ``hist``, the shifts of the last ``K - 1`` rows (oldest first);
+    ``ring*``, the sums of the last ``C = K // 2`` rows (oldest first); ``p*``, the pending sums
+    of the ``C`` windows whose centre row has arrived but not their last row (slot ``j - 1``: the
+    window centred ``j`` rows back), each around its centre's shift. The new row joins every
+    pending window (moved to its shift), completes the oldest, and opens the window it is the
+    centre of (with the ring's ``C`` rows moved to the new shift): ``K - 1`` moved rows per row,
+    each (row, window) pair once. Returns the completed window's moments and shift, and the
+    state one row on."""
+    C: tl.constexpr = K // 2
+    ring1 = state[0]
+    ring2 = state[1]
+    ring11 = state[2]
+    ring12 = state[3]
+    hist = state[4]
+    p1 = state[5]
+    p2 = state[6]
+    p11 = state[7]
+    p12 = state[8]
+    q1 = ()
+    q2 = ()
+    q11 = ()
+    q12 = ()
+    ts = ()  # the new row's shift minus that of the row j back, j = 1..C
+    for j in tl.static_range(1, C + 1):
+        ts = ts + (s - hist[K - 1 - j],)
+    for j in tl.static_range(1, C + 1):  # pending window centred j rows back: the row is its tap C + j
+        a1, a2, a11, a12 = _rebased(
+            p1[j - 1], p2[j - 1], p11[j - 1], p12[j - 1], h1, h2, h11, h12, ts[j - 1], wt[C + j]
+        )
+        q1 = q1 + (a1,)
+        q2 = q2 + (a2,)
+        q11 = q11 + (a11,)
+        q12 = q12 + (a12,)
+    done_s = hist[C]  # the completed window's centre row: C rows back
+    # the window centred on the new row: the row itself (tap C, no move), then the ring's rows
+    n1 = wt[C] * h1
+    n2 = wt[C] * h2
+    n11 = wt[C] * h11
+    n12 = wt[C] * h12
+    for k in tl.static_range(C):  # ring row k is C - k rows back: tap k, moved by its shift - s
+        n1, n2, n11, n12 = _rebased(n1, n2, n11, n12, ring1[k], ring2[k], ring11[k], ring12[k], -ts[C - 1 - k], wt[k])
+    o1 = (n1,)
+    o2 = (n2,)
+    o11 = (n11,)
+    o12 = (n12,)
+    r1 = ()
+    r2 = ()
+    r11 = ()
+    r12 = ()
+    for j in tl.static_range(C - 1):
+        o1 = o1 + (q1[j],)
+        o2 = o2 + (q2[j],)
+        o11 = o11 + (q11[j],)
+        o12 = o12 + (q12[j],)
+        r1 = r1 + (ring1[j + 1],)
+        r2 = r2 + (ring2[j + 1],)
+        r11 = r11 + (ring11[j + 1],)
+        r12 = r12 + (ring12[j + 1],)
+    nh = ()
+    for j in tl.static_range(1, K - 1):
+        nh = nh + (hist[j],)
+    done = (q1[C - 1], q2[C - 1], q11[C - 1], q12[C - 1], done_s)
+    state = (r1 + (h1,), r2 + (h2,), r11 + (h11,), r12 + (h12,), nh + (s,), o1, o2, o11, o12)
+    return done, state
 
 
 @triton.jit
@@ -257,6 +384,91 @@ def hadjoint_cols(
             v += tl.load(frame + idx_r, mask=ok_r, other=0.0)
         acc += wt[a] * v
     return acc
+
+
+@triton.jit
+def push_moved(pending, d, e, hist, s, shift, wt, K: tl.constexpr):
+    """:func:`push` (the adjoint, not reversed) of a map row's partial ``d`` of a mean, with the
+    shift correction of each gradient row: slot ``j`` (gradient row ``q_j``, shift ``hist[j]``,
+    the newest ``s``) takes ``d + e (s(q_j) - shift)``, ``e = 2 d/dE[x'^2] + d/dE[x'y']`` and
+    ``shift`` the map row's (its centre row's): the pixel-shift differences that the horizontal
+    adjoint applies are taken against each row's own shift. Exact zeros where the shifts agree."""
+    done = pending[0] + wt[0] * (d + e * (hist[0] - shift))
+    out = ()
+    for j in tl.static_range(1, K - 1):
+        out = out + (pending[j] + wt[j] * (d + e * (hist[j] - shift)),)
+    return done, out + (wt[K - 1] * (d + e * (s - shift)),)
+
+
+@triton.jit
+def _moved_terms(v_sq2, v_xy, u1, u2, sh, xq, yq, NEED1: tl.constexpr, NEED2: tl.constexpr):
+    """One source lane's terms of the two gradients at a pixel ``(xq, yq)``: ``u1 + v_sq2 (xq - sh)
+    + v_xy (yq - sh)`` and the same for y with the roles swapped (0 where not needed)."""
+    dx = xq - sh
+    dy = yq - sh
+    t1 = u1 + v_sq2 * dx + v_xy * dy if NEED1 else 0.0
+    t2 = u2 + v_sq2 * dy + v_xy * dx if NEED2 else 0.0
+    return t1, t2
+
+
+@triton.jit
+def hadjoint_moved(
+    buf,
+    wt,
+    q_c0,
+    W,
+    f,
+    xq,
+    yq,
+    NEED1: tl.constexpr,
+    NEED2: tl.constexpr,
+    F: tl.constexpr,
+    BW: tl.constexpr,
+    K: tl.constexpr,
+    PAD: tl.constexpr,
+    REFLECT: tl.constexpr,
+    EDGE: tl.constexpr,
+):
+    """Horizontal adjoint of one gradient row around the map columns' own shifts: the scratch row
+    ``buf`` holds, per frame column (map column, as in :func:`hadjoint_cols`), the vertically
+    adjoined ``2 d/dE[x'^2]``, ``d/dE[x'y']``, the means' partials of x and y (with the rows' shift
+    corrections, :func:`push_moved`) and the row's shift there, ``BW`` apart. Gradient column
+    ``q = q_c0 + f`` (pixel ``xq``, ``yq``) gathers, per tap, its source column's terms
+    (:func:`_moved_terms`: the pixel's difference against that column's shift, exact zeros in a
+    flat row), under "reflect" also through its mirror images (only in ``EDGE`` programs: an
+    interior strip's gradient columns lie more than ``K // 2`` from either border). Returns both
+    gradients (0 where not needed)."""
+    ar = tl.arange(0, BW)
+    g1 = tl.zeros([BW], dtype=tl.float32)
+    g2 = tl.zeros([BW], dtype=tl.float32)
+    for a in tl.static_range(K):
+        src = buf + ar + (K - 1 - a)
+        t1, t2 = _moved_terms(
+            tl.load(src), tl.load(src + BW), tl.load(src + 2 * BW) if NEED1 else 0.0,
+            tl.load(src + 3 * BW) if NEED2 else 0.0, tl.load(src + 4 * BW), xq, yq, NEED1, NEED2,
+        )  # fmt: skip
+        if REFLECT and EDGE:
+            frame = buf + ar - f
+            q = q_c0 + f
+            for side in tl.static_range(2):
+                if side == 0:
+                    idx = (K - 1 - a) - 2 * q_c0 - f
+                    ok = (q >= 1) & (q <= PAD) & (idx >= 0) & (idx < F)
+                else:
+                    idx = (K - 1 - a) + 2 * (W - 1) - 2 * q_c0 - f
+                    ok = (q >= W - 1 - PAD) & (q <= W - 2) & (idx >= 0) & (idx < F)
+                m = frame + idx
+                m1, m2 = _moved_terms(
+                    tl.load(m, mask=ok, other=0.0), tl.load(m + BW, mask=ok, other=0.0),
+                    tl.load(m + 2 * BW, mask=ok, other=0.0) if NEED1 else 0.0,
+                    tl.load(m + 3 * BW, mask=ok, other=0.0) if NEED2 else 0.0,
+                    tl.load(m + 4 * BW, mask=ok, other=0.0), xq, yq, NEED1, NEED2,
+                )  # fmt: skip
+                t1 += m1
+                t2 += m2
+        g1 += wt[a] * t1
+        g2 += wt[a] * t2
+    return g1, g2
 
 
 @triton.jit

@@ -2,7 +2,9 @@
 
 ``ssim_fwd_kernel``: one program per (lane group, row chunk, column strip) (:mod:`.launch`).
 Streams down the rows: horizontal K-tap pass of x', y', x'^2 (+ y'^2), x'y' per input row
-(``x' = x - s``, ``s`` a local mean: :func:`.moments.local_shift`), vertical K-tap pass, then
+(``x' = x - s``; column body: ``s`` the row's own pixel at each lane's centre tap, and the vertical
+pass moves each window to its centre row's shift, :func:`.columns.vmoments`; ring body: ``s`` a
+local mean, :func:`.moments.local_shift`), vertical K-tap pass, then
 either writes the SSIM (and cs) map row, or accumulates per-lane sums that end as one partial sum
 per (channel, program) in a ``[B*C, programs]`` buffer torch adds in a fixed order: no atomics,
 bitwise reproducible. In "stats_l1" mode it also sums ``|x - y|`` over the pixels each lane owns
@@ -21,10 +23,10 @@ import triton
 import triton.language as tl
 
 from .bodies import interior, lanes, store_sums
-from .columns import hmoments, load_taps, push
+from .columns import hmoments, load_taps, vmoments
 from .launch import COLUMN_TAPS, SIZES, device_guard, fwd_maxnreg, geometry, launch_options, problem
-from .moments import local_shift, ssim_cs
-from .ring import ring_vsum, row_moments
+from .moments import ssim_cs
+from .ring import ring_vsum, row_moments, window_taus
 
 __all__ = ["ssim_fwd_kernel", "launch_fwd"]
 
@@ -62,15 +64,12 @@ def _fwd_columns(
     col_ok = lane_ok & (p_c < Wo)
     p_r0 = chunk * ROWS  # first map row of this chunk
     n_rows = tl.minimum(ROWS, Ho - p_r0)
-    shift = local_shift(x_ptr, y_ptr, x_base, y_base, p_r0, n_rows, p_c, col_ok, sx_h, sx_w, sy_h, sy_w, F, BW)
     wt = load_taps(w_ptr, K)
     zero = tl.zeros([BW], dtype=tl.float32)
-    # pending vertical sums: slot j of map row p_r0 + i - (K - 1) + j + 1 (row p_r0 + i - (K - 1)
-    # completes at step i)
-    v1 = (zero,) * (K - 1)
-    v2 = (zero,) * (K - 1)
-    v11 = (zero,) * (K - 1)
-    v12 = (zero,) * (K - 1)
+    # the vertical pass's state (:func:`vmoments`): the last rows' shifts and sums, the windows
+    # whose centre row has arrived
+    ring = (zero,) * (K // 2)
+    state = (ring, ring, ring, ring, (zero,) * (K - 1), ring, ring, ring, ring)
     acc_s = zero
     acc_c = zero
     acc_l1 = zero
@@ -82,17 +81,15 @@ def _fwd_columns(
     for i in tl.range(0, n_rows + K - 1, num_stages=1):
         # padded input row p_r0 - PAD + i enters; map row p = p_r0 + i - (K - 1) completes
         r_in = p_r0 - PAD + i
-        h1, h2, h11, h12, l1_row = hmoments(
+        h1, h2, h11, h12, l1_row, s = hmoments(
             x_ptr, y_ptr, x_lane, y_lane, r_in, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
-            lane_ok, col_ok, last_col, shift, wt, K, PAD, REFLECT, HAS_L1, EDGE,
+            lane_ok, col_ok, last_col, wt, K, PAD, REFLECT, HAS_L1, EDGE,
         )  # fmt: skip
         if HAS_L1:
             row_own = ((r_in >= p_r0) & (r_in < p_r0 + n_rows)) | (last_chunk & (r_in >= Ho) & (r_in < H))
             acc_l1 += tl.where(row_own, l1_row, 0.0)
-        mu1, v1 = push(v1, h1, wt, K, True)
-        mu2, v2 = push(v2, h2, wt, K, True)
-        e11, v11 = push(v11, h11, wt, K, True)  # E[x'^2] + E[y'^2]: only their sum enters B2
-        e12, v12 = push(v12, h12, wt, K, True)
+        done, state = vmoments(state, h1, h2, h11, h12, s, wt, K)
+        mu1, mu2, e11, e12, shift = done  # e11: E[x'^2] + E[y'^2] (only their sum enters B2)
         ssim, cs = ssim_cs(mu1, mu2, e11, None, e12, c1, c2, shift)
         p = p_r0 + i - (K - 1)
         ok = col_ok & (i >= K - 1)
@@ -122,13 +119,13 @@ def _fwd_ring(
     col_ok = lane_ok & (p_c < Wo)
     p_r0 = chunk * ROWS  # first map row of this chunk
     n_rows = tl.minimum(ROWS, Ho - p_r0)
-    shift = local_shift(x_ptr, y_ptr, x_base, y_base, p_r0, n_rows, p_c, col_ok, sx_h, sx_w, sy_h, sy_w, F, BW)
 
-    # scratch: 5 rings of the last KP horizontal-pass rows (slot i % KP), zeroed so that rows not
-    # yet written (weight 0) cannot inject NaN
-    ring = scr_ptr + pid.to(tl.int64) * (5 * KP * BW)
+    # scratch: 5 rings of the last KP horizontal-pass rows and one of their shifts (slot i % KP),
+    # zeroed so that rows not yet written (weight 0) cannot inject NaN
+    ring = scr_ptr + pid.to(tl.int64) * (6 * KP * BW)
+    sring = ring + 5 * KP * BW
     ring_offs = slots[:, None] * BW + ar[None, :]  # [KP, BW]
-    for j in tl.static_range(5):
+    for j in tl.static_range(6):
         tl.store(ring + j * KP * BW + ring_offs, tl.zeros([KP, BW], dtype=tl.float32))
     acc_s = tl.zeros([BW], dtype=tl.float32)
     acc_c = tl.zeros([BW], dtype=tl.float32)
@@ -144,9 +141,9 @@ def _fwd_ring(
         # padded input row p_r0 - PAD + i enters the ring
         r_in = p_r0 - PAD + i
         row_own = ((r_in >= p_r0) & (r_in < p_r0 + n_rows)) | (last_chunk & (r_in >= Ho) & (r_in < H))
-        h1, h2, h11, h22, h12, l1_row = row_moments(
+        h1, h2, h11, h22, h12, l1_row, sh = row_moments(
             x_ptr, y_ptr, x_base, y_base, r_in, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, w_ptr,
-            lane_ok, own_lo, own_hi, shift, K, KP, REFLECT, HAS_L1, F == BW,
+            lane_ok, own_lo, own_hi, K, KP, REFLECT, HAS_L1,
         )  # fmt: skip
         if HAS_L1:
             acc_l1 += tl.where(row_own, l1_row, 0.0)
@@ -156,12 +153,14 @@ def _fwd_ring(
         tl.store(slot + 2 * KP * BW, h11)
         tl.store(slot + 3 * KP * BW, h22)
         tl.store(slot + 4 * KP * BW, h12)
+        tl.store(slot + 5 * KP * BW, sh)
         tl.debug_barrier()
         # map row p = p_r0 + i - (K - 1) uses the K newest rows: a slot written g rows ago holds tap K-1-g
         age = (i - slots + KP) % KP
         wv = tl.load(w_ptr + (K - 1 - age), mask=age < K, other=0.0)[:, None]
         live = (age < K)[:, None]  # only the K newest rows: 0 * NaN of an older row would be NaN
-        mu1, mu2, e11, e22, e12 = ring_vsum(ring, ring_offs, live, wv, KP, BW)
+        tau, shift = window_taus(sring, slots, i, live, KP, BW, K)
+        mu1, mu2, e11, e22, e12 = ring_vsum(ring, ring_offs, live, wv, tau, KP, BW)
         ssim, cs = ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift)
         p = p_r0 + i - (K - 1)
         ok = col_ok & (i >= K - 1)
@@ -225,9 +224,9 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
     else:
         s = torch.empty((B, C, Ho, Wo), dtype=torch.float32, device=dev)
         cs = torch.empty((B, C, Ho, Wo) if mode == "map_cs" else (0,), dtype=torch.float32, device=dev)
-    # the ring kernels (K > COLUMN_TAPS) keep 5 rings of KP rows per program; the column kernels none
+    # the ring kernels (K > COLUMN_TAPS) keep 6 rings of KP rows per program; the column kernels none
     ring = K > COLUMN_TAPS.value
-    scratch = torch.empty((n_prog, 5 * geo.kp * geo.bw) if ring else (1,), dtype=torch.float32, device=dev)
+    scratch = torch.empty((n_prog, 6 * geo.kp * geo.bw) if ring else (1,), dtype=torch.float32, device=dev)
     with device_guard(img1):
         ssim_fwd_kernel[(n_prog,)](
             img1, img2, window, s, cs if mode != "map" else s, l1 if l1 is not None else s, scratch,

@@ -179,11 +179,15 @@ def geometry(
     return Geometry(bw=bw, f=f, rows=max(rows, 1), kp=kp, warps=4)
 
 
-def bwd_maxnreg(K: int, reflect: bool) -> int:
+def bwd_maxnreg(K: int, reflect: bool, both: bool = False, strided: bool = False) -> int:
     """Register ceiling of a backward launch: 128 (16 resident warps per SM) for the column
-    kernels; under "reflect" their mirrored vertical taps do not fit in 128 registers (up to 440 B
-    of spills with both gradients), so those, like the ring kernels, get 255."""
-    return COLUMN_MAXNREG if K <= COLUMN_TAPS.value and not reflect else MAXNREG
+    kernels; under "reflect" (their mirrored vertical taps), with ``both`` gradients (two sets of
+    pending adjoint sums beside the moments' rows and windows: 56 B of spills at 128) or on
+    ``strided`` rows (columns not contiguous, e.g. a channels-last image or an (H, W, C) render:
+    every tap's address computed, 8 to 24 B of spills at 128) they do not fit in 128 registers,
+    so those, like the ring kernels, get 255."""
+    light = K <= COLUMN_TAPS.value and not (reflect or both or strided)
+    return COLUMN_MAXNREG if light else MAXNREG
 
 
 def fwd_maxnreg(K: int) -> int:

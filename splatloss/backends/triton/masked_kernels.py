@@ -29,7 +29,6 @@ import triton.language as tl
 from .bodies import interior, lanes, stage_partials, store_sums
 from .columns import hadjoint_cols, hmoments_masked, load_taps, push, vadjoint_taps
 from .launch import (
-    MAXNREG,
     SIZES,
     bwd_maxnreg,
     device_guard,
@@ -271,20 +270,13 @@ def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: flo
     return s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C)
 
 
-def _bwd_maxnreg(K: int, reflect: bool, both: bool) -> int:
-    """The backward kernel's ceiling (:func:`.launch.bwd_maxnreg`), and 255 with both gradients: the
-    fifth pending sum and the mask loads do not fit in 128 registers then (40 B of spills at
-    sm_80)."""
-    return MAXNREG if both else bwd_maxnreg(K, reflect)
-
-
 def launch_masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, need1, need2, sums=False, grad_dtype=None):
     """Gradients of ``sum(g_s * ssim_sum + g_cs * cs_sum)`` (the centre-weighted sums; ``g_cs`` may
     be None), ``(grad1 or None, grad2 or None)`` in img1's layout, and with ``sums`` also the
     ``[B, C]`` centre-weighted SSIM sum computed on the way."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
-    geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=_bwd_maxnreg(K, reflect, need1 and need2))
+    geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=bwd_maxnreg(K, reflect, need1 and need2))
     n_strips, n_chunks = triton.cdiv(W, geo.f - (K - 1)), triton.cdiv(H, geo.rows)
     n_prog = triton.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
     dev = img1.device
@@ -309,7 +301,7 @@ def launch_masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, need
             *img1.stride(), *img2.stride(), *mask.stride(), *out.stride(), float(c1), float(c2),
             K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, HAS_CS=g_cs is not None,
             NEED1=need1, NEED2=need2, WRITE_SUMS=sums,
-            **launch_options(geo.warps, maxnreg=_bwd_maxnreg(K, reflect, need1 and need2)),
+            **launch_options(geo.warps, maxnreg=bwd_maxnreg(K, reflect, need1 and need2)),
         )  # fmt: skip
     if sums:
         return gx, gy, sum_buf.sum(dim=1).view(B, C)

@@ -26,14 +26,16 @@ def local_shift(
     F: tl.constexpr,
     BW: tl.constexpr,
 ):
-    """The moment shift of each lane [BW]: the mean of ``(x + y) / 2`` over the finite pixels of
-    three rows (first, middle, last of the ``n_rows`` from ``r0``) at the lanes' columns ``cols``
-    (where ``ok``), one number per channel (per group of ``F`` lanes; a scalar when the program
-    holds one channel), 0 if none is finite.
+    """The moment shift of the ring and masked kernels, per lane [BW]: the mean of ``(x + y) / 2``
+    over the finite pixels of three rows (first, middle, last of the ``n_rows`` from ``r0``) at the
+    lanes' columns ``cols`` (where ``ok``), one number per channel (per group of ``F`` lanes; a
+    scalar when the program holds one channel), 0 if none is finite.
 
     Why local: the shift must be near the pixels' values for the moments of ``x - shift`` to
     avoid fp32 cancellation (``ssim_cs``); ``data_range / 2`` is far from a dark image's values
     (gradient 1.7e-5 from float64 on images in [0, 0.01]) and a whole-plane mean costs a pass.
+    (The column kernels shift each row by its own pixels instead, exact in flat windows:
+    :func:`.columns.hmoments`.)
     One number per channel and program, because the backward's horizontal adjoint mixes the
     lanes of a channel. Finite pixels only, so a NaN / Inf pixel cannot reach beyond its own
     footprint through the shift; exactly 0 on black images (tiny C1 / C2 stay exact)."""
@@ -67,7 +69,8 @@ def ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift):
 
     Why shifted: ``var = E[x^2] - mu^2`` cancels catastrophically in fp32 where the local variance
     is small against ``mu^2`` (flat regions, MS-SSIM's coarse scales); moments of ``x - shift``
-    with ``shift`` a local mean (:func:`local_shift`) remove most of it. Variances and covariance
+    with ``shift`` near the window's pixels (the centre row's own pixel, :func:`.columns.vmoments`;
+    a local mean, :func:`local_shift`) remove it. Variances and covariance
     are shift-invariant; the luminance term uses the true means ``mu + shift``."""
     m1 = mu1 + shift
     m2 = mu2 + shift
