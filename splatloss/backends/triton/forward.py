@@ -2,9 +2,8 @@
 
 ``ssim_fwd_kernel``: one program per (lane group, row chunk, column strip) (:mod:`.launch`).
 Streams down the rows: horizontal K-tap pass of x', y', x'^2 (+ y'^2), x'y' per input row
-(``x' = x - s``; column body: ``s`` the row's own pixel at each lane's centre tap, and the vertical
-pass moves each window to its centre row's shift, :func:`.columns.vmoments`; ring body: ``s`` a
-local mean, :func:`.moments.local_shift`), vertical K-tap pass, then
+(``x' = x - s``, ``s`` the row's own pixel at each lane's centre tap), vertical K-tap pass moving
+each window to its centre row's shift (:func:`.columns.vmoments`, :func:`.ring.ring_vsum`), then
 either writes the SSIM (and cs) map row, or accumulates per-lane sums that end as one partial sum
 per (channel, program) in a ``[B*C, programs]`` buffer torch adds in a fixed order: no atomics,
 bitwise reproducible. In "stats_l1" mode it also sums ``|x - y|`` over the pixels each lane owns

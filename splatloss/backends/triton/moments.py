@@ -26,7 +26,7 @@ def local_shift(
     F: tl.constexpr,
     BW: tl.constexpr,
 ):
-    """The moment shift of the ring and masked kernels, per lane [BW]: the mean of ``(x + y) / 2``
+    """The moment shift of the masked kernels, per lane [BW]: the mean of ``(x + y) / 2``
     over the finite pixels of three rows (first, middle, last of the ``n_rows`` from ``r0``) at the
     lanes' columns ``cols`` (where ``ok``), one number per channel (per group of ``F`` lanes; a
     scalar when the program holds one channel), 0 if none is finite.
@@ -34,7 +34,7 @@ def local_shift(
     Why local: the shift must be near the pixels' values for the moments of ``x - shift`` to
     avoid fp32 cancellation (``ssim_cs``); ``data_range / 2`` is far from a dark image's values
     (gradient 1.7e-5 from float64 on images in [0, 0.01]) and a whole-plane mean costs a pass.
-    (The column kernels shift each row by its own pixels instead, exact in flat windows:
+    (The unmasked kernels shift each row by its own pixels instead, exact in flat windows:
     :func:`.columns.hmoments`.)
     One number per channel and program, because the backward's horizontal adjoint mixes the
     lanes of a channel. Finite pixels only, so a NaN / Inf pixel cannot reach beyond its own

@@ -264,7 +264,8 @@ _term_call = with_autograd(_term_op, _term_impl, _term_save, _term_backward)
 
 def _args(img1: Tensor, img2: Tensor, cfg):
     check_inputs(img1, img2, cfg)
-    # (the kernels take the moments of x - s, s a local mean of each program: moments.local_shift)
+    # (the kernels take the moments of x - s, s each row's own pixel moved to the window's centre
+    # row: columns.vmoments)
     return window_taps(cfg, img1.device), cfg.padding, float(cfg.C1), float(cfg.C2)
 
 
