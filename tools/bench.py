@@ -207,11 +207,22 @@ def _fused_ssim(op: str, device: str):
         raise Unavailable("CUDA only")
     if op == "ms_ssim":
         raise Unavailable("has no MS-SSIM")
-    if op == "ssim":
-        return lambda x, y: 1 - fused_ssim(x, y, padding="valid", train=torch.is_grad_enabled())
-    return lambda x, y: (
-        (1 - LAM) * (x - y).abs().mean() + LAM * (1 - fused_ssim(x, y, padding="same", train=torch.is_grad_enabled()))
-    )
+
+    def float32_only(x):
+        # its kernels read float: a refusal of the dtype, not a CUDA failure (later rows stay unmarked)
+        if x.dtype != torch.float32:
+            raise Unavailable("float32 only")
+
+    def ssim_loss(x, y):
+        float32_only(x)
+        return 1 - fused_ssim(x, y, padding="valid", train=torch.is_grad_enabled())
+
+    def dssim_l1(x, y):
+        float32_only(x)
+        ssim = fused_ssim(x, y, padding="same", train=torch.is_grad_enabled())
+        return (1 - LAM) * (x - y).abs().mean() + LAM * (1 - ssim)
+
+    return ssim_loss if op == "ssim" else dssim_l1
 
 
 def _graphed(loss):
