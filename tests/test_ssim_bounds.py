@@ -1,9 +1,10 @@
 """SSIM and cs stay within [-1, 1] and equal 1 exactly for identical images, on the float32 backends
-with the analytic algebra (torch ops and the C kernel), every padding.
+with the analytic algebra (torch ops, the C kernel and the Triton kernels), every padding.
 
 Flat two-level images are the hard case: the local variances are formed from moments of magnitude 1
 while C2 is 9e-4, and a denominator that rounds independently of its numerator put SSIM(x, x) at
-1 + 2.4e-5 on the C kernel.
+1 + 2.4e-5 on the C kernel; the Triton kernels' maps reached 1 + 6e-7 on near-identical images, and
+their loss of a constant image with itself 1 - 1.2e-7 when it also formed the gradient.
 """
 
 import numpy as np
@@ -11,10 +12,12 @@ import pytest
 import torch
 from skimage import data
 
-from splatloss import backends
+from conftest import backend_params, device_for, side
+from splatloss import backends, functional
 from splatloss.config import SSIMConfig
 
 PADDINGS = ("valid", "same", "reflect")
+BACKENDS = backend_params(("torch", "cpu", "triton"))
 
 
 def _two_level(seed: int, h: int = 96, w: int = 128, lo: float = 0.2, hi: float = 0.8) -> torch.Tensor:
@@ -27,32 +30,55 @@ def _two_level(seed: int, h: int = 96, w: int = 128, lo: float = 0.2, hi: float 
     return torch.from_numpy(img)[None]
 
 
-def _photo() -> torch.Tensor:
-    return torch.from_numpy(data.astronaut()[:64, :80].astype(np.float32) / 255).permute(2, 0, 1)[None].contiguous()
+def _photo(h: int = 64, w: int = 80) -> torch.Tensor:
+    return torch.from_numpy(data.astronaut()[:h, :w].astype(np.float32) / 255).permute(2, 0, 1)[None].contiguous()
+
+
+def _images(backend: str, seeds):
+    """Two-level images (one per seed) and the photograph, on the backend's device; smaller for
+    Triton in the interpreter."""
+    h, w = side(backend, 96, 40), side(backend, 128, 48)
+    imgs = [_two_level(s, h, w) for s in seeds] + [_photo(min(h, 64), min(w, 80))]
+    return [x.to(device_for(backend)) for x in imgs]
 
 
 @pytest.mark.parametrize("padding", PADDINGS)
-@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_ssim_of_an_image_with_itself_is_exactly_one(backend, padding):
     cfg = SSIMConfig(padding=padding)
-    for x in (_two_level(0), _two_level(1), _photo()):
+    for x in _images(backend, (0, 1)):
         s, c = backends.get(backend).ssim_stats(x, x.clone(), cfg)
         assert torch.equal(s, torch.ones_like(s)), s  # was 1.0000029 (cpu, two-level, "valid")
         assert torch.equal(c, torch.ones_like(c)), c
 
 
 @pytest.mark.parametrize("padding", PADDINGS)
-@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_ssim_and_cs_stay_within_one_for_near_identical_images(backend, padding):
     """Perturbations at the float32 rounding level: the maps' maxima and the means stay <= 1 (the
     torch backend reached 1 + 1 ulp on the photograph, the kernel 1 + 2 ulp)."""
     cfg = SSIMConfig(padding=padding)
     b = backends.get(backend)
-    for x in (_two_level(2), _photo()):
+    for x in _images(backend, (2,)):
         for seed, amp in [(0, 1e-7), (1, 5e-7), (2, 1e-6)]:
             g = torch.Generator().manual_seed(seed)
-            y = x + (torch.rand(x.shape, generator=g) - 0.5) * amp
+            y = x + (torch.rand(x.shape, generator=g) - 0.5).to(x.device) * amp
             s, c = b.ssim_stats(x, y, cfg)
             assert s.max() <= 1 and c.max() <= 1, (s, c)
             m, cm = b.ssim_map(x, y, cfg, return_cs=True)
             assert m.max() <= 1 and cm.max() <= 1 and m.min() >= -1 and cm.min() >= -1
+
+
+@pytest.mark.parametrize("padding", PADDINGS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_constant_image_with_itself_is_one_with_or_without_the_gradient(backend, padding):
+    """The loss forms the gradient in its forward where an input requires one: the value it sums
+    must be the plain forward's, exactly 1, and the gradient 0 to round-off (a pixel's gradient is of
+    order 1 / pixels, 1e-3 here; "same" padding leaves 4e-11 on the C kernel, 1e-16 in float64)."""
+    x = torch.full((1, 3, 20, 24), 0.37, device=device_for(backend))
+    assert functional.ssim(x, x.clone(), padding=padding, backend=backend).item() == 1.0
+    xg = x.clone().requires_grad_(True)
+    v = functional.ssim(xg, x.clone(), padding=padding, backend=backend)
+    v.backward()
+    assert v.item() == 1.0, v.item()
+    assert xg.grad.abs().max() <= 1e-9, xg.grad.abs().max()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["local_shift", "ssim_cs", "partials"]
+__all__ = ["local_shift", "ratios", "ssim_cs", "partials"]
 
 
 @triton.jit
@@ -63,6 +63,40 @@ def local_shift(
 
 
 @triton.jit
+def ratios(mu1, mu2, e11, e22, e12, c1, c2, shift):
+    """``(inv_b1, inv_b2, lum, cs)``: the SSIM algebra from the moments of the shifted images,
+    ``x' = x - shift`` (``e22`` None: ``e11`` holds ``E[x'^2] + E[y'^2]``).
+
+    Each denominator is its numerator plus a non-negative difference, ``B1 = A1 + (mu1 - mu2)^2``
+    and ``B2 = A2 + max(0, Var[x - y])`` with ``Var[x - y] = E[x'^2] + E[y'^2] - 2 E[x'y'] -
+    (mu1 - mu2)^2``, so that round-off cannot put a ratio above 1, and a window where both images
+    agree (difference exactly 0) gives exactly 1 whatever the division's rounding. Both ratios are
+    clamped to [-1, 1] (NaN kept: a non-finite pixel still reaches its footprint)."""
+    m1 = mu1 + shift
+    m2 = mu2 + shift
+    dmu = mu1 - mu2  # = m1 - m2, without the shift's rounding
+    a1 = 2.0 * m1 * m2 + c1
+    d1 = dmu * dmu
+    b1 = a1 + d1
+    a2 = 2.0 * (e12 - mu1 * mu2) + c2
+    if e22 is None:
+        d2 = (e11 - 2.0 * e12) - d1
+    else:
+        d2 = ((e11 + e22) - 2.0 * e12) - d1
+    b2 = a2 + tl.maximum(d2, 0.0, propagate_nan=tl.PropagateNan.ALL)
+    # Divide by B1 and B2 one at a time, never by their product: with data_range = 1e10 both are
+    # ~1e20 (the product overflows fp32), with C1 = C2 = 1e-20 on black both are 1e-20 (1 / (B1 B2)
+    # overflows, A1 A2 underflows). Every factor stays within a few orders of 1 / data_range.
+    inv_b1 = 1.0 / b1
+    inv_b2 = 1.0 / b2
+    lum = tl.where(d1 == 0.0, 1.0, a1 * inv_b1)
+    cs = tl.where(d2 == 0.0, 1.0, a2 * inv_b2)
+    lum = tl.clamp(lum, -1.0, 1.0, propagate_nan=tl.PropagateNan.ALL)
+    cs = tl.clamp(cs, -1.0, 1.0, propagate_nan=tl.PropagateNan.ALL)
+    return inv_b1, inv_b2, lum, cs
+
+
+@triton.jit
 def ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift):
     """SSIM and contrast-structure from the moments of the *shifted* images ``x - shift``,
     ``y - shift`` (same formula as reference.ssim_map: population (co)variances).
@@ -71,19 +105,9 @@ def ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift):
     is small against ``mu^2`` (flat regions, MS-SSIM's coarse scales); moments of ``x - shift``
     with ``shift`` near the window's pixels (the centre row's own pixel, :func:`.columns.vmoments`;
     a local mean, :func:`local_shift`) remove it. Variances and covariance
-    are shift-invariant; the luminance term uses the true means ``mu + shift``."""
-    m1 = mu1 + shift
-    m2 = mu2 + shift
-    a1 = 2.0 * m1 * m2 + c1
-    a2 = 2.0 * (e12 - mu1 * mu2) + c2
-    b1 = m1 * m1 + m2 * m2 + c1
-    if e22 is None:  # e11 holds E[x'^2] + E[y'^2]
-        b2 = (e11 - mu1 * mu1 - mu2 * mu2) + c2
-    else:
-        b2 = (e11 - mu1 * mu1) + (e22 - mu2 * mu2) + c2
-    cs = a2 / b2
-    ssim = (a1 / b1) * cs
-    return ssim, cs
+    are shift-invariant; the luminance term uses the true means ``mu + shift`` (:func:`ratios`)."""
+    _inv_b1, _inv_b2, lum, cs = ratios(mu1, mu2, e11, e22, e12, c1, c2, shift)
+    return lum * cs, cs
 
 
 @triton.jit
@@ -104,16 +128,7 @@ def partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, HAS_CS: tl.constexp
 
     ``m2 - l m1`` is one fused multiply-add, rounded once: it is where the two luminance terms
     cancel."""
-    a2 = 2.0 * (e12 - mu1 * mu2) + c2
-    if e22 is None:  # e11 holds E[x'^2] + E[y'^2]
-        b2 = (e11 - mu1 * mu1 - mu2 * mu2) + c2
-    else:
-        b2 = (e11 - mu1 * mu1) + (e22 - mu2 * mu2) + c2
-    # Divide by B1 and B2 one at a time, never by their product: with data_range = 1e10 both are
-    # ~1e20 (the product overflows fp32), with C1 = C2 = 1e-20 on black both are 1e-20 (1 / (B1 B2)
-    # overflows, A1 A2 underflows). Every factor below stays within a few orders of 1 / data_range.
-    inv_b2 = 1.0 / b2
-    cs = a2 * inv_b2
+    inv_b1, inv_b2, lum, cs = ratios(mu1, mu2, e11, e22, e12, c1, c2, shift)
     if HAS_CS == 2:  # cs alone (MS-SSIM's finer scales): no luminance term
         ssim = cs  # (the SSIM is not computed: the sums take cs)
         p_sq = -(gc * cs) * inv_b2
@@ -123,10 +138,6 @@ def partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, HAS_CS: tl.constexp
     else:
         m1 = mu1 + shift
         m2 = mu2 + shift
-        a1 = 2.0 * m1 * m2 + c1
-        b1 = m1 * m1 + m2 * m2 + c1
-        inv_b1 = 1.0 / b1
-        lum = a1 * inv_b1
         ssim = lum * cs
         if HAS_CS:
             p_sq = -(gs * ssim + gc * cs) * inv_b2
