@@ -73,12 +73,17 @@ def _stats(x: Tensor, y: Tensor, m: Tensor, w: Tensor, padding: str, c1: float, 
     W, fx, fy, fxx, fyy, fxy = separable_valid(stacked, w).chunk(6, dim=1)
     W = torch.where(W > 0, W, torch.ones_like(W))
     mu_x, mu_y = fx / W, fy / W
-    vx, vy, cov = fxx / W - mu_x * mu_x, fyy / W - mu_y * mu_y, fxy / W - mu_x * mu_y
+    dmu = mu_x - mu_y
     mx, my = mu_x + s, mu_y + s
-    b1 = mx * mx + my * my + c1
-    b2 = vx + vy + c2
-    lum = (2 * mx * my + c1) / b1
-    cs = (2 * cov + c2) / b2
+    # each denominator is its numerator plus a non-negative difference (the variance of x - y, and
+    # the means' squared difference): round-off cannot put a ratio above 1, identical windows give
+    # exactly 1
+    a1 = 2 * mx * my + c1
+    a2 = 2 * (fxy / W - mu_x * mu_y) + c2
+    b1 = a1 + dmu * dmu
+    b2 = a2 + ((fxx + fyy - 2 * fxy) / W - dmu * dmu).clamp(min=0)
+    lum = a1 / b1
+    cs = a2 / b2
     r = k // 2
     centre = m[..., r : r + cs.shape[-2], r : r + cs.shape[-1]] if padding == "valid" else m
     return X, Y, M, W, mu_x, mu_y, mx, my, b1, b2, lum, cs, centre, (lo, hi)
