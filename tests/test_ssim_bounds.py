@@ -12,12 +12,12 @@ import pytest
 import torch
 from skimage import data
 
-from conftest import backend_params, device_for, side
+from conftest import backend_cases, backend_params, device_for, side
 from splatloss import backends, functional
 from splatloss.config import SSIMConfig
 
 PADDINGS = ("valid", "same", "reflect")
-BACKENDS = backend_params(("torch", "cpu", "triton"))
+BACKENDS = backend_params(("torch", "cpu", "triton"), slow_triton=True)  # Triton's interpreter: slow tier
 
 
 def _two_level(seed: int, h: int = 96, w: int = 128, lo: float = 0.2, hi: float = 0.8) -> torch.Tensor:
@@ -69,8 +69,7 @@ def test_ssim_and_cs_stay_within_one_for_near_identical_images(backend, padding)
             assert m.max() <= 1 and cm.max() <= 1 and m.min() >= -1 and cm.min() >= -1
 
 
-@pytest.mark.parametrize("padding", PADDINGS)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend, padding", backend_cases(PADDINGS))
 def test_a_constant_image_with_itself_is_one_with_or_without_the_gradient(backend, padding):
     """The loss forms the gradient in its forward where an input requires one: the value it sums
     must be the plain forward's, exactly 1, and the gradient 0 to round-off (a pixel's gradient is of
@@ -93,7 +92,7 @@ MASKED_BACKENDS = [
             strict=True, reason="the C masked kernel's SSIM of an image with itself is 1 - 1e-6 under a binary mask"
         ),
     ),
-    *backend_params(("triton",)),
+    *backend_params(("triton",), slow_triton=True),
 ]
 
 

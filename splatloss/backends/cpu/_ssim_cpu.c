@@ -352,7 +352,7 @@ static inline __attribute__((always_inline)) void ssim_terms_du(vr mx, vr my, vr
 /* The same with one common shift for both images (du = mx - my): the masked kernel. */
 static inline __attribute__((always_inline)) void ssim_terms(vr mx, vr my, vr ess, vr exy, vr ux, vr uy, vr c1,
                                                              vr c2, vr *iB1, vr *iB2, vr *lum, vr *cs) {
-    ssim_terms_du(mx, my, ess, exy, ux, uy, mx - my, c1, c2, 0, iB1, iB2, lum, cs);
+    ssim_terms_du(mx, my, ess, exy, ux, uy, mx - my, c1, c2, 1, iB1, iB2, lum, cs);
 }
 
 /* Per map row: where its adjoint quantities go, and its row sums (NULL: none). */
