@@ -6,6 +6,8 @@ Nothing here imports splatloss: these are the numbers splatloss must reproduce.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from skimage import data
@@ -14,10 +16,17 @@ from skimage.metrics import structural_similarity
 TF_WEIGHTS = (0.0448, 0.2856, 0.3001, 0.2363, 0.1333)
 
 
+@functools.lru_cache(maxsize=None)
+def _photograph(name: str) -> np.ndarray:
+    """A scikit-image sample photograph as float64 in [0, 1], decoded once (read-only)."""
+    img = getattr(data, name)().astype(np.float64) / 255.0
+    img.setflags(write=False)
+    return img
+
+
 def photo(name: str, top: int, left: int, h: int, w: int, gray: bool = False) -> np.ndarray:
     """A crop of a scikit-image sample photograph as float64 in [0, 1], ``(H, W, 3)`` or ``(H, W)``."""
-    img = getattr(data, name)().astype(np.float64) / 255.0
-    img = img[top : top + h, left : left + w]
+    img = _photograph(name)[top : top + h, left : left + w].copy()
     if gray:
         img = img @ np.array([0.2125, 0.7154, 0.0721])
     assert img.shape[:2] == (h, w), f"crop {name} {img.shape}"

@@ -10,6 +10,7 @@ a pointwise relative error means nothing. Each entry carries the error measured 
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 
@@ -195,3 +196,25 @@ def backend(request):
     test that is the fast tier's Triton case of its entry point parametrizes ``backend`` itself, with
     ``backend_params()`` or ``backend_cases(..., fast_triton=...)``."""
     return request.param
+
+
+_SCENES: dict = {}
+
+
+@pytest.fixture
+def scenes_built_once(monkeypatch):
+    """Training runs get the embedded scene (``splatloss.splat.synthetic.default_scene``, which their
+    config names) built once per set of arguments in a session, a fresh copy each run: runs that differ
+    only in what they train skip rendering the same views again. The scene is deterministic for its
+    arguments (tests/test_splat_scenes.py), which every direct call of it still builds."""
+    from splatloss.splat import synthetic
+
+    build = synthetic.default_scene
+
+    def built_once(*args, **kwargs):
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in _SCENES:
+            _SCENES[key] = build(*args, **kwargs)
+        return copy.deepcopy(_SCENES[key])
+
+    monkeypatch.setattr(synthetic, "default_scene", built_once)

@@ -1,5 +1,6 @@
 """Every config file composes through Hydra, and what it builds is what it says."""
 
+import copy
 import glob
 import os
 
@@ -23,9 +24,17 @@ def _choices(group):
     return sorted(n for n in names if not n.startswith("_"))
 
 
+_COMPOSED = {}
+
+
 def _compose(overrides, hydra=False):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="train", overrides=overrides, return_hydra_config=hydra)
+    """The config ``overrides`` compose to: each command composed once per session, a copy returned
+    (callers change theirs)."""
+    key = (tuple(overrides), hydra)
+    if key not in _COMPOSED:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            _COMPOSED[key] = compose(config_name="train", overrides=list(overrides), return_hydra_config=hydra)
+    return copy.deepcopy(_COMPOSED[key])
 
 
 def test_every_config_file_is_covered():

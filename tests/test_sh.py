@@ -18,6 +18,8 @@ from splatloss.splat.scenes import View, look_at  # noqa: E402
 from splatloss.splat.strategy import DensifyStrategy  # noqa: E402
 from splatloss.train import train  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("scenes_built_once")
+
 COMPOSITORS = ["torch", "numba"]
 EYE = (0.3, -3.0, 1.0)
 

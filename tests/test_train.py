@@ -14,6 +14,8 @@ from omegaconf import open_dict
 
 from splatloss.train import CONFIG_DIR, train
 
+pytestmark = pytest.mark.usefixtures("scenes_built_once")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TINY = [

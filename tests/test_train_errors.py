@@ -13,6 +13,8 @@ from test_train import ROOT, TINY, make_cfg
 
 from splatloss.train import train
 
+pytestmark = pytest.mark.usefixtures("scenes_built_once")
+
 
 def _nothing_trained(out_dir):
     return not os.path.exists(os.path.join(out_dir, "metrics.json")) and not os.path.exists(

@@ -22,6 +22,8 @@ from test_train import ROOT, TINY, make_cfg
 
 from splatloss.train import CONFIG_DIR, train
 
+pytestmark = pytest.mark.usefixtures("scenes_built_once")
+
 SCRIPT = os.path.join(ROOT, "scripts", "train.py")
 DATA = [o for o in TINY if o.startswith("data.")]
 

@@ -12,6 +12,8 @@ from test_train import make_cfg
 
 from splatloss.train import train
 
+pytestmark = pytest.mark.usefixtures("scenes_built_once")
+
 
 def _rows(out_dir):
     (path,) = list(out_dir.glob("csv/version_*/metrics.csv"))

@@ -12,6 +12,8 @@ from test_train import make_cfg
 from splatloss.lightning import HeldOutMetrics
 from splatloss.train import train
 
+pytestmark = pytest.mark.usefixtures("scenes_built_once")
+
 
 @pytest.mark.slow
 def test_validation_during_training_renders_to_its_own_step_folder(tmp_path):

@@ -12,6 +12,8 @@ from test_train import StopAt, make_cfg  # noqa: F401  (StopAt is instantiated b
 
 from splatloss.train import train
 
+pytestmark = pytest.mark.usefixtures("scenes_built_once")
+
 
 def _strict(path):
     def refuse(token):

@@ -11,6 +11,8 @@ from test_train import make_cfg
 
 from splatloss.train import train
 
+pytestmark = pytest.mark.usefixtures("scenes_built_once")
+
 COMMON = ["loss=l1", "trainer.max_steps=4"]
 
 

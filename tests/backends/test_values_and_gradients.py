@@ -121,8 +121,9 @@ def _run(b, entry, x, y, cfg, mask, up):
     return tuple(o.detach() for o in outs), torch.autograd.grad(total, (x, y))
 
 
-def _truth(entry, x, y, padding, mask, up):
-    """The float64 oracle's outputs of ``entry`` and their gradients to (x, y)."""
+def _truth(entry, x, y, padding, mask):
+    """The float64 oracle's outputs of ``entry``, the random upstreams ``up`` on them, and the outputs'
+    gradients to (x, y) under ``up``."""
     x, y = x.detach().double().cpu().requires_grad_(True), y.detach().double().cpu().requires_grad_(True)
     m = None if mask is None else mask.double().cpu()
     if entry == "map":
@@ -136,9 +137,11 @@ def _truth(entry, x, y, padding, mask, up):
         outs = ((1 - LAM) * masked_lp(x, y, m) + LAM * (1 - s),)
     else:
         outs = (masked_ms_ssim(x, y, m, MS_WEIGHTS, padding=padding, **MS_CFG),)
+    g = torch.Generator().manual_seed(7)
+    up = tuple(torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs)
     total = sum((o * u).sum() for o, u in zip(outs, up))
     gx, gy = torch.autograd.grad(total, (x, y))
-    return tuple(o.detach() for o in outs), ((gx,) if entry == "mean_and_grad" else (gx, gy))
+    return tuple(o.detach() for o in outs), up, ((gx,) if entry == "mean_and_grad" else (gx, gy))
 
 
 @pytest.mark.parametrize("backend,entry,dtype,padding,masked", _cases())
@@ -154,11 +157,8 @@ def test_values_and_both_gradients_equal_float64_truth(backend, entry, dtype, pa
         mask = torch.stack([soft_mask(h, w, seed=1), soft_mask(h, w, seed=5)])[:, None].to(dev, acc)
     b = splatloss.backends.get(backend)
     cfg = SSIMConfig(padding=padding)
-    truth_out, _ = _truth(entry, x, y, padding, mask, (torch.zeros(1),) * 2)
-    g = torch.Generator().manual_seed(7)
-    up = tuple(torch.randn(t.shape, generator=g, dtype=torch.float64) for t in truth_out)
+    truth, up, truth_g = _truth(entry, x, y, padding, mask)
     got, got_g = _run(b, entry, x, y, cfg, mask, up)
-    truth, truth_g = _truth(entry, x, y, padding, mask, up)
     for a, t in zip(got, truth):
         assert a.shape == t.shape and a.dtype == acc and a.device == x.device
     for a in got_g:
