@@ -208,7 +208,8 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
     ``(ssim_map, cs_map)``."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
-    geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=fwd_maxnreg(K))
+    maxnreg = fwd_maxnreg(K, reflect, mode == "map_cs")
+    geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=maxnreg)
     n_strips = triton.cdiv(Wo, geo.f)
     n_chunks = triton.cdiv(Ho, geo.rows)
     n_groups = triton.cdiv(BC, geo.bw // geo.f)
@@ -232,7 +233,7 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
             BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows, *img1.stride(), *img2.stride(), float(c1), float(c2),
             K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
             WRITE_MAP=not stats, WRITE_CS=mode == "map_cs", HAS_L1=l1 is not None,
-            **launch_options(geo.warps, maxnreg=fwd_maxnreg(K)),
+            **launch_options(geo.warps, maxnreg=maxnreg),
         )  # fmt: skip
     if stats:
         # fixed-order reduction of the per-program partial sums: deterministic, no atomics

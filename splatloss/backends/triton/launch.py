@@ -190,9 +190,12 @@ def bwd_maxnreg(K: int, reflect: bool, both: bool = False, strided: bool = False
     return COLUMN_MAXNREG if light else MAXNREG
 
 
-def fwd_maxnreg(K: int) -> int:
-    """Register ceiling of a forward launch: 128 for the column kernels, 255 for the ring kernels."""
-    return COLUMN_MAXNREG if K <= COLUMN_TAPS.value else MAXNREG
+def fwd_maxnreg(K: int, reflect: bool = False, both_maps: bool = False) -> int:
+    """Register ceiling of a forward launch: 128 for the column kernels, 255 for the ring kernels
+    and for the column kernel writing both maps (SSIM and cs) under "reflect" (8 B of spills at 128,
+    sm_90)."""
+    light = K <= COLUMN_TAPS.value and not (reflect and both_maps)
+    return COLUMN_MAXNREG if light else MAXNREG
 
 
 #: Size arguments compiled as plain integers: Triton would otherwise specialise each that equals 1 or
