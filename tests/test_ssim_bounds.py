@@ -83,17 +83,7 @@ def test_a_constant_image_with_itself_is_one_with_or_without_the_gradient(backen
     assert xg.grad.abs().max() <= 1e-9, xg.grad.abs().max()
 
 
-MASKED_BACKENDS = [
-    *backend_params(("torch",)),
-    pytest.param(
-        "cpu",
-        id="cpu",
-        marks=pytest.mark.xfail(
-            strict=True, reason="the C masked kernel's SSIM of an image with itself is 1 - 1e-6 under a binary mask"
-        ),
-    ),
-    *backend_params(("triton",), slow_triton=True),
-]
+MASKED_BACKENDS = [*backend_params(("torch", "cpu")), *backend_params(("triton",), slow_triton=True)]
 
 
 @pytest.mark.parametrize("padding", PADDINGS)

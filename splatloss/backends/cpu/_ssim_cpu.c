@@ -325,15 +325,14 @@ static inline __attribute__((always_inline)) void rebase(const REAL *h, size_t q
  * ratios of B = A are then set to 1, since A (1 / A) may round below it). Written as
  * e_ss - mu_x^2 - mu_y^2 + C2, B2 rounds independently of A2 and SSIM(x, x) reached 1 + 2.4e-5
  * on flat images. Both are also kept >= -1 (a rounding below it on anticorrelated windows). */
-static inline __attribute__((always_inline)) void ssim_terms_du(vr mx, vr my, vr ess, vr exy, vr ux, vr uy,
-                                                                vr du, vr c1, vr c2, int exact, vr *iB1, vr *iB2,
+static inline __attribute__((always_inline)) void ssim_terms_dd(vr mx, vr my, vr exy, vr ux, vr uy, vr du, vr dm,
+                                                                vr dss, vr c1, vr c2, int exact, vr *iB1, vr *iB2,
                                                                 vr *lum, vr *cs) {
     const vr zero = {0}, mone = bc(-1);
-    vr dm = mx - my;
     vr A1 = bc(2) * ux * uy + c1;
     vr B1 = A1 + du * du;
     vr A2 = bc(2) * (exy - mx * my) + c2;
-    vr D = (ess - bc(2) * exy) - dm * dm;
+    vr D = dss - dm * dm;
     vr B2 = A2 + (vr)((vmask)D & ~(D < zero));  /* D < 0 only by rounding; a NaN stays */
     *iB1 = 1 / B1;  /* never 1 / (B1 B2): it overflows or underflows */
     *iB2 = 1 / B2;
@@ -349,10 +348,24 @@ static inline __attribute__((always_inline)) void ssim_terms_du(vr mx, vr my, vr
     *cs = (vr)(((vmask)c & ~co) | ((vmask)mone & co));
 }
 
-/* The same with one common shift for both images (du = mx - my): the masked kernel. */
-static inline __attribute__((always_inline)) void ssim_terms(vr mx, vr my, vr ess, vr exy, vr ux, vr uy, vr c1,
-                                                             vr c2, vr *iB1, vr *iB2, vr *lum, vr *cs) {
-    ssim_terms_du(mx, my, ess, exy, ux, uy, mx - my, c1, c2, 1, iB1, iB2, lum, cs);
+/* The differences dm = mu'_x - mu'_y and dss = e_ss - 2 e_xy given by the caller (the masked
+ * kernel forms them from its sums before the division by the filtered mask). */
+
+static inline __attribute__((always_inline)) void ssim_terms_du(vr mx, vr my, vr ess, vr exy, vr ux, vr uy,
+                                                                vr du, vr c1, vr c2, int exact, vr *iB1, vr *iB2,
+                                                                vr *lum, vr *cs) {
+    ssim_terms_dd(mx, my, exy, ux, uy, du, mx - my, ess - bc(2) * exy, c1, c2, exact, iB1, iB2, lum, cs);
+}
+
+/* The masked kernel's: moments F(M P) / F(M) with one common shift for both images. The
+ * differences are formed from the sums, then divided: (fx - fy) / W is exactly 0 for identical
+ * images, while mx - my with mx = fx (1 / W) may be contracted into one fused multiply-add that
+ * keeps fx (1 / W) unrounded (SSIM(x, x) came out 1 - 1e-6 under -ffp-contract=fast). */
+static inline __attribute__((always_inline)) void ssim_terms(vr fx, vr fy, vr fss, vr fxy, vr iW, vr mx, vr my,
+                                                             vr exy, vr ux, vr uy, vr c1, vr c2, vr *iB1,
+                                                             vr *iB2, vr *lum, vr *cs) {
+    vr dm = (fx - fy) * iW;
+    ssim_terms_dd(mx, my, exy, ux, uy, dm, dm, (fss - bc(2) * fxy) * iW, c1, c2, 1, iB1, iB2, lum, cs);
 }
 
 /* Per map row: where its adjoint quantities go, and its row sums (NULL: none). */
@@ -1056,10 +1069,10 @@ static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
         vr fss = ld(vs + 3 * d.Wpp + j), fxy = ld(vs + 4 * d.Wpp + j);
         vmask pos = fw > zero;
         vr iW = one / (vr)(((vmask)fw & pos) | ((vmask)one & ~pos));  /* W = 0: use 1 */
-        vr mx = fx * iW, my = fy * iW, ess = fss * iW, exy = fxy * iW;
+        vr mx = fx * iW, my = fy * iW, exy = fxy * iW;
         vr ux = mx + sh, uy = my + sh;
         vr iB1, iB2, lum, cs;
-        ssim_terms(mx, my, ess, exy, ux, uy, c1, c2, &iB1, &iB2, &lum, &cs);
+        ssim_terms(fx, fy, fss, fxy, iW, mx, my, exy, ux, uy, c1, c2, &iB1, &iB2, &lum, &cs);
         vr ssim = lum * cs;
         vr c = ld(cw + j);
         vmask vm = (lane + j) < d.Wp;
