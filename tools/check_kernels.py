@@ -130,6 +130,8 @@ class Call(NamedTuple):
 
 def cost_calls() -> Dict[str, Call]:
     """The calls of the cost model (see docs/triton.md)."""
+    import torch
+
     import splatloss
 
     def loss_ssim(x, y):
@@ -141,11 +143,17 @@ def cost_calls() -> Dict[str, Call]:
     def loss_ms_ssim(x, y):
         return 1 - splatloss.ms_ssim(x, y, tau=0.01, backend="triton")
 
+    def loss_dssim_l1_masked(x, y):
+        # a soft (1, 1, H, W) alpha, as the benchmark's masked rows
+        m = torch.rand(1, 1, *x.shape[-2:], generator=torch.Generator().manual_seed(0)).to(x.device)
+        return splatloss.dssim_l1(x, y, 0.2, padding="same", mask=m, backend="triton")
+
     return {
         "ssim_loss_fwd_bwd": Call(loss_ssim, COST_SHAPE),
         "ssim_loss_fwd_bwd_both_grads": Call(loss_ssim, COST_SHAPE, grads=(True, True)),
         "dssim_l1_fwd_bwd": Call(loss_dssim_l1, COST_SHAPE),
         "ms_ssim_loss_fwd_bwd": Call(loss_ms_ssim, COST_SHAPE),
+        "dssim_l1_masked_fwd_bwd": Call(loss_dssim_l1_masked, COST_SHAPE),
     }
 
 
@@ -155,6 +163,8 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
     every path of the public API -- map and cs, paddings, dtypes, layouts, one gradient of either
     image, the gradient without autograd, MS-SSIM, frames narrower than a program (several
     channels per program) -- plus the cost model's 1080p calls."""
+    import torch
+
     import splatloss
 
     T = "triton"
@@ -212,6 +222,32 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
     out["dssim_l1 same fp16"] = Call(
         lambda x, y: splatloss.dssim_l1(x, y, padding="same", backend=T), small, "float16", grads=(True, True)
     )
+
+    def masked(fn, padding="same", K=11, per_channel=False):
+        # a soft mask per image (and per channel): the masked kernels read it with its own strides
+        def run(x, y):
+            b, c, h, w = x.shape
+            m = torch.rand(b, c if per_channel else 1, h, w, generator=torch.Generator().manual_seed(0))
+            return fn(x, y, m.to(x.device), padding, K)
+
+        return run
+
+    def masked_loss(x, y, m, padding, K):
+        return splatloss.dssim_l1(x, y, 0.2, mask=m, padding=padding, window_size=K, backend=T)
+
+    def masked_ms(x, y, m, padding, K):
+        return 1 - splatloss.ms_ssim(x, y, mask=m, padding=padding, window_size=K, tau=0.01, backend=T)
+
+    # the fused loss ("same", "valid"; K = 11 has the most pending sums), its evaluation (the forward
+    # kernel), "reflect" (the composition, one launch per gradient; the masked kernels take up to 9
+    # taps under "reflect") and MS-SSIM's masked statistics
+    out["masked dssim_l1 same K=11 both grads"] = Call(masked(masked_loss), small, grads=(True, True))
+    out["masked dssim_l1 valid K=3 both grads"] = Call(masked(masked_loss, "valid", 3), small, grads=(True, True))
+    out["masked dssim_l1 reflect K=9 both grads"] = Call(masked(masked_loss, "reflect", 9), small, grads=(True, True))
+    out["masked dssim_l1 same no grad, per channel"] = Call(
+        masked(masked_loss, per_channel=True), small, grads=(False, False)
+    )
+    out["masked ms_ssim reflect K=9"] = Call(masked(masked_ms, "reflect", 9), (1, 3, 176, 200), grads=(True, True))
     out.update({f"1080p {k}": v for k, v in cost_calls().items()})
     return out
 
@@ -552,6 +588,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, nargs="+", default=[80, 90], help="SM versions (default 80 90)")
     ap.add_argument("--quick", action="store_true", help="default window only")
+    ap.add_argument("--only", metavar="REGEX", help="only the calls whose label matches REGEX")
     ap.add_argument(
         "--cost", action="store_true", help="static cost of the kernels the loss calls launch (see docs/triton.md)"
     )
@@ -570,7 +607,12 @@ def main(argv=None) -> int:
     print(header)
     print("-" * len(header))
     compiled: Dict[str, tuple] = {}
-    for label, items in record_calls(args.arch, aot_calls(args.quick)).items():
+    calls = aot_calls(args.quick)
+    if args.only:
+        calls = {k: v for k, v in calls.items() if re.search(args.only, k)}
+        if not calls:
+            ap.error(f"--only {args.only!r} matches none of the calls: {', '.join(aot_calls(args.quick))}")
+    for label, items in record_calls(args.arch, calls).items():
         seen = set()
         for it in items:
             if isinstance(it, Glue):

@@ -9,7 +9,7 @@ test_masks.py; measured here (fp32, 14x17 and 13x16, soft masks): values <= 7e-8
 
 import pytest
 import torch
-from _mask_truth import masked_ssim, masked_ssim_stats, soft_mask
+from _mask_truth import masked_lp, masked_ssim, masked_ssim_stats, soft_mask
 
 import splatloss
 from conftest import device_for, make_pair, rel
@@ -145,3 +145,88 @@ def test_dssim_l1_and_ms_ssim_under_a_mask_run_the_masked_kernels(launches):
     assert launches.count("launch_masked_fwd") == 2  # one per scale
     assert abs(v.item() - tv.item()) <= VALUE_TOL
     assert rel(gx.cpu(), tgx) <= GRAD_TOL and rel(gy.cpu(), tgy) <= GRAD_TOL
+
+
+def _oracle_dssim_l1(x, y, m, lam, padding, window_size):
+    """Per image ``(1 - lam) * sum m |x - y| / sum m + lam * (1 - masked SSIM)``, float64."""
+    return (1 - lam) * masked_lp(x, y, m, p=1) + lam * (
+        1 - masked_ssim(x, y, m, padding=padding, window_size=window_size)
+    )
+
+
+@pytest.mark.parametrize(
+    "padding,mask_shape,grads",
+    [
+        ("same", (2, 1), "both"),
+        pytest.param("valid", (1, 1), "both", marks=pytest.mark.slow),
+        pytest.param("reflect", (2, 2), "both", marks=pytest.mark.slow),  # composed: one launch per gradient
+        pytest.param("same", (1, 2), "y", marks=pytest.mark.slow),
+        pytest.param("valid", (2, 1), "none", marks=pytest.mark.slow),
+    ],
+)
+def test_fused_masked_dssim_l1_equals_the_float64_oracle(launches, padding, mask_shape, grads):
+    # one pass of the masked backward kernel: the masked L1 and its gradient w m sign(x - y) inside it
+    # ("same", "valid"; "reflect": the composition); per-image upstream weights, masks per image /
+    # channel, both images' gradients, one or none
+    dev = device_for(T)
+    lam, K = 0.3, 5
+    x, y = make_pair((2, 2, 13, 16), seed=21, device=dev)
+    m = torch.stack([soft_mask(13, 16, seed=s) for s in range(mask_shape[0] * mask_shape[1])])
+    m = m.view(*mask_shape, 13, 16)
+    m[-1, -1, :4] = 0  # an empty band: sum m and the centre weights differ from the plane's
+    up = torch.tensor([0.7, -1.9], dtype=torch.float64)
+
+    def run(backend, a, b, mask):
+        a, b = a.clone().requires_grad_(grads in ("x", "both")), b.clone().requires_grad_(grads in ("y", "both"))
+        with torch.set_grad_enabled(grads != "none"):
+            v = splatloss.dssim_l1(
+                a, b, lam, mask=mask, padding=padding, window_size=K, reduction="none", backend=backend
+            )
+        if grads == "none":
+            return v.detach(), None
+        wrt = [t for t in (a, b) if t.requires_grad]
+        return v.detach(), torch.autograd.grad((v * up.to(v)).sum(), wrt)
+
+    v, g = run(T, x, y, m.to(dev))
+    assert launches == (["launch_masked_fwd"] if grads == "none" else ["launch_masked_bwd"])
+    x6, y6 = x.cpu().double(), y.cpu().double()
+    tv = _oracle_dssim_l1(x6, y6, m.double(), lam, padding, K)
+    assert float((v.cpu().double() - tv).abs().max()) <= VALUE_TOL
+    if g is not None:
+        x6.requires_grad_(grads in ("x", "both"))
+        y6.requires_grad_(grads in ("y", "both"))
+        wrt = [t for t in (x6, y6) if t.requires_grad]
+        tg = torch.autograd.grad((_oracle_dssim_l1(x6, y6, m.double(), lam, padding, K) * up).sum(), wrt)
+        assert all(rel(a.cpu(), b) <= GRAD_TOL for a, b in zip(g, tg))
+
+
+@pytest.mark.slow
+def test_fused_masked_dssim_l1_empty_mask_and_bfloat16(launches):
+    # an image whose mask is empty: L1 0, SSIM 1, loss 0 and no gradient; bfloat16 inputs as float32 ones
+    dev = device_for(T)
+    x, y = make_pair((2, 3, 12, 14), seed=23, device=dev)
+    m = torch.ones(2, 1, 12, 14, device=dev)
+    m[1] = 0
+    xr = x.clone().requires_grad_(True)
+    v = splatloss.dssim_l1(xr, y, 0.2, mask=m, padding="same", window_size=5, reduction="none", backend=T)
+    (gx,) = torch.autograd.grad(v.sum(), xr)
+    assert v[1].item() == 0.0 and bool((gx[1] == 0).all()) and v[0].item() > 0
+    xb, yb = x.bfloat16().requires_grad_(True), y.bfloat16()
+    vb = splatloss.dssim_l1(xb, yb, 0.2, mask=m, padding="same", window_size=5, reduction="none", backend=T)
+    (gb,) = torch.autograd.grad(vb.sum(), xb)
+    assert gb.dtype == torch.bfloat16
+    x32 = xb.detach().float().requires_grad_(True)
+    v32 = splatloss.dssim_l1(x32, yb.float(), 0.2, mask=m, padding="same", window_size=5, reduction="none", backend=T)
+    (g32,) = torch.autograd.grad(v32.sum(), x32)
+    assert torch.equal(vb, v32) and torch.equal(gb, g32.bfloat16())
+
+
+def test_reflect_windows_over_nine_taps_take_the_shared_fallback(launches):
+    # the masked backward spills registers at 11 taps under "reflect": the torch composition instead
+    dev = device_for(T)
+    x, y = make_pair((1, 2, 16, 18), seed=3, device=dev)
+    m = soft_mask(16, 18, seed=6)
+    v = splatloss.dssim_l1(x, y, 0.2, mask=m.to(dev), padding="reflect", window_size=11, backend=T)
+    assert launches == []
+    tv = _oracle_dssim_l1(x.cpu().double(), y.cpu().double(), m.double(), 0.2, "reflect", 11)
+    assert abs(v.item() - tv.item()) <= VALUE_TOL

@@ -35,8 +35,9 @@ class TritonBackend(Backend):
         return _ssim.ssim_stats(img1, img2, cfg)
 
     # Masked statistics in the kernels (windows up to 11 taps; wider ones take the shared torch
-    # fallback); the masked maps (ssim_map with a mask) are the shared fallback's. MS-SSIM and the
-    # 3DGS loss under a mask are the base class's compositions over these statistics.
+    # fallback); the masked maps (ssim_map with a mask) are the shared fallback's. The 3DGS loss
+    # under a mask is fused as the unmasked one is ("same" / "valid"; under "reflect" the L1 term's
+    # registers would spill, so it is the base class's composition, as MS-SSIM under a mask is).
     fused_masks = True
 
     def masked_ssim_stats(self, img1, img2, mask, cfg):
@@ -62,7 +63,9 @@ class TritonBackend(Backend):
 
     def dssim_l1(self, img1, img2, cfg, lam, mask=None):
         if mask is not None:
-            return super().dssim_l1(img1, img2, cfg, lam, mask)
+            if not _masked_ssim.fits_fused_loss(cfg):
+                return super().dssim_l1(img1, img2, cfg, lam, mask)
+            return _masked_ssim.masked_dssim_l1(img1, img2, mask, cfg, lam)
         return _dssim_l1.dssim_l1(img1, img2, cfg, lam)
 
     def ssim_mean_and_grad(self, img1, img2, cfg, upstream, mask=None):

@@ -113,7 +113,7 @@ def _bwd_columns(
                 gc = tl.load(gc_ptr + g_offs, mask=valid, other=0.0).to(tl.float32)
             else:
                 gc = 0.0
-        d1, d2, dsq, dxy, ssim, cs = partials(mu1, mu2, e11, None, e12, gs, gc, c1, c2, shift, HAS_CS)
+        d1, d2, dsq, dxy, ssim, cs = partials(mu1, mu2, e11, None, e12, gs, gc, c1, c2, shift, None, None, HAS_CS)
         if WRITE_SUMS:
             own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
             acc_s += tl.where(own, ssim, 0.0)
@@ -148,7 +148,7 @@ def _bwd_columns(
         yq = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32)
         gx, gy = hadjoint_moved(buf, wt, q_c0, W, f, xq, yq, NEED1, NEED2, F, BW, K, PAD, REFLECT, EDGE)
         o_offs = o_base + q64 * so_h + q_c.to(tl.int64) * so_w
-        l1_term, acc_l = l1_sign_term(xq, yq, l1, out, acc_l, HAS_L1, WRITE_SUMS)
+        l1_term, acc_l = l1_sign_term(xq, yq, l1, out, acc_l, None, HAS_L1, WRITE_SUMS)
         if NEED1:
             store_grad(gx_ptr, o_offs, out, gx, xq, yq, None, None, l1_term, 1, HAS_L1)
         if NEED2:
@@ -244,7 +244,7 @@ def _bwd_ring(
                 gc = tl.load(gc_ptr + g_offs, mask=valid, other=0.0).to(tl.float32)
             else:
                 gc = 0.0
-        d1, d2, dsq, dxy, ssim, cs = partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, HAS_CS)
+        d1, d2, dsq, dxy, ssim, cs = partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, None, None, HAS_CS)
         if WRITE_SUMS:
             own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
             acc_s += tl.where(own, ssim, 0.0)
@@ -295,7 +295,7 @@ def _bwd_ring(
         yq = tl.load(y_ptr + y_base + q64 * sy_h + q_c.to(tl.int64) * sy_w, mask=out, other=0.0).to(tl.float32)
         gx, gy = hadjoint_moved_ring(buf, w_ptr, q_c0, W, f, xq, yq, NEED1, NEED2, F, BW, K, KP, PAD, REFLECT)
         o_offs = o_base + q64 * so_h + q_c.to(tl.int64) * so_w
-        l1_term, acc_l = l1_sign_term(xq, yq, l1, out, acc_l, HAS_L1, WRITE_SUMS)
+        l1_term, acc_l = l1_sign_term(xq, yq, l1, out, acc_l, None, HAS_L1, WRITE_SUMS)
         if NEED1:
             store_grad(gx_ptr, o_offs, out, gx, xq, yq, None, None, l1_term, 1, HAS_L1)
         if NEED2:

@@ -57,14 +57,18 @@ def stage_partials(buf, ar, valid, dsq, dxy, d1, d2, NEED1: tl.constexpr, NEED2:
 
 
 @triton.jit
-def l1_sign_term(xq, yq, l1, out, acc_l, HAS_L1: tl.constexpr, WRITE_SUMS: tl.constexpr):
+def l1_sign_term(xq, yq, l1, out, acc_l, wq, HAS_L1: tl.constexpr, WRITE_SUMS: tl.constexpr):
     """The fused loss's L1 term of one gradient row, ``l1 * sign(x - y)`` (0 without ``HAS_L1``),
-    and ``acc_l`` plus, with ``WRITE_SUMS``, this row's ``|x - y|`` (the loss's value)."""
+    and ``acc_l`` plus, with ``WRITE_SUMS``, this row's ``|x - y|`` (the loss's value), weighted by
+    ``wq`` (the mask at the pixels; None: unweighted)."""
     if HAS_L1:
         dl = xq - yq
         l1_term = l1 * (tl.where(dl > 0, 1.0, 0.0) - tl.where(dl < 0, 1.0, 0.0))
         if WRITE_SUMS:
-            acc_l += tl.where(out, tl.abs(dl), 0.0)
+            if wq is None:
+                acc_l += tl.where(out, tl.abs(dl), 0.0)
+            else:
+                acc_l += tl.where(out, wq * tl.abs(dl), 0.0)
     else:
         l1_term = 0.0
     return l1_term, acc_l

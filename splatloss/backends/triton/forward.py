@@ -89,7 +89,7 @@ def _fwd_columns(
             acc_l1 += tl.where(row_own, l1_row, 0.0)
         done, state = vmoments(state, h1, h2, h11, h12, s, wt, K)
         mu1, mu2, e11, e12, shift = done  # e11: E[x'^2] + E[y'^2] (only their sum enters B2)
-        ssim, cs = ssim_cs(mu1, mu2, e11, None, e12, c1, c2, shift)
+        ssim, cs = ssim_cs(mu1, mu2, e11, None, e12, c1, c2, shift, None, None)
         p = p_r0 + i - (K - 1)
         ok = col_ok & (i >= K - 1)
         acc_s, acc_c = _store_row(s_ptr, cs_ptr, bc, p, p_c, Ho, Wo, ok, ssim, cs, acc_s, acc_c, WRITE_MAP, WRITE_CS)
@@ -160,7 +160,7 @@ def _fwd_ring(
         live = (age < K)[:, None]  # only the K newest rows: 0 * NaN of an older row would be NaN
         tau, shift = window_taus(sring, slots, i, live, KP, BW, K)
         mu1, mu2, e11, e22, e12 = ring_vsum(ring, ring_offs, live, wv, tau, KP, BW)
-        ssim, cs = ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift)
+        ssim, cs = ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift, None, None)
         p = p_r0 + i - (K - 1)
         ok = col_ok & (i >= K - 1)
         acc_s, acc_c = _store_row(s_ptr, cs_ptr, bc, p, p_c, Ho, Wo, ok, ssim, cs, acc_s, acc_c, WRITE_MAP, WRITE_CS)

@@ -185,8 +185,10 @@ def save_unit_grads(ctx, img1: Tensor, img2: Tensor, window: Tensor, gx: Tensor,
     ctx.set_materialize_grads(False)  # no zero-filled upstream gradients for gx / gy (4 B each)
 
 
-def backward_from_unit_grads(ctx, upstream: Optional[Tensor], dims: int, recompute, op: str) -> tuple:
-    """The backward of such an op (nine inputs, the two images first): scale the kept gradients by
+def backward_from_unit_grads(
+    ctx, upstream: Optional[Tensor], dims: int, recompute, op: str, n_inputs: int = 9
+) -> tuple:
+    """The backward of such an op (``n_inputs`` inputs, the two images first): scale the kept gradients by
     ``upstream``, one scalar per leading index (``dims`` of them: per image, or per image and
     channel), one elementwise pass each, and return them in each input's dtype. An input that
     needs a gradient its forward did not compute (it did not need one then) gets
@@ -194,7 +196,7 @@ def backward_from_unit_grads(ctx, upstream: Optional[Tensor], dims: int, recompu
     error a double backward gets (:func:`refuse_double_backward`)."""
     refuse_double_backward(op)
     need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
-    rest = (None,) * 7
+    rest = (None,) * (n_inputs - 2)
     if not (need1 or need2) or upstream is None:
         return (None, None) + rest
     img1, img2, window, gx, gy, *extra = ctx.saved_tensors

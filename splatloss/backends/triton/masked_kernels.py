@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .bodies import interior, lanes, stage_partials, store_sums
+from .bodies import interior, l1_sign_term, lanes, stage_partials, store_sums
 from .columns import hadjoint_cols, hmoments_masked, load_taps, push, vadjoint_taps
 from .launch import (
     SIZES,
@@ -87,12 +87,15 @@ def _masked_fwd_columns(
         f11, v11 = push(v11, h11, wt, K, True)
         f12, v12 = push(v12, h12, wt, K, True)
         inv = 1.0 / tl.where(fm > 0, fm, 1.0)
-        ssim, cs = ssim_cs(f1 * inv, f2 * inv, f11 * inv, None, f12 * inv, c1, c2, shift)
+        # the differences from the sums: exactly 0 where both images agree (see moments.ratios)
+        dmu = (f1 - f2) * inv
+        dvar = (f11 - 2.0 * f12) * inv
+        ssim, cs = ssim_cs(f1 * inv, f2 * inv, f11 * inv, None, f12 * inv, c1, c2, shift, dmu, dvar)
         p = p_r0 + i - (K - 1)
         ok = col_ok & (i >= K - 1)
         mc = tl.load(m_ptr + mc_lane + (p + CEN).to(tl.int64) * sm_h, mask=ok, other=0.0)
-        acc_s += tl.where(ok, mc * ssim, 0.0)
-        acc_c += tl.where(ok, mc * cs, 0.0)
+        acc_s += tl.where(ok, mc * (1.0 - ssim), 0.0)  # deficits: exactly 0 where SSIM is exactly 1
+        acc_c += tl.where(ok, mc * (1.0 - cs), 0.0)
     store_sums(s_ptr, acc_s, BC, n_chunks * n_strips, 1, F, BW)
     store_sums(cs_ptr, acc_c, BC, n_chunks * n_strips, 1, F, BW)
 
@@ -120,11 +123,12 @@ def masked_fwd_kernel(
 
 @triton.jit
 def _masked_bwd_columns(
-    x_ptr, y_ptr, m_ptr, w_ptr, gs_ptr, gc_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
+    x_ptr, y_ptr, m_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
     BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
-    HAS_CS: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr, WRITE_SUMS: tl.constexpr, EDGE: tl.constexpr,
+    HAS_CS: tl.constexpr, HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr,
+    WRITE_SUMS: tl.constexpr, EDGE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     group, chunk, strip, f, bc, lane_ok, b, ch = lanes(pid, BC, C, n_chunks, n_strips, F, BW)
@@ -161,7 +165,12 @@ def _masked_bwd_columns(
         gc = tl.load(gc_ptr + sel, mask=sel_ok, other=0.0).to(tl.float32)
     else:
         gc = 0.0
+    if HAS_L1:  # the fused loss's L1 weight: (1 - lam) / (the image's mask sum), per channel
+        l1 = tl.load(l1_ptr + sel, mask=sel_ok, other=0.0).to(tl.float32)
+    else:
+        l1 = 0.0
     acc_s = zero
+    acc_l = zero
     v0 = (zero,) * (K - 1)
     v1 = (zero,) * (K - 1)
     v2 = (zero,) * (K - 1)
@@ -190,12 +199,14 @@ def _masked_bwd_columns(
         p = r - (K - 1) + PAD
         valid = pcol_ok & (i >= K - 1) & (p >= 0) & (p < Ho)
         mc = tl.load(m_ptr + mc_lane + (p + CEN).to(tl.int64) * sm_h, mask=valid, other=0.0)
+        dmu = (f1 - f2) * inv  # the differences from the sums, as in the forward kernel
+        dvar = (f11 - 2.0 * f12) * inv
         d1, d2, dsq, dxy, ssim, cs = partials(
-            f1 * inv, f2 * inv, f11 * inv, None, f12 * inv, gs * mc, gc * mc, c1, c2, shift, HAS_CS
+            f1 * inv, f2 * inv, f11 * inv, None, f12 * inv, gs * mc, gc * mc, c1, c2, shift, dmu, dvar, HAS_CS
         )
         if WRITE_SUMS:
             own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
-            acc_s += tl.where(own, mc * ssim, 0.0)
+            acc_s += tl.where(own, mc * (1.0 - ssim), 0.0)
 
         # 3. horizontal adjoint through the scratch row
         buf = scr + (i % 2) * (4 * BW)
@@ -210,52 +221,63 @@ def _masked_bwd_columns(
         q = p - PAD
         out = qcol_ok & (i >= 2 * (K - 1)) & (q < q_r0 + n_rows)
         q64 = q.to(tl.int64)
-        xq = tl.load(x_ptr + x_lane + q64 * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32) - shift
-        yq = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32) - shift
+        xr = tl.load(x_ptr + x_lane + q64 * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32)
+        yr = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32)
         mq = tl.load(m_ptr + m_lane + q64 * sm_h + (K - 1) * sm_w, mask=out, other=0.0)
+        # the L1 term (sign and |x - y| of the unshifted pixels), weighted by the mask below
+        l1_term, acc_l = l1_sign_term(xr, yr, l1, out, acc_l, mq, HAS_L1, WRITE_SUMS)
+        xq = xr - shift
+        yq = yr - shift
         o_offs = o_base + q64 * so_h + q_c.to(tl.int64) * so_w
         if NEED1:
             adj1 = hadjoint_cols(buf + 2 * BW, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT)
             g1, a_1 = push(a_1, adj1, wa, K, False)
-            gx = mq * (g1 + 2.0 * xq * g_sq + yq * g_xy)
+            gx = mq * (g1 + 2.0 * xq * g_sq + yq * g_xy + l1_term)
             tl.store(gx_ptr + o_offs, gx.to(gx_ptr.dtype.element_ty), mask=out)
         if NEED2:
             adj2 = hadjoint_cols(buf + 3 * BW, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT)
             g2, a_2 = push(a_2, adj2, wa, K, False)
-            gy = mq * (g2 + 2.0 * yq * g_sq + xq * g_xy)
+            gy = mq * (g2 + 2.0 * yq * g_sq + xq * g_xy - l1_term)
             tl.store(gy_ptr + o_offs, gy.to(gy_ptr.dtype.element_ty), mask=out)
     if WRITE_SUMS:
-        store_sums(sum_ptr, acc_s, BC, n_chunks * n_strips, 1, F, BW)
+        # per program and channel: the centre-weighted SSIM and, with HAS_L1, the masked |x - y| sums
+        store_sums(sum_ptr, acc_s, BC, n_chunks * n_strips, 2, F, BW)
+        if HAS_L1:
+            store_sums(sum_ptr + 1, acc_l, BC, n_chunks * n_strips, 2, F, BW)
 
 
 @triton.jit(do_not_specialize=SIZES)
 def masked_bwd_kernel(
-    x_ptr, y_ptr, m_ptr, w_ptr, gs_ptr, gc_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
+    x_ptr, y_ptr, m_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
     BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
-    HAS_CS: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr, WRITE_SUMS: tl.constexpr,
+    HAS_CS: tl.constexpr, HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr,
+    WRITE_SUMS: tl.constexpr,
 ):  # fmt: skip
     strip = tl.program_id(0) % n_strips
     if interior(strip * (F - (K - 1)) - (K - 1), W, K, F, BW):
         _masked_bwd_columns(
-            x_ptr, y_ptr, m_ptr, w_ptr, gs_ptr, gc_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H, W, Ho, Wo,
+            x_ptr, y_ptr, m_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H, W, Ho, Wo,
             n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w,
-            so_b, so_c, so_h, so_w, c1, c2, K, PAD, REFLECT, F, BW, HAS_CS, NEED1, NEED2, WRITE_SUMS, False,
+            so_b, so_c, so_h, so_w, c1, c2, K, PAD, REFLECT, F, BW, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, False,
         )  # fmt: skip
     else:
         _masked_bwd_columns(
-            x_ptr, y_ptr, m_ptr, w_ptr, gs_ptr, gc_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H, W, Ho, Wo,
+            x_ptr, y_ptr, m_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H, W, Ho, Wo,
             n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w,
-            so_b, so_c, so_h, so_w, c1, c2, K, PAD, REFLECT, F, BW, HAS_CS, NEED1, NEED2, WRITE_SUMS, True,
+            so_b, so_c, so_h, so_w, c1, c2, K, PAD, REFLECT, F, BW, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, True,
         )  # fmt: skip
 
 
 def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: float) -> Tuple[Tensor, Tensor]:
-    """``(ssim_sum, cs_sum)``, each ``[B, C]``: the maps summed with the centre mask as weight."""
+    """``(ssim_deficit, cs_deficit)``, each ``[B, C]``: ``1 - map`` summed with the centre mask as
+    weight (the mean is ``1 - deficit / sum of the weights``: exactly 1 where every value is, however
+    the sums round)."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
-    geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=fwd_maxnreg(K))
+    maxnreg = fwd_maxnreg(K, reflect, both_maps=True)  # it sums both maps (SSIM and cs)
+    geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=maxnreg)
     n_strips, n_chunks = triton.cdiv(Wo, geo.f), triton.cdiv(Ho, geo.rows)
     n_prog = triton.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
     s = torch.empty((BC, n_chunks * n_strips), dtype=torch.float32, device=img1.device)
@@ -265,23 +287,28 @@ def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: flo
             img1, img2, mask, window, s, cs, BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
             *img1.stride(), *img2.stride(), *mask.stride(), float(c1), float(c2),
             K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
-            **launch_options(geo.warps, maxnreg=fwd_maxnreg(K)),
+            **launch_options(geo.warps, maxnreg=maxnreg),
         )  # fmt: skip
     return s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C)
 
 
-def launch_masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, need1, need2, sums=False, grad_dtype=None):
+def launch_masked_bwd(
+    img1, img2, mask, window, padding, c1, c2, g_s, g_cs, need1, need2, sums=False, grad_dtype=None, l1=None
+):
     """Gradients of ``sum(g_s * ssim_sum + g_cs * cs_sum)`` (the centre-weighted sums; ``g_cs`` may
     be None), ``(grad1 or None, grad2 or None)`` in img1's layout, and with ``sums`` also the
-    ``[B, C]`` centre-weighted SSIM sum computed on the way."""
-    B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
-    BC = B * C
-    geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=bwd_maxnreg(K, reflect, need1 and need2))
-    n_strips, n_chunks = triton.cdiv(W, geo.f - (K - 1)), triton.cdiv(H, geo.rows)
-    n_prog = triton.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
+    ``[B, C]`` centre-weighted SSIM deficit (``1 - SSIM``, as :func:`launch_masked_fwd`) computed on
+    the way. ``l1``: optional ``[B, C]`` weight of
+    ``mask * sign(x - y)`` added to the gradients (the fused masked loss's L1 term); with ``sums``
+    the ``[B, C]`` masked ``|x - y|`` sums are returned last.
+
+    Under "reflect" the two gradients take one launch each: with both, the kernel's mirrored taps
+    and its two sets of pending adjoint sums spill registers at sm_90 even at 255 (8 to 16 B,
+    tools/check_kernels.py)."""
     dev = img1.device
     g_s = g_s.to(torch.float32).contiguous()
     g_cs = g_cs.to(torch.float32).contiguous() if g_cs is not None else None
+    l1 = l1.to(torch.float32).contiguous() if l1 is not None else None
     gx = torch.empty_like(img1, dtype=grad_dtype) if need1 else None
     gy = None
     if need2:
@@ -290,19 +317,42 @@ def launch_masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, need
             if gx is None
             else torch.empty_strided(gx.shape, gx.stride(), dtype=grad_dtype or img2.dtype, device=dev)
         )
-    out = gx if gx is not None else gy
+    args = (img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1)
+    if need1 and need2 and padding == "reflect":
+        per_bc = _masked_bwd(*args, gx, None, sums)
+        _masked_bwd(*args, None, gy, False)
+    else:
+        per_bc = _masked_bwd(*args, gx, gy, sums)
+    if not sums:
+        return gx, gy
+    B, C = img1.shape[:2]
+    if l1 is not None:
+        return gx, gy, per_bc[:, 0].view(B, C), per_bc[:, 1].view(B, C)
+    return gx, gy, per_bc[:, 0].view(B, C)
+
+
+def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy, sums):
+    """One launch of the masked backward kernel writing ``gx`` and / or ``gy`` (None: not computed);
+    with ``sums`` the ``[B * C, 2]`` SSIM and L1 sums (the second only with ``l1``), else None."""
+    B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
+    BC = B * C
+    need1, need2 = gx is not None, gy is not None
+    maxnreg = bwd_maxnreg(K, reflect, need1 and need2)
+    geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=maxnreg)
+    n_strips, n_chunks = triton.cdiv(W, geo.f - (K - 1)), triton.cdiv(H, geo.rows)
+    n_prog = triton.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
+    dev = img1.device
+    out = gx if need1 else gy
     scratch = torch.empty((n_prog, 8 * geo.bw + 32), dtype=torch.float32, device=dev)
-    sum_buf = torch.empty((BC, n_chunks * n_strips) if sums else (1,), dtype=torch.float32, device=dev)
+    # two sums per program and channel: the SSIM's and the L1's (the second written only with l1)
+    sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
     with device_guard(img1):
         masked_bwd_kernel[(n_prog,)](
-            img1, img2, mask, window, g_s, g_cs if g_cs is not None else g_s,
-            gx if gx is not None else scratch, gy if gy is not None else scratch, scratch, sum_buf,
+            img1, img2, mask, window, g_s, g_cs if g_cs is not None else g_s, l1 if l1 is not None else g_s,
+            gx if need1 else scratch, gy if need2 else scratch, scratch, sum_buf,
             BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
             *img1.stride(), *img2.stride(), *mask.stride(), *out.stride(), float(c1), float(c2),
-            K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, HAS_CS=g_cs is not None,
-            NEED1=need1, NEED2=need2, WRITE_SUMS=sums,
-            **launch_options(geo.warps, maxnreg=bwd_maxnreg(K, reflect, need1 and need2)),
+            K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, HAS_CS=g_cs is not None, HAS_L1=l1 is not None,
+            NEED1=need1, NEED2=need2, WRITE_SUMS=sums, **launch_options(geo.warps, maxnreg=maxnreg),
         )  # fmt: skip
-    if sums:
-        return gx, gy, sum_buf.sum(dim=1).view(B, C)
-    return gx, gy
+    return sum_buf.sum(dim=1) if sums else None

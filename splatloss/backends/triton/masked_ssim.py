@@ -9,6 +9,12 @@ position's centre as weight; a channel whose centre weights sum to 0 counts as 1
 ``F(M) = 0`` the centre weight is 0 too, so those positions take ``F(M) = 1`` and never reach the
 value or the gradient.
 
+The 3DGS loss under a mask, ``(1 - lam) * sum M |x - y| / sum M + lam * (1 - SSIM)`` (the base
+backend's composition, :func:`splatloss.backends.base.masked_l1`), is fused as the unmasked one
+is (:mod:`.dssim_l1`): with a gradient to compute, one pass of the masked backward kernel sums the
+centre-weighted SSIM and the masked ``|x - y|`` and adds ``w M sign(x - y)`` to the gradients in
+registers, ``w = (1 - lam) / sum M`` per image ("same" and "valid" padding: :func:`fits_fused_loss`).
+
 The kernels and their launchers are :mod:`.masked_kernels`'s.
 """
 
@@ -18,6 +24,7 @@ from typing import Tuple
 
 import torch
 
+from ..base import masked_l1
 from .glue import (
     backward_from_unit_grads,
     check_inputs,
@@ -28,19 +35,37 @@ from .glue import (
     save_unit_grads,
     wants_grad,
     window_taps,
+    with_autograd,
     zeros_if_none,
 )
 from .launch import COLUMN_TAPS
 from .masked_kernels import launch_masked_bwd, launch_masked_fwd
 
-__all__ = ["centre_weights", "fits", "masked_ssim_stats", "masked_ssim_term"]
+__all__ = ["centre_weights", "fits", "fits_fused_loss", "masked_dssim_l1", "masked_ssim_stats", "masked_ssim_term"]
 
 Tensor = torch.Tensor
 
 
+#: Widest window the masked kernels take under "reflect": at 11 taps their backward (mirrored taps
+#: beside the fifth pending sum) spills 8 to 16 B of registers at sm_90 even at 255, with one
+#: gradient per launch (tools/check_kernels.py); wider "reflect" windows take the shared fallback.
+REFLECT_TAPS = 9
+
+
 def fits(cfg) -> bool:
-    """Whether the masked kernels take this window (the column bodies' sizes)."""
+    """Whether the masked kernels take this window (the column bodies' sizes; "reflect": up to
+    :data:`REFLECT_TAPS`)."""
+    if cfg.padding == "reflect":
+        return cfg.window_size <= REFLECT_TAPS
     return cfg.window_size <= COLUMN_TAPS.value
+
+
+def fits_fused_loss(cfg) -> bool:
+    """Whether the masked 3DGS loss runs fused (:func:`masked_dssim_l1`): windows the masked kernels
+    take, padding "same" or "valid" (under "reflect" the mirrored taps and the L1 term together
+    spill registers at sm_90 even at 255, tools/check_kernels.py; the loss is then the base
+    backend's composition of the masked SSIM term and the masked L1)."""
+    return fits(cfg) and cfg.padding != "reflect"
 
 
 def _float_mask(mask: Tensor, img: Tensor) -> Tensor:
@@ -49,14 +74,16 @@ def _float_mask(mask: Tensor, img: Tensor) -> Tensor:
     return mask.to(device=img.device, dtype=torch.float32).expand(img.shape)
 
 
-def centre_weights(mask: Tensor, window: Tensor, padding: str) -> Tensor:
-    """``[B, C]`` sums of the mask at the map positions' centres (the means' denominators)."""
+def centre_weights(mask: Tensor, img: Tensor, window: Tensor, padding: str) -> Tensor:
+    """``[B, C]`` sums of the mask at the map positions' centres (the means' denominators), summed
+    over the mask as given (a mask shared by the channels: once per image) and broadcast."""
     K = window.shape[0]
+    mask = mask.to(torch.float32)
     if padding == "valid":
         r = K // 2
         H, W = mask.shape[-2:]
         mask = mask[..., r : H - (K - 1 - r), r : W - (K - 1 - r)]
-    return mask.sum(dim=(-2, -1))
+    return mask.sum(dim=(-2, -1)).expand(img.shape[:2])
 
 
 def _inverse_weights(z: Tensor) -> Tensor:
@@ -64,8 +91,11 @@ def _inverse_weights(z: Tensor) -> Tensor:
     return torch.where(z > 0, 1.0 / torch.where(z > 0, z, torch.ones_like(z)), torch.zeros_like(z))
 
 
-def _means(sums: Tensor, z: Tensor) -> Tensor:
-    return torch.where(z > 0, sums * _inverse_weights(z), torch.ones_like(sums))
+def _means(deficits: Tensor, z: Tensor) -> Tensor:
+    """Masked means from the kernels' centre-weighted sums of ``1 - value``: ``1 - deficits / z``,
+    exactly 1 where every value is 1 (a sum of values and the weights' sum ``z`` would round
+    differently), within [-1, 1]; the constant 1 for an empty channel."""
+    return torch.where(z > 0, (1.0 - deficits * _inverse_weights(z)).clamp(-1.0, 1.0), torch.ones_like(deficits))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -79,7 +109,7 @@ def _stats_op(
 ) -> Tuple[Tensor, Tensor]:
     m = _float_mask(mask, img1)
     s, cs = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
-    z = centre_weights(m, window, padding)
+    z = centre_weights(mask, img1, window, padding)
     return _means(s, z), _means(cs, z)
 
 
@@ -104,7 +134,7 @@ def _stats_bwd_op(
     need2: bool,
 ) -> Tuple[Tensor, Tensor]:
     m = _float_mask(mask, img1)
-    inv = _inverse_weights(centre_weights(m, window, padding))
+    inv = _inverse_weights(centre_weights(mask, img1, window, padding))
     gx, gy = launch_masked_bwd(img1, img2, m, window, padding, c1, c2, g_s * inv, g_cs * inv, need1, need2)
     return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
 
@@ -151,7 +181,7 @@ def _term_op(
     """The ``[B, C]`` masked SSIM mean and, for each image that needs one, its gradient for a unit
     upstream (float32), from one pass of the masked backward kernel (as ``ssim.ssim_term``)."""
     m = _float_mask(mask, img1)
-    z = centre_weights(m, window, padding)
+    z = centre_weights(mask, img1, window, padding)
     empty = img1.new_empty(0, dtype=torch.float32)
     if not (need1 or need2):
         s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
@@ -184,6 +214,102 @@ def _term_backward(ctx, g_t, _gx, _gy):
 _term_op.register_autograd(_term_backward, setup_context=_term_save)
 
 
+def _l1_weights(mask: Tensor, z: Tensor, img: Tensor, window: Tensor, padding: str, lam: float) -> Tensor:
+    """``[B, C]``: ``(1 - lam) / sum M`` over each image's channels and pixels (0 for an empty mask),
+    the weight of the fused loss's masked L1 term; ``z``, the centre weights, are the whole planes'
+    sums except under "valid"."""
+    B, C = img.shape[:2]
+    planes = mask.to(torch.float32).sum(dim=(-2, -1)).expand(B, C) if padding == "valid" else z
+    den = planes.sum(dim=1, keepdim=True).expand(B, C)
+    return (1.0 - lam) * _inverse_weights(den)
+
+
+def _masked_dssim_l1_impl(
+    img1: Tensor,
+    img2: Tensor,
+    mask: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    lam: float,
+    need1: bool,
+    need2: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The masked loss per image ``[B]`` and, for each image that needs one, its gradient for a
+    unit upstream gradient (float32; empty where not asked)."""
+    m = _float_mask(mask, img1)
+    z = centre_weights(mask, img1, window, padding)
+    C = img1.shape[1]
+    empty = img1.new_empty(0, dtype=torch.float32)
+    if not (need1 or need2):
+        s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
+        loss = (1.0 - lam) * masked_l1(img1, img2, mask) + lam * (1.0 - _means(s, z).mean(dim=1))
+        return loss, empty, empty.clone()
+    w_l1 = _l1_weights(mask, z, img1, window, padding, lam)
+    g_s = (-lam / C) * _inverse_weights(z)
+    gx, gy, s, l1 = launch_masked_bwd(
+        img1, img2, m, window, padding, c1, c2, g_s, None, need1, need2, True, torch.float32, l1=w_l1
+    )
+    loss = (w_l1 * l1).sum(dim=1) + lam * (1.0 - _means(s, z).mean(dim=1))
+    return loss, (gx if need1 else empty), (gy if need2 else empty.clone())
+
+
+_dssim_l1_op = torch.library.custom_op("splatloss::triton_masked_dssim_l1", _masked_dssim_l1_impl, mutates_args=())
+
+
+@_dssim_l1_op.register_fake
+def _(img1, img2, mask, window, padding, c1, c2, lam, need1, need2):
+    gx, gy = fake_unit_grads(img1, img2, need1, need2)
+    return img1.new_empty(img1.shape[:1], dtype=torch.float32), gx, gy
+
+
+@torch.library.custom_op("splatloss::triton_masked_dssim_l1_bwd", mutates_args=())
+def _dssim_l1_bwd_op(
+    g: Tensor,
+    img1: Tensor,
+    img2: Tensor,
+    mask: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    lam: float,
+    need1: bool,
+    need2: bool,
+) -> Tuple[Tensor, Tensor]:
+    m = _float_mask(mask, img1)
+    z = centre_weights(mask, img1, window, padding)
+    C = img1.shape[1]
+    g = g.to(torch.float32)[:, None]  # one upstream scalar per image
+    gx, gy = launch_masked_bwd(
+        img1, img2, m, window, padding, c1, c2, g * ((-lam / C) * _inverse_weights(z)), None, need1, need2,
+        l1=g * _l1_weights(mask, z, img1, window, padding, lam),
+    )  # fmt: skip
+    return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
+
+
+@_dssim_l1_bwd_op.register_fake
+def _(g, img1, img2, mask, window, padding, c1, c2, lam, need1, need2):
+    return fake_grads(img1, img2, need1, need2)
+
+
+def _dssim_l1_save(ctx, inputs, output):
+    img1, img2, mask, window, padding, c1, c2, lam, need1, need2 = inputs
+    save_unit_grads(ctx, img1, img2, window, *output[1:], mask)
+    ctx.cfg = (padding, c1, c2, lam)
+
+
+def _dssim_l1_backward(ctx, g, _gx, _gy):
+    def recompute(img1, img2, window, need1, need2, mask):
+        return _dssim_l1_bwd_op(g, img1, img2, mask, window, *ctx.cfg, need1, need2)
+
+    return backward_from_unit_grads(ctx, g, 1, recompute, "masked dssim_l1", n_inputs=10)
+
+
+_dssim_l1_call = with_autograd(_dssim_l1_op, _masked_dssim_l1_impl, _dssim_l1_save, _dssim_l1_backward)
+
+
 # ------------------------------------------------------------------------------------------------
 # Backend entry points
 # ------------------------------------------------------------------------------------------------
@@ -206,3 +332,12 @@ def masked_ssim_term(img1: Tensor, img2: Tensor, mask: Tensor, cfg) -> Tensor:
     with functorch_guard():
         s, _, _ = _term_op(img1, img2, *_args(img1, img2, mask, cfg), wants_grad(img1), wants_grad(img2))
     return s
+
+
+def masked_dssim_l1(img1: Tensor, img2: Tensor, mask: Tensor, cfg, lam: float) -> Tensor:
+    """Per image ``(1 - lam) * sum M |x - y| / sum M + lam * (1 - masked SSIM)``, ``[B]`` float32."""
+    with functorch_guard():
+        loss, _, _ = _dssim_l1_call(
+            img1, img2, *_args(img1, img2, mask, cfg), float(lam), wants_grad(img1), wants_grad(img2)
+        )
+    return loss

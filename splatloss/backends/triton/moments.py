@@ -63,9 +63,13 @@ def local_shift(
 
 
 @triton.jit
-def ratios(mu1, mu2, e11, e22, e12, c1, c2, shift):
+def ratios(mu1, mu2, e11, e22, e12, c1, c2, shift, dmu, dvar):
     """``(inv_b1, inv_b2, lum, cs)``: the SSIM algebra from the moments of the shifted images,
-    ``x' = x - shift`` (``e22`` None: ``e11`` holds ``E[x'^2] + E[y'^2]``).
+    ``x' = x - shift`` (``e22`` None: ``e11`` holds ``E[x'^2] + E[y'^2]``). ``dmu`` and ``dvar``:
+    ``mu1 - mu2`` and ``E[x'^2] + E[y'^2] - 2 E[x'y']`` where the caller forms them itself (None:
+    from the moments). The masked kernels do, from their sums before the division by the filtered
+    mask: compiled, ``mu1 - mu2`` with ``mu = F(M x') / F(M)`` may take one product unrounded into
+    the subtraction (a fused multiply-add), which leaves a rounding error where the images agree.
 
     Each denominator is its numerator plus a non-negative difference, ``B1 = A1 + (mu1 - mu2)^2``
     and ``B2 = A2 + max(0, Var[x - y])`` with ``Var[x - y] = E[x'^2] + E[y'^2] - 2 E[x'y'] -
@@ -74,12 +78,15 @@ def ratios(mu1, mu2, e11, e22, e12, c1, c2, shift):
     clamped to [-1, 1] (NaN kept: a non-finite pixel still reaches its footprint)."""
     m1 = mu1 + shift
     m2 = mu2 + shift
-    dmu = mu1 - mu2  # = m1 - m2, without the shift's rounding
+    if dmu is None:
+        dmu = mu1 - mu2  # = m1 - m2, without the shift's rounding
     a1 = 2.0 * m1 * m2 + c1
     d1 = dmu * dmu
     b1 = a1 + d1
     a2 = 2.0 * (e12 - mu1 * mu2) + c2
-    if e22 is None:
+    if dvar is not None:
+        d2 = dvar - d1
+    elif e22 is None:
         d2 = (e11 - 2.0 * e12) - d1
     else:
         d2 = ((e11 + e22) - 2.0 * e12) - d1
@@ -97,7 +104,7 @@ def ratios(mu1, mu2, e11, e22, e12, c1, c2, shift):
 
 
 @triton.jit
-def ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift):
+def ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift, dmu, dvar):
     """SSIM and contrast-structure from the moments of the *shifted* images ``x - shift``,
     ``y - shift`` (same formula as reference.ssim_map: population (co)variances).
 
@@ -106,12 +113,12 @@ def ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift):
     with ``shift`` near the window's pixels (the centre row's own pixel, :func:`.columns.vmoments`;
     a local mean, :func:`local_shift`) remove it. Variances and covariance
     are shift-invariant; the luminance term uses the true means ``mu + shift`` (:func:`ratios`)."""
-    _inv_b1, _inv_b2, lum, cs = ratios(mu1, mu2, e11, e22, e12, c1, c2, shift)
+    _inv_b1, _inv_b2, lum, cs = ratios(mu1, mu2, e11, e22, e12, c1, c2, shift, dmu, dvar)
     return lum * cs, cs
 
 
 @triton.jit
-def partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, HAS_CS: tl.constexpr):
+def partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, dmu, dvar, HAS_CS: tl.constexpr):
     """Partial derivatives of ``gs * SSIM + gc * cs`` (``gc`` only with ``HAS_CS``; ``HAS_CS == 2``:
     of ``gc * cs`` alone, ``gs`` ignored, cs returned in the SSIM's place) w.r.t. the shifted
     moments (mu1, mu2, E[x'^2] = E[y'^2] (shared), E[x'y']), ``x' = x - shift``; ``m = mu +
@@ -128,7 +135,7 @@ def partials(mu1, mu2, e11, e22, e12, gs, gc, c1, c2, shift, HAS_CS: tl.constexp
 
     ``m2 - l m1`` is one fused multiply-add, rounded once: it is where the two luminance terms
     cancel."""
-    inv_b1, inv_b2, lum, cs = ratios(mu1, mu2, e11, e22, e12, c1, c2, shift)
+    inv_b1, inv_b2, lum, cs = ratios(mu1, mu2, e11, e22, e12, c1, c2, shift, dmu, dvar)
     if HAS_CS == 2:  # cs alone (MS-SSIM's finer scales): no luminance term
         ssim = cs  # (the SSIM is not computed: the sums take cs)
         p_sq = -(gc * cs) * inv_b2
