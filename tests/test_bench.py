@@ -123,8 +123,10 @@ def test_geometry_sweep_refuses_bad_arguments_and_a_machine_without_cuda():
     for argv, message in (
         (["--ops", "ssim,foo"], "--ops must be a subset of"),
         (["--modes", ""], "--modes must be a subset of"),
-        (["--rows", "0,64"], "--rows and --lanes must be >= 1"),
-        (["--lanes", "wide"], "--rows and --lanes take integers"),
+        (["--rows", "0,64"], "--rows must list integers >= 1"),
+        (["--lanes", "wide"], "--lanes takes integers"),
+        (["--maxnreg", ""], "--maxnreg must list integers >= 1"),
+        (["--dtype", "float64"], "--dtype must be float32, bfloat16 or float16"),
     ):
         with pytest.raises(SystemExit, match=message):
             geometry_sweep.main(argv)
