@@ -32,6 +32,7 @@ _SCRIPT = textwrap.dedent(
     # Triton: compiled on a GPU where there is one, else in the interpreter (slow: tiny images)
     dev = "cuda" if torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET") else "cpu"
     tiny = (torch.rand(1, 3, 20, 23, device=dev), torch.rand(1, 3, 20, 23, device=dev))
+    tiny_mask = torch.rand(1, 1, 20, 23, device=dev)
     cases = {
         "ssim": (lambda a, b: splatloss.ssim(a, b), small),
         "ssim_map": (lambda a, b: splatloss.ssim_map(a, b, padding="same").square().mean(), small),
@@ -49,6 +50,9 @@ _SCRIPT = textwrap.dedent(
         ),
         "triton PhotometricLoss": (
             splatloss.PhotometricLoss(l1=0.8, dssim=0.2, padding="same", backend="triton"), tiny
+        ),
+        "triton dssim_l1 masked": (
+            lambda a, b: splatloss.dssim_l1(a, b, 0.2, padding="same", mask=tiny_mask, backend="triton"), tiny
         ),
     }
     out = {}
@@ -115,10 +119,12 @@ def test_public_api_compiles_fullgraph_on_the_first_call_and_equals_eager():
 @pytest.mark.triton
 def test_triton_backend_compiles_fullgraph_on_the_first_call_and_equals_eager():
     # The Triton kernels compiled on a GPU, else in the interpreter: the same custom ops either way.
-    names = ["triton ssim", "triton dssim_l1", "triton ms_ssim", "triton PhotometricLoss"]
+    names = ["triton ssim", "triton dssim_l1", "triton ms_ssim", "triton PhotometricLoss", "triton dssim_l1 masked"]
     res = _run(names, **({} if torch.cuda.is_available() else {"TRITON_INTERPRET": "1"}))
     for name in names:
         r = res[name]
         assert r["graphs"] == 1, (name, r)
         assert any("triton" in op for op in r["ops"]), (name, r)  # the kernels as custom-op nodes
         assert r["value"] <= 1e-7 and r["grad"] <= 1e-6, (name, r)
+    # the masked 3DGS loss as its one fused op (the mask check an assertion inside the graph)
+    assert any("triton_masked_dssim_l1" in op for op in res["triton dssim_l1 masked"]["ops"])
