@@ -4,8 +4,8 @@ Kernels (column bodies, windows up to ``COLUMN_TAPS``; wider windows take the sh
 
 * ``masked_fwd_kernel``: the forward kernel's stream (:mod:`.forward`) with a fifth horizontal and
   vertical sum, ``F(M)``, the four moment sums weighted by the mask per tap
-  (:func:`.columns.hmoments_masked`), the moments divided by ``F(M)``, and the SSIM / cs rows
-  summed with the centre mask as weight.
+  (:func:`.columns.hmoments_masked`), the moments divided by ``F(M)``, and the SSIM / cs
+  deficits ``1 - value`` summed with the centre mask as weight.
 * ``masked_bwd_kernel``: the backward kernel's stream (:mod:`.backward`). With ``N_P = F(M P)``
   and ``mu_P = N_P / F(M)``, the partial derivative of the value with respect to ``N_P`` is the
   unmasked one with respect to ``mu_P`` divided by ``F(M)`` (the mask gets no gradient, so
@@ -240,7 +240,7 @@ def _masked_bwd_columns(
             gy = mq * (g2 + 2.0 * yq * g_sq + xq * g_xy - l1_term)
             tl.store(gy_ptr + o_offs, gy.to(gy_ptr.dtype.element_ty), mask=out)
     if WRITE_SUMS:
-        # per program and channel: the centre-weighted SSIM and, with HAS_L1, the masked |x - y| sums
+        # per program and channel: the centre-weighted SSIM deficit and, with HAS_L1, the masked |x - y|
         store_sums(sum_ptr, acc_s, BC, n_chunks * n_strips, 2, F, BW)
         if HAS_L1:
             store_sums(sum_ptr + 1, acc_l, BC, n_chunks * n_strips, 2, F, BW)
