@@ -214,14 +214,15 @@ def _term_backward(ctx, g_t, _gx, _gy):
 _term_op.register_autograd(_term_backward, setup_context=_term_save)
 
 
-def _l1_weights(mask: Tensor, z: Tensor, img: Tensor, window: Tensor, padding: str, lam: float) -> Tensor:
-    """``[B, C]``: ``(1 - lam) / sum M`` over each image's channels and pixels (0 for an empty mask),
-    the weight of the fused loss's masked L1 term; ``z``, the centre weights, are the whole planes'
-    sums except under "valid"."""
+def _loss_weights(mask: Tensor, z: Tensor, img: Tensor, padding: str, lam: float) -> Tuple[Tensor, Tensor]:
+    """``[B, C]`` weights of the fused masked loss for a unit upstream per image: the SSIM sums'
+    ``-lam / C / z`` (``z`` the centre weights) and the L1 term's ``(1 - lam) / sum M`` over the
+    image's channels and pixels (0 for an empty mask; ``z`` are the whole planes' sums except under
+    "valid")."""
     B, C = img.shape[:2]
     planes = mask.to(torch.float32).sum(dim=(-2, -1)).expand(B, C) if padding == "valid" else z
     den = planes.sum(dim=1, keepdim=True).expand(B, C)
-    return (1.0 - lam) * _inverse_weights(den)
+    return (-lam / C) * _inverse_weights(z), (1.0 - lam) * _inverse_weights(den)
 
 
 def _masked_dssim_l1_impl(
@@ -240,14 +241,12 @@ def _masked_dssim_l1_impl(
     unit upstream gradient (float32; empty where not asked)."""
     m = _float_mask(mask, img1)
     z = centre_weights(mask, img1, window, padding)
-    C = img1.shape[1]
     empty = img1.new_empty(0, dtype=torch.float32)
     if not (need1 or need2):
         s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
         loss = (1.0 - lam) * masked_l1(img1, img2, mask) + lam * (1.0 - _means(s, z).mean(dim=1))
         return loss, empty, empty.clone()
-    w_l1 = _l1_weights(mask, z, img1, window, padding, lam)
-    g_s = (-lam / C) * _inverse_weights(z)
+    g_s, w_l1 = _loss_weights(mask, z, img1, padding, lam)
     gx, gy, s, l1 = launch_masked_bwd(
         img1, img2, m, window, padding, c1, c2, g_s, None, need1, need2, True, torch.float32, l1=w_l1
     )
@@ -279,13 +278,9 @@ def _dssim_l1_bwd_op(
     need2: bool,
 ) -> Tuple[Tensor, Tensor]:
     m = _float_mask(mask, img1)
-    z = centre_weights(mask, img1, window, padding)
-    C = img1.shape[1]
+    g_s, w_l1 = _loss_weights(mask, centre_weights(mask, img1, window, padding), img1, padding, lam)
     g = g.to(torch.float32)[:, None]  # one upstream scalar per image
-    gx, gy = launch_masked_bwd(
-        img1, img2, m, window, padding, c1, c2, g * ((-lam / C) * _inverse_weights(z)), None, need1, need2,
-        l1=g * _l1_weights(mask, z, img1, window, padding, lam),
-    )  # fmt: skip
+    gx, gy = launch_masked_bwd(img1, img2, m, window, padding, c1, c2, g * g_s, None, need1, need2, l1=g * w_l1)
     return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
 
 
