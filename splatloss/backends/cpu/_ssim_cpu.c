@@ -130,13 +130,18 @@ static dims_t make_dims(int W, int K) {
 }
 
 /* Ring quantities of the unmasked kernel: the horizontal sums h1x, h1y, h2, hxy and the row's
- * shifts sx, sy (hring); beta2 = 2 beta, gamma, the alpha(s) and the map row's shifts Sx, Sy (aring). */
+ * shifts sx, sy (hring); beta2 = 2 beta, gamma, the alpha(s) and the map row's shifts Sx, Sy (aring).
+ * A ring row (slot) holds its NQ quantities interleaved by vector, [j / V][q][V]: the vector of
+ * columns j .. j + V - 1 (j a multiple of V) of quantity q is at row + NQ j + q V. The vertical
+ * passes read NQ quantities of K + 1 rows at each j: stored as separate rows that was 78 concurrent
+ * streams over as many 4 KiB pages, more than an L1 TLB holds (64 entries on Zen 3); interleaved it
+ * is one stream per ring row. */
 #define NQ 6
 
 /* Workspace layout (REALs), all zero-initialised by the caller:
  *   in:    4 rows of Lin  (x, y of the current input row; two spare rows)
- *   hring: NQ * NSLOT(K) rows of Wpp (horizontal sums and shifts of the last input rows)
- *   aring: NQ * NSLOT(K) rows of Wpp (adjoint quantities and shifts of the last map rows)
+ *   hring: NSLOT(K) rows of NQ * Wpp (horizontal sums and shifts of the last input rows)
+ *   aring: NSLOT(K) rows of NQ * Wpp (adjoint quantities and shifts of the last map rows)
  *   vrow:  12 rows of Lv  (vertical adjoint sums of two gradient rows, then the shifts sx, sy of
  *          those two rows, each at offset K-1 with zero borders)
  *   grow:  2 rows of Wo   (finished gradient rows before the copy to the output)
@@ -188,8 +193,8 @@ typedef struct {
     img_t im;
     const REAL *g;     /* K taps */
     REAL *in;          /* 4 * Lin */
-    REAL *hring;       /* NQ * NSLOT(K) * Wpp, index [q][slot][j] */
-    REAL *aring;       /* NQ * NSLOT(K) * Wpp, index [q][slot][j] */
+    REAL *hring;       /* NSLOT(K) * NQ * Wpp, index [slot][j / V][q][j % V] */
+    REAL *aring;       /* NSLOT(K) * NQ * Wpp, index [slot][j / V][q][j % V] */
     REAL *vrow;        /* 12 * Lv */
     REAL *grow;        /* 2 * Wo */
     mint *ci;          /* Wpp: map column j's shift column as a lane index (gather_shifts), j < Wp */
@@ -233,7 +238,7 @@ static void load_xy(ws_t *w, int r) {
 }
 
 /* The shifts of the loaded row: sx[j] = x(row, c(j)), sy[j] = y(row, c(j)) for the map columns
- * j < Wp, 0 in the lanes beyond. c(j) = j0 + K/2 - 1 + ci[j] with j0 = j rounded down to a whole
+ * j < Wp, 0 in the lanes beyond, each vector of V lanes NQ V after the last (a ring row). c(j) = j0 + K/2 - 1 + ci[j] with j0 = j rounded down to a whole
  * vector: ci[j] in [0, V + 3] picks a lane of the two vectors from column j0 + K/2 - 1 on (the
  * second may run past the row into the next buffer rows: those lanes are not picked, or cleared). */
 static void gather_shifts(const ws_t *w, REAL *restrict sx, REAL *restrict sy) {
@@ -243,8 +248,8 @@ static void gather_shifts(const ws_t *w, REAL *restrict sx, REAL *restrict sy) {
 #if defined(__clang__) || V_LANES < 4
     for (int j = 0; j < w->d.Wp; j++) {
         const int c = j / V * V + o + (int)ci[j];
-        sx[j] = bx[c];
-        sy[j] = by[c];
+        sx[j / V * NQ * V + j % V] = bx[c];
+        sy[j / V * NQ * V + j % V] = by[c];
     }
 #else
     vmask lane;
@@ -254,8 +259,8 @@ static void gather_shifts(const ws_t *w, REAL *restrict sx, REAL *restrict sy) {
         memcpy(&idx, ci + j, sizeof idx);
         vr a = __builtin_shuffle(ld(bx + j + o), ld(bx + j + o + V), idx);
         vr b = __builtin_shuffle(ld(by + j + o), ld(by + j + o + V), idx);
-        st(sx + j, (vr)((vmask)a & in));
-        st(sy + j, (vr)((vmask)b & in));
+        st(sx + NQ * j, (vr)((vmask)a & in));
+        st(sy + NQ * j, (vr)((vmask)b & in));
     }
 #endif
 }
@@ -267,12 +272,12 @@ static void hfilter(ws_t *w, int r, int slot) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
     const REAL *bx = w->in, *by = w->in + d.Lin;
-    const size_t qs = (size_t)NSLOT(K) * d.Wpp;
-    REAL *dst = w->hring + (size_t)slot * d.Wpp;
+    REAL *row = w->hring + (size_t)slot * NQ * d.Wpp;
     load_xy(w, r);
-    gather_shifts(w, dst + 4 * qs, dst + 5 * qs);
+    gather_shifts(w, row + 4 * V, row + 5 * V);
     for (int j = 0; j < d.Wpp; j += V) {
-        const vr sx = ld(dst + 4 * qs + j), sy = ld(dst + 5 * qs + j);
+        REAL *dst = row + NQ * j;
+        const vr sx = ld(dst + 4 * V), sy = ld(dst + 5 * V);
         vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
         for (int k = 0; k < K; k++) {
             vr gk = bc(w->g[k]);
@@ -283,7 +288,7 @@ static void hfilter(ws_t *w, int r, int slot) {
             s2 += gk * p;
             s3 += gk * q;
         }
-        st(dst + j, s0); st(dst + qs + j, s1); st(dst + 2 * qs + j, s2); st(dst + 3 * qs + j, s3);
+        st(dst, s0); st(dst + V, s1); st(dst + 2 * V, s2); st(dst + 3 * V, s3);
     }
 }
 
@@ -397,24 +402,24 @@ static inline __attribute__((always_inline)) void row_epilogue(rowout_t *o, int 
         o->acc_c += (vr)((vmask)cs & own);
     }
     if (mode == 1) {
-        REAL *a0 = o->a0;
+        REAL *a0 = o->a0 + NQ * j;
         vr beta2 = two * (-(vgs * ssim + vgc * cs) * iB2);
         vr gamma = two * (vgs * lum + vgc) * iB2;
         vr t = two * vgs * iB1;  /* 2 gS / B1 */
-        st(a0 + j, (vr)((vmask)beta2 & vm));
-        st(a0 + qs + j, (vr)((vmask)gamma & vm));
+        st(a0, (vr)((vmask)beta2 & vm));
+        st(a0 + qs, (vr)((vmask)gamma & vm));
         int q = 2;
         if (need_x) {
             vr ax = t * (uy * cs - ux * ssim) - mx * beta2 - my * gamma;
-            st(a0 + q * qs + j, (vr)((vmask)ax & vm));
+            st(a0 + q * qs, (vr)((vmask)ax & vm));
             q++;
         }
         if (need_y) {
             vr ay = t * (ux * cs - uy * ssim) - my * beta2 - mx * gamma;
-            st(a0 + q * qs + j, (vr)((vmask)ay & vm));
+            st(a0 + q * qs, (vr)((vmask)ay & vm));
         }
-        st(a0 + 4 * qs + j, (vr)((vmask)Sx & vm));
-        st(a0 + 5 * qs + j, (vr)((vmask)Sy & vm));
+        st(a0 + 4 * qs, (vr)((vmask)Sx & vm));
+        st(a0 + 5 * qs, (vr)((vmask)Sy & vm));
     }
 }
 
@@ -438,18 +443,18 @@ static void map_rows(ws_t *w, int m, int nr, REAL C1, REAL C2, int mode, double 
                      REAL gS, REAL gC, int need_x, int need_y, int olo, int ohi) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
-    const size_t qs = (size_t)NSLOT(K) * d.Wpp;
+    const size_t qs = V, rs = (size_t)NQ * d.Wpp;  /* quantities qs apart; ring rows rs */
     if (nr == 2 && (m & 1)) {  /* two blocks: one row each */
         map_rows(w, m, 1, C1, C2, mode, sums, gS, gC, need_x, need_y, olo, ohi);
         map_rows(w, m + 1, 1, C1, C2, mode, sums + 1, gS, gC, need_x, need_y, olo, ohi);
         return;
     }
-    const REAL *hp[K + 1];   /* input row m + k's horizontal sums (quantity 0; the others qs apart) */
-    for (int k = 0; k < K + nr - 1; k++) hp[k] = w->hring + (size_t)((m + k) % NSLOT(K)) * d.Wpp;
-    const REAL *sp = w->hring + (size_t)(((m & ~1) + K / 2) % NSLOT(K)) * d.Wpp + 4 * qs;  /* Sx; Sy qs on */
+    const REAL *hp[K + 1];   /* input row m + k's ring row */
+    for (int k = 0; k < K + nr - 1; k++) hp[k] = w->hring + (size_t)((m + k) % NSLOT(K)) * rs;
+    const REAL *sp = w->hring + (size_t)(((m & ~1) + K / 2) % NSLOT(K)) * rs + 4 * qs;  /* Sx; Sy qs on */
     rowout_t o[2];
     for (int r = 0; r < nr; r++) {
-        o[r].a0 = w->aring + (size_t)((m + r) % NSLOT(K)) * d.Wpp;
+        o[r].a0 = w->aring + (size_t)((m + r) % NSLOT(K)) * rs;
         o[r].sums = sums[r];
         o[r].acc_s = o[r].acc_c = (vr){0};
     }
@@ -458,22 +463,22 @@ static void map_rows(ws_t *w, int m, int nr, REAL C1, REAL C2, int mode, double 
 
     if (nr == 2) {
         for (int j = 0; j < d.Wpp; j += V) {
-            const vr Sx = ld(sp + j), Sy = ld(sp + qs + j);
+            const vr Sx = ld(sp + NQ * j), Sy = ld(sp + qs + NQ * j);
             vr mx0 = {0}, my0 = {0}, es0 = {0}, ex0 = {0};
             vr mx1 = {0}, my1 = {0}, es1 = {0}, ex1 = {0};
             vr a, b, c, e;
-            rebase(hp[0] + j, qs, Sx, Sy, &a, &b, &c, &e);  /* input row m: row m only */
+            rebase(hp[0] + NQ * j, qs, Sx, Sy, &a, &b, &c, &e);  /* input row m: row m only */
             {
                 vr gk = bc(g[0]);
                 mx0 += gk * a; my0 += gk * b; es0 += gk * c; ex0 += gk * e;
             }
             for (int k = 1; k < K; k++) {  /* input row m + k: tap k of row m, tap k - 1 of row m + 1 */
-                rebase(hp[k] + j, qs, Sx, Sy, &a, &b, &c, &e);
+                rebase(hp[k] + NQ * j, qs, Sx, Sy, &a, &b, &c, &e);
                 vr g0 = bc(g[k]), g1 = bc(g[k - 1]);
                 mx0 += g0 * a; my0 += g0 * b; es0 += g0 * c; ex0 += g0 * e;
                 mx1 += g1 * a; my1 += g1 * b; es1 += g1 * c; ex1 += g1 * e;
             }
-            rebase(hp[K] + j, qs, Sx, Sy, &a, &b, &c, &e);  /* input row m + K: row m + 1 only */
+            rebase(hp[K] + NQ * j, qs, Sx, Sy, &a, &b, &c, &e);  /* input row m + K: row m + 1 only */
             {
                 vr gk = bc(g[K - 1]);
                 mx1 += gk * a; my1 += gk * b; es1 += gk * c; ex1 += gk * e;
@@ -485,11 +490,11 @@ static void map_rows(ws_t *w, int m, int nr, REAL C1, REAL C2, int mode, double 
         }
     } else {
         for (int j = 0; j < d.Wpp; j += V) {
-            const vr Sx = ld(sp + j), Sy = ld(sp + qs + j);
+            const vr Sx = ld(sp + NQ * j), Sy = ld(sp + qs + NQ * j);
             vr mx = {0}, my = {0}, ess = {0}, exy = {0};
             for (int k = 0; k < K; k++) {
                 vr a, b, c, e;
-                rebase(hp[k] + j, qs, Sx, Sy, &a, &b, &c, &e);
+                rebase(hp[k] + NQ * j, qs, Sx, Sy, &a, &b, &c, &e);
                 vr gk = bc(g[k]);
                 mx += gk * a;
                 my += gk * b;
@@ -524,7 +529,7 @@ static inline __attribute__((always_inline)) void vadjoint(const REAL *const *ap
     for (int j = 0; j < Wpp; j += V) {
         const vr sx = ld(s + j), sy = ld(s + Lv + j);
         vr b = {0}, gm = {0}, ax = {0}, ay = {0};
-        for (int t = 0; t < n; t++) vtap(ap[t] + j, qs, bc(gw[t]), sx, sy, need_x, need_y, &b, &gm, &ax, &ay);
+        for (int t = 0; t < n; t++) vtap(ap[t] + NQ * j, qs, bc(gw[t]), sx, sy, need_x, need_y, &b, &gm, &ax, &ay);
         st(vb + j, b);
         st(vb + Lv + j, gm);
         if (need_x) st(vb + 2 * Lv + j, ax);
@@ -541,12 +546,12 @@ static inline __attribute__((always_inline)) void vadjoint2(const REAL *const *a
     for (int j = 0; j < Wpp; j += V) {
         const vr sx0 = ld(s0 + j), sy0 = ld(s0 + Lv + j), sx1 = ld(s1 + j), sy1 = ld(s1 + Lv + j);
         vr b0 = {0}, g0 = {0}, x0 = {0}, y0 = {0}, b1 = {0}, g1 = {0}, x1 = {0}, y1 = {0};
-        vtap(ap[0] + j, qs, bc(g[K - 1]), sx0, sy0, need_x, need_y, &b0, &g0, &x0, &y0);
+        vtap(ap[0] + NQ * j, qs, bc(g[K - 1]), sx0, sy0, need_x, need_y, &b0, &g0, &x0, &y0);
         for (int t = 1; t < K; t++) {
-            vtap(ap[t] + j, qs, bc(g[K - 1 - t]), sx0, sy0, need_x, need_y, &b0, &g0, &x0, &y0);
-            vtap(ap[t] + j, qs, bc(g[K - t]), sx1, sy1, need_x, need_y, &b1, &g1, &x1, &y1);
+            vtap(ap[t] + NQ * j, qs, bc(g[K - 1 - t]), sx0, sy0, need_x, need_y, &b0, &g0, &x0, &y0);
+            vtap(ap[t] + NQ * j, qs, bc(g[K - t]), sx1, sy1, need_x, need_y, &b1, &g1, &x1, &y1);
         }
-        vtap(ap[K] + j, qs, bc(g[0]), sx1, sy1, need_x, need_y, &b1, &g1, &x1, &y1);
+        vtap(ap[K] + NQ * j, qs, bc(g[0]), sx1, sy1, need_x, need_y, &b1, &g1, &x1, &y1);
         st(v0 + j, b0); st(v0 + Lv + j, g0);
         st(v1 + j, b1); st(v1 + Lv + j, g1);
         if (need_x) { st(v0 + 2 * Lv + j, x0); st(v1 + 2 * Lv + j, x1); }
@@ -617,10 +622,11 @@ static void fwd_tile(ws_t *w, REAL C1, REAL C2, int m0, int m1, double *out, int
 
 /* Input row q's shifts from its hring slot to s (sx) and s + Lv (sy). */
 static void copy_shifts(const ws_t *w, int q, REAL *s) {
-    const size_t qs = (size_t)NSLOT(w->d.K) * w->d.Wpp;
-    const REAL *h = w->hring + (size_t)(q % NSLOT(w->d.K)) * w->d.Wpp + 4 * qs;
-    memcpy(s, h, sizeof(REAL) * w->d.Wpp);
-    memcpy(s + w->d.Lv, h + qs, sizeof(REAL) * w->d.Wpp);
+    const REAL *h = w->hring + (size_t)(q % NSLOT(w->d.K)) * NQ * w->d.Wpp + 4 * V;
+    for (int j = 0; j < w->d.Wpp; j += V) {
+        st(s + j, ld(h + NQ * j));
+        st(s + w->d.Lv + j, ld(h + V + NQ * j));
+    }
 }
 
 /* Gradient of logical rows [q0, q1), tile columns [c_lo, c_hi) (all inside the physical image)
@@ -635,7 +641,7 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
     const REAL *g = w->g;
     const int Hp = H - K + 1;
     const int need_x = gx != NULL, need_y = gy != NULL;
-    const size_t qs = (size_t)NSLOT(K) * d.Wpp;
+    const size_t qs = V, rs = (size_t)NQ * d.Wpp;  /* ring layout as in map_rows */
     REAL *vrow1 = w->vrow + 4 * (size_t)d.Lv;  /* the second row's vertical sums */
     REAL *srow0 = w->vrow + 8 * (size_t)d.Lv, *srow1 = w->vrow + 10 * (size_t)d.Lv;  /* their shifts */
     REAL *vb = w->vrow + (K - 1), *vb1 = vrow1 + (K - 1);  /* vertical sums start after K-1 zeros */
@@ -664,7 +670,7 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
         if (pair) {
             copy_shifts(w, q + 1, sb1);
             const REAL *ap[K + 1];
-            for (int t = 0; t <= K; t++) ap[t] = w->aring + (size_t)((q - K + 1 + t) % NSLOT(K)) * d.Wpp;
+            for (int t = 0; t <= K; t++) ap[t] = w->aring + (size_t)((q - K + 1 + t) % NSLOT(K)) * rs;
             if (need_x && need_y) vadjoint2(ap, g, K, 1, 1, qs, d.Wpp, d.Lv, sb, sb1, vb, vb1);
             else if (need_x) vadjoint2(ap, g, K, 1, 0, qs, d.Wpp, d.Lv, sb, sb1, vb, vb1);
             else vadjoint2(ap, g, K, 0, 1, qs, d.Wpp, d.Lv, sb, sb1, vb, vb1);
@@ -680,7 +686,7 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
         REAL gw[K];
         int n = 0;
         for (int m = mlo; m <= mh1; m++, n++) {
-            ap[n] = w->aring + (size_t)(m % NSLOT(K)) * d.Wpp;
+            ap[n] = w->aring + (size_t)(m % NSLOT(K)) * rs;
             gw[n] = g[q - m];
         }
         if (n == K) {  /* interior rows: a compile-time trip count when K is fixed */
