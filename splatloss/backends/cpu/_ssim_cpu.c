@@ -110,6 +110,9 @@ typedef __typeof__((*(vmask *)0)[0]) mint;  /* vmask's lane: an integer of REAL'
 static inline vr ld(const REAL *p) { vr v; memcpy(&v, p, sizeof v); return v; }
 static inline void st(REAL *p, vr v) { memcpy(p, &v, sizeof v); }
 static inline vr bc(REAL s) { return (vr){0} + s; }
+/* A filter tap in every lane, broadcast straight from memory: bc's (vr){0} + s is a scalar add and a
+ * register broadcast (0 + s is not s for s = -0), three instructions per tap in the filter loops. */
+static inline vr tap(const REAL *p) { return *p - (vr){0}; }  /* s - 0 is s, -0 included */
 static inline int rup(int n) { return (n + V - 1) / V * V; }
 
 /* Row lengths of the workspace, all multiples of V. */
@@ -271,7 +274,7 @@ static void gather_shifts(const ws_t *w, REAL *restrict sx, REAL *restrict sy) {
 static void hfilter(ws_t *w, int r, int slot) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
-    const REAL *bx = w->in, *by = w->in + d.Lin;
+    const REAL *bx = w->in, *by = w->in + d.Lin, *g = w->g;  /* local: the stores may alias w */
     REAL *row = w->hring + (size_t)slot * NQ * d.Wpp;
     load_xy(w, r);
     gather_shifts(w, row + 4 * V, row + 5 * V);
@@ -280,7 +283,7 @@ static void hfilter(ws_t *w, int r, int slot) {
         const vr sx = ld(dst + 4 * V), sy = ld(dst + 5 * V);
         vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
         for (int k = 0; k < K; k++) {
-            vr gk = bc(w->g[k]);
+            vr gk = tap(g + k);
             vr a = ld(bx + j + k) - sx, b = ld(by + j + k) - sy;
             vr p = a * a + b * b, q = a * b;  /* p = 2 q exactly when a = b, fused or not */
             s0 += gk * a;
@@ -469,18 +472,18 @@ static void map_rows(ws_t *w, int m, int nr, REAL C1, REAL C2, int mode, double 
             vr a, b, c, e;
             rebase(hp[0] + NQ * j, qs, Sx, Sy, &a, &b, &c, &e);  /* input row m: row m only */
             {
-                vr gk = bc(g[0]);
+                vr gk = tap(g);
                 mx0 += gk * a; my0 += gk * b; es0 += gk * c; ex0 += gk * e;
             }
             for (int k = 1; k < K; k++) {  /* input row m + k: tap k of row m, tap k - 1 of row m + 1 */
                 rebase(hp[k] + NQ * j, qs, Sx, Sy, &a, &b, &c, &e);
-                vr g0 = bc(g[k]), g1 = bc(g[k - 1]);
+                vr g0 = tap(g + k), g1 = tap(g + k - 1);
                 mx0 += g0 * a; my0 += g0 * b; es0 += g0 * c; ex0 += g0 * e;
                 mx1 += g1 * a; my1 += g1 * b; es1 += g1 * c; ex1 += g1 * e;
             }
             rebase(hp[K] + NQ * j, qs, Sx, Sy, &a, &b, &c, &e);  /* input row m + K: row m + 1 only */
             {
-                vr gk = bc(g[K - 1]);
+                vr gk = tap(g + K - 1);
                 mx1 += gk * a; my1 += gk * b; es1 += gk * c; ex1 += gk * e;
             }
             row_epilogue(&o[0], j, mx0, my0, es0, ex0, Sx, Sy, w, qs, c1, c2, vgs, vgc, mode, need_x, need_y, olo,
@@ -495,7 +498,7 @@ static void map_rows(ws_t *w, int m, int nr, REAL C1, REAL C2, int mode, double 
             for (int k = 0; k < K; k++) {
                 vr a, b, c, e;
                 rebase(hp[k] + NQ * j, qs, Sx, Sy, &a, &b, &c, &e);
-                vr gk = bc(g[k]);
+                vr gk = tap(g + k);
                 mx += gk * a;
                 my += gk * b;
                 ess += gk * c;
@@ -529,7 +532,7 @@ static inline __attribute__((always_inline)) void vadjoint(const REAL *const *ap
     for (int j = 0; j < Wpp; j += V) {
         const vr sx = ld(s + j), sy = ld(s + Lv + j);
         vr b = {0}, gm = {0}, ax = {0}, ay = {0};
-        for (int t = 0; t < n; t++) vtap(ap[t] + NQ * j, qs, bc(gw[t]), sx, sy, need_x, need_y, &b, &gm, &ax, &ay);
+        for (int t = 0; t < n; t++) vtap(ap[t] + NQ * j, qs, tap(gw + t), sx, sy, need_x, need_y, &b, &gm, &ax, &ay);
         st(vb + j, b);
         st(vb + Lv + j, gm);
         if (need_x) st(vb + 2 * Lv + j, ax);
@@ -546,12 +549,12 @@ static inline __attribute__((always_inline)) void vadjoint2(const REAL *const *a
     for (int j = 0; j < Wpp; j += V) {
         const vr sx0 = ld(s0 + j), sy0 = ld(s0 + Lv + j), sx1 = ld(s1 + j), sy1 = ld(s1 + Lv + j);
         vr b0 = {0}, g0 = {0}, x0 = {0}, y0 = {0}, b1 = {0}, g1 = {0}, x1 = {0}, y1 = {0};
-        vtap(ap[0] + NQ * j, qs, bc(g[K - 1]), sx0, sy0, need_x, need_y, &b0, &g0, &x0, &y0);
+        vtap(ap[0] + NQ * j, qs, tap(g + K - 1), sx0, sy0, need_x, need_y, &b0, &g0, &x0, &y0);
         for (int t = 1; t < K; t++) {
-            vtap(ap[t] + NQ * j, qs, bc(g[K - 1 - t]), sx0, sy0, need_x, need_y, &b0, &g0, &x0, &y0);
-            vtap(ap[t] + NQ * j, qs, bc(g[K - t]), sx1, sy1, need_x, need_y, &b1, &g1, &x1, &y1);
+            vtap(ap[t] + NQ * j, qs, tap(g + K - 1 - t), sx0, sy0, need_x, need_y, &b0, &g0, &x0, &y0);
+            vtap(ap[t] + NQ * j, qs, tap(g + K - t), sx1, sy1, need_x, need_y, &b1, &g1, &x1, &y1);
         }
-        vtap(ap[K] + NQ * j, qs, bc(g[0]), sx1, sy1, need_x, need_y, &b1, &g1, &x1, &y1);
+        vtap(ap[K] + NQ * j, qs, tap(g), sx1, sy1, need_x, need_y, &b1, &g1, &x1, &y1);
         st(v0 + j, b0); st(v0 + Lv + j, g0);
         st(v1 + j, b1); st(v1 + Lv + j, g1);
         if (need_x) { st(v0 + 2 * Lv + j, x0); st(v1 + 2 * Lv + j, x1); }
@@ -578,7 +581,7 @@ static inline __attribute__((always_inline)) void hadjoint_row_(ws_t *w, int q, 
         const vr xv = ld(bx + j), yv = ld(by + j);
         vr gxv = {0}, gyv = {0};
         for (int t = 0; t < K; t++) {
-            vr gk = bc(g[K - 1 - t]);
+            vr gk = tap(g + K - 1 - t);
             const REAL *v = vr0 + j + t, *s = sr0 + j + t;
             vr B = ld(v), G = ld(v + d.Lv);
             vr dx = xv - ld(s), dy = yv - ld(s + d.Lv);
