@@ -15,6 +15,7 @@ from conftest import (
     make_pair,
     photo_arrays,
     rel,
+    side,
 )
 from splatloss import reference
 
@@ -41,7 +42,8 @@ def test_ms_ssim_163x171_values_and_both_gradients(backend, padding, tau):
     """All five scales (163 -> 82 -> 41 -> 21 -> 11 rows, odd sides repeat-padded), per-image upstream.
     Gradients here are at most 1.3e-3 ("valid") / 4.9e-4 ("same"): normwise against float64 truth
     (measured torch / cpu: values <= 5e-6, gradients <= 3.5e-5; triton <= 1e-5)."""
-    x, y = make_pair((2, 2, 163, 171), seed=11, device=device_for(backend))
+    # two channels (one for Triton in the interpreter, where each plane is a program run serially)
+    x, y = make_pair((2, side(backend, 2, 1), 163, 171), seed=11, device=device_for(backend))
     x.requires_grad_(True), y.requires_grad_(True)
     kw = dict(padding=padding, tau=tau, reduction="none")
     got = splatloss.ms_ssim(x, y, backend=backend, **kw)
@@ -77,7 +79,7 @@ def test_ms_ssim_loss_on_negative_structure_keeps_a_gradient(backend):
     """y = 1 - x inverts the structure (cs < 0 at every scale): the metric is 0 like TF's, the loss
     (tau, the smooth positive extension) stays positive with a finite, non-zero gradient equal to
     the float64 reference's."""
-    x, _ = make_pair((1, 2, 45, 47), seed=5, device=device_for(backend))
+    x, _ = make_pair((1, side(backend, 2, 1), 45, 47), seed=5, device=device_for(backend))
     y = 1 - x
     w = (0.3, 0.3, 0.4)
     x.requires_grad_(True)

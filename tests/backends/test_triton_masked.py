@@ -43,7 +43,11 @@ def _grads(fn, x, y):
 
 @pytest.mark.parametrize(
     "padding,window_size",
-    [("same", 5), pytest.param("valid", 7, marks=pytest.mark.slow), pytest.param("reflect", 5, marks=pytest.mark.slow)],
+    [
+        pytest.param("same", 5, marks=pytest.mark.slow),
+        pytest.param("valid", 7, marks=pytest.mark.slow),
+        pytest.param("reflect", 5, marks=pytest.mark.slow),
+    ],
 )
 def test_masked_ssim_loss_equals_the_float64_oracle(launches, padding, window_size):
     dev = device_for(T)

@@ -51,13 +51,13 @@ def _dtypes(backend):
 
 def _fast(backend, entry, dtype, padding, masked):
     """The fast tier's share: every padding and mask in fp32 on torch and cpu, fp64 with "reflect",
-    half precision "same" and unmasked; Triton in the interpreter its
-    own kernels of the map and of the training mean (fp32, "same", unmasked); the
-    reference (a cross-check of the two truths) in the slow tier."""
+    half precision "same" and unmasked; Triton in the interpreter the training mean's kernels (fp32,
+    "same", unmasked: forward and backward); the reference (a cross-check of the two truths) in the
+    slow tier."""
     if backend == "reference":
         return False
     if backend == "triton" and not has_cuda():
-        return dtype == torch.float32 and padding == "same" and not masked and entry in ("map", "mean")
+        return dtype == torch.float32 and padding == "same" and not masked and entry == "mean"
     if dtype == torch.float32:
         return True
     if dtype == torch.float64:

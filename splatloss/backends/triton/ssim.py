@@ -298,11 +298,11 @@ def ssim_term(img1: Tensor, img2: Tensor, cfg, cs: bool = False) -> Tensor:
 
     Examples:
         >>> from splatloss.config import SSIMConfig
-        >>> x = torch.rand(1, 3, 16, 16, requires_grad=True)  # on CPU: the Triton interpreter
+        >>> x = torch.rand(1, 1, 16, 16, requires_grad=True)  # on CPU: the Triton interpreter
         >>> s = ssim_term(x, x.detach(), SSIMConfig())
         >>> (1 - s.mean()).backward()
-        >>> bool(torch.allclose(s, torch.ones(1, 3))), x.grad.shape
-        (True, torch.Size([1, 3, 16, 16]))
+        >>> bool(torch.allclose(s, torch.ones(1, 1))), x.grad.shape
+        (True, torch.Size([1, 1, 16, 16]))
     """
     with functorch_guard():
         s, _, _ = _term_call(img1, img2, *_args(img1, img2, cfg), bool(cs), wants_grad(img1), wants_grad(img2))
