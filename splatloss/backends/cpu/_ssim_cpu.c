@@ -50,8 +50,7 @@
  *     each map column's own differences: dL/dx(j) = sum_j0 g (Ax + B (x(j) - sx) + G (y(j) - sy))(j0).
  * On two-level images (rectangles at 0.2 / 0.8 against a copy at 0.98x) the float32 gradient is
  * within 1e-5 of the float64 one normwise (one shift per plane: 3e-3). The masked kernel
- * (splat_mssim_*) keeps one shift per plane (the mean of (x + y) / 2 over the middle row), which
- * "same" padding then holds as -s.
+ * (splat_mssim_*) uses the same shift columns, re-basing with each row's filtered mask (see there).
  * 1/B1 and 1/B2 are two divisions, never 1/(B1 B2): that product overflows (B1 ~ B2 ~ 1e19 at
  * data_range = 1e10) or underflows (C1 = C2 = 1e-20 on a black image) in float32.
  *
@@ -169,23 +168,8 @@ int splat_ssim_vector_width(void) { return V; }
 typedef struct {
     const REAL *x, *y;
     int H, W, ld, pad, col0;
-    REAL shift;        /* subtracted from every sample, padding included (masked kernel; 0 otherwise) */
+    REAL shift;        /* subtracted from every sample, padding included (0: the kernels shift locally) */
 } img_t;
-
-/* The plane's shift of the masked kernel: the mean of (x + y) / 2 over the finite pixels of its
- * middle row, in double (0 if none is finite: a NaN or Inf pixel then reaches only its window
- * footprint). It depends on the plane only, so every strip of a plane (and every thread count)
- * uses the same one. */
-static REAL plane_shift(const REAL *x, const REAL *y, int H, int W) {
-    const REAL *a = x + (size_t)(H / 2) * W, *b = y + (size_t)(H / 2) * W;
-    double s = 0;
-    int n = 0;
-    for (int j = 0; j < W; j++) {
-        const double v = (double)a[j] + (double)b[j];
-        if (v - v == 0) { s += v; n++; }  /* finite: inf - inf and nan - nan are nan */
-    }
-    return n ? (REAL)(s / (2.0 * n)) : (REAL)0;
-}
 
 /* Width of the column groups that share a shift column: the shift column lies within K/2 of every
  * map column of its group (so inside all their windows) for K >= 5 with 4, for K = 3 with 3. */
@@ -363,17 +347,6 @@ static inline __attribute__((always_inline)) void ssim_terms_du(vr mx, vr my, vr
                                                                 vr du, vr c1, vr c2, int exact, vr *iB1, vr *iB2,
                                                                 vr *lum, vr *cs) {
     ssim_terms_dd(mx, my, exy, ux, uy, du, mx - my, ess - bc(2) * exy, c1, c2, exact, iB1, iB2, lum, cs);
-}
-
-/* The masked kernel's: moments F(M P) / F(M) with one common shift for both images. The
- * differences are formed from the sums, then divided: (fx - fy) / W is exactly 0 for identical
- * images, while mx - my with mx = fx (1 / W) may be contracted into one fused multiply-add that
- * keeps fx (1 / W) unrounded (SSIM(x, x) came out 1 - 1e-6 under -ffp-contract=fast). */
-static inline __attribute__((always_inline)) void ssim_terms(vr fx, vr fy, vr fss, vr fxy, vr iW, vr mx, vr my,
-                                                             vr exy, vr ux, vr uy, vr c1, vr c2, vr *iB1,
-                                                             vr *iB2, vr *lum, vr *cs) {
-    vr dm = (fx - fy) * iW;
-    ssim_terms_dd(mx, my, exy, ux, uy, dm, dm, (fss - bc(2) * fxy) * iW, c1, c2, 1, iB1, iB2, lum, cs);
 }
 
 /* Per map row: where its adjoint quantities go, and its row sums (NULL: none). */
@@ -902,23 +875,37 @@ void splat_down2_bwd(const REAL *g, int planes, int H, int W, REAL *gx, int add)
 
 /* ============================================================================================
  * Masked SSIM (semantics in splatloss/backends/masked.py). With M the padded mask and W = w*M:
- *   mu_x = w*(M x') / W, e_ss = w*(M (x'^2 + y'^2)) / W, e_xy = w*(M x' y') / W
- * (x' = x - s as above; a position with W = 0 uses W = 1: its centre weight is 0), and the value
- * per plane is sum_p c(p) S(p) / sum_p c(p), c the mask at each map position's centre pixel.
- * Forward: five filtered quantities (W, M x', M y', M (x'^2 + y'^2), M x' y') instead of four.
+ *   mu_x = w*(M x'') / W, e_ss = w*(M (x''^2 + y''^2)) / W, e_xy = w*(M x'' y'') / W
+ * (x'' = x - Sx, y'' = y - Sy, the map position's local shifts below; a position with W = 0 uses
+ * W = 1: its centre weight is 0), and the value per plane is sum_p c(p) S(p) / sum_p c(p), c the
+ * mask at each map position's centre pixel.
+ * Local shifts, as the unmasked kernel: per input row and group of shift_group(K) map columns, the
+ * images' own values at the group's shift column (the whole plane's map columns from 0, so every
+ * tile and thread count forms the same moments). The horizontal pass sums, per map column, the
+ * weighted differences against its row's shifts (M, M dx, M dy, M (dx^2 + dy^2), M dx dy); the
+ * vertical pass moves each row's sums to the map row's shifts (those of its centre row) with
+ * tau = s - S and the row's filtered mask h_m (where the unmasked kernel has the taps' sum, 1):
+ *   h1' = h1 + tau h_m,  h2' = h2 + tau_x (h1x + h1x') + tau_y (h1y + h1y'),
+ *   hxy' = hxy + (tau_x (h1y + h1y') + tau_y (h1x + h1x')) / 2,
+ * so that h2' = 2 hxy' stays exact for identical images; every difference and tau is exactly 0 in
+ * flat windows (one shift per plane left float32 gradients ~1e-3 from float64 on flat images).
  * Backward of L = sum_p c(p) (gS ssim(p) + gC cs(p)) (gS, gC already divided by sum c): the
- * unmasked formulas with gS, gC replaced by c(p) gS, c(p) gC, the four adjoint quantities divided
- * by W before the transposed filters, and the pixel gradient multiplied by M:
- *   dL/dx = M (w^T*(alpha_x / W) + 2 x' (w^T*(beta / W)) + y' (w^T*(gamma / W))).
- * The masked L1 term l1c * sum m |x - y| adds l1c * m * sign(x - y) inside that product.
- * "same": the images read zeros (-s after the shift) and the mask ones outside the plane.
+ * unmasked formulas with gS, gC replaced by c(p) gS, c(p) gC, the adjoint quantities divided by W
+ * before the transposed filters, and the pixel gradient multiplied by M:
+ *   dL/dx(j) = M(j) sum_j0 w (A_x(j0) + beta2(j0) (x(j) - sx(j0)) + gamma(j0) (y(j) - sy(j0))),
+ * A_x, beta2, gamma the vertical adjoints of alpha_x / W, 2 beta / W, gamma / W with the shift
+ * corrections of the unmasked kernel (vtap). The masked L1 term l1c * sum m |x - y| adds
+ * l1c * m * sign(x - y) inside that product. "same": the images read zeros and the mask ones
+ * outside the plane.
  * ============================================================================================ */
 
-/* Workspace (REALs): in 8 rows of Lin (M, Mx', My', M(x'^2+y'^2), Mx'y', x', y', centre / mask
- * row), hring 5 * K rows of Wpp, aring 4 * K rows of Wpp, vrow 4 rows of Lv, grow 2 rows of Wo,
- * vsum 5 rows of Wpp (the vertical sums of the current map row). */
+/* Workspace (REALs): in 8 rows of Lin (rows 5, 6, 7: x, y and the mask or centre weights of one
+ * row), hring 7 * K rows of Wpp (h_m, h1x, h1y, h2, hxy, sx, sy per input row), aring 6 * K rows
+ * of Wpp (beta2, gamma, alpha(s), Sx, Sy per map row), vrow 6 rows of Lv (the vertical adjoint sums
+ * of a gradient row, then its shifts sx, sy, each at offset K-1 with zero borders), grow 2 rows of
+ * Wo, mci Wpp integers (each map column's shift column in the row buffers). */
 static size_t mws_elems(dims_t d) {
-    return (size_t)8 * d.Lin + (size_t)9 * d.K * d.Wpp + (size_t)4 * d.Lv + (size_t)2 * d.Wo + (size_t)5 * d.Wpp;
+    return (size_t)8 * d.Lin + (size_t)13 * d.K * d.Wpp + (size_t)6 * d.Lv + (size_t)2 * d.Wo + d.Wpp;
 }
 
 size_t splat_mssim_workspace(int W, int K, int tile) {
@@ -932,18 +919,25 @@ typedef struct {
     img_t im;
     const REAL *m;     /* mask plane, same layout as x */
     const REAL *g;
-    REAL *in, *hring, *aring, *vrow, *grow, *vsum;
+    REAL *in, *hring, *aring, *vrow, *grow;
+    int *mci;          /* Wpp: map column j's shift column in the row buffers, j < Wp */
 } mws_t;
 
-static mws_t make_mws(dims_t d, img_t im, const REAL *m, const REAL *g, REAL *base) {
+/* Wmap: the whole plane's map width (the shift columns are those of its groups). */
+static mws_t make_mws(dims_t d, img_t im, const REAL *m, const REAL *g, REAL *base, int Wmap) {
     mws_t w;
     w.d = d; w.im = im; w.m = m; w.g = g;
     w.in = base;
     w.hring = w.in + (size_t)8 * d.Lin;
-    w.aring = w.hring + (size_t)5 * d.K * d.Wpp;
-    w.vrow = w.aring + (size_t)4 * d.K * d.Wpp;
-    w.grow = w.vrow + (size_t)4 * d.Lv;
-    w.vsum = w.grow + (size_t)2 * d.Wo;
+    w.aring = w.hring + (size_t)7 * d.K * d.Wpp;
+    w.vrow = w.aring + (size_t)6 * d.K * d.Wpp;
+    w.grow = w.vrow + (size_t)6 * d.Lv;
+    w.mci = (int *)(void *)(w.grow + (size_t)2 * d.Wo);
+    const int G = shift_group(d.K), col0 = im.col0;
+    for (int j = 0; j < d.Wp; j++) {  /* map column col0 + j: its group's middle column (clipped) */
+        int mc = (col0 + j) / G * G + G / 2;
+        w.mci[j] = (mc < Wmap - 1 ? mc : Wmap - 1) + d.K / 2 - col0;
+    }
     return w;
 }
 
@@ -960,7 +954,7 @@ static void copy_mask(const mws_t *w, REAL *dst, int r, int c0, int n) {
     for (int j = hi; j < n; j++) dst[j] = 1;
 }
 
-/* x', y' of logical row r into rows 5, 6 and the mask into row 7 (zero tails). */
+/* x, y of logical row r into rows 5, 6 and the mask into row 7 (zero tails). */
 static void mload_xym(mws_t *w, int r) {
     const img_t im = w->im;
     const int rr = r - im.pad;
@@ -971,36 +965,42 @@ static void mload_xym(mws_t *w, int r) {
     copy_mask(w, w->in + 7 * L, r, im.col0 - im.pad, w->d.W);
 }
 
-static void mload_row(mws_t *w, int r) {
-    const int L = w->d.Lin;
-    REAL *b = w->in;
-    mload_xym(w, r);
-    for (int j = 0; j < L; j += V) {
-        vr a = ld(b + 5 * L + j), c = ld(b + 6 * L + j), m = ld(b + 7 * L + j);
-        vr ma = m * a, mc = m * c;
-        st(b + j, m);
-        st(b + L + j, ma);
-        st(b + 2 * L + j, mc);
-        st(b + 3 * L + j, ma * a + mc * c);
-        st(b + 4 * L + j, ma * c);
+/* The loaded row's shifts: sx[j] = x(row, mci[j]), sy[j] = y(row, mci[j]) for the map columns
+ * j < Wp, 0 in the lanes beyond (up to Wpp). */
+static void mgather_shifts(const mws_t *w, REAL *restrict sx, REAL *restrict sy) {
+    const REAL *bx = w->in + 5 * w->d.Lin, *by = w->in + 6 * w->d.Lin;
+    int j = 0;
+    for (; j < w->d.Wp; j++) {
+        sx[j] = bx[w->mci[j]];
+        sy[j] = by[w->mci[j]];
     }
+    for (; j < w->d.Wpp; j++) sx[j] = sy[j] = 0;
 }
 
+/* Horizontal filter of the loaded row into ring slot `slot`: its shifts, then per map column the
+ * sums of M, M dx, M dy, M (dx^2 + dy^2), M dx dy with dx = x - sx, dy = y - sy. */
 static void mhfilter(mws_t *w, int slot) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
-    const REAL *src = w->in;
+    const int L = d.Lin;
+    const REAL *bx = w->in + 5 * L, *by = w->in + 6 * L, *bm = w->in + 7 * L;
     const size_t qs = (size_t)K * d.Wpp;
     REAL *dst = w->hring + (size_t)slot * d.Wpp;
+    mgather_shifts(w, dst + 5 * qs, dst + 6 * qs);
     for (int j = 0; j < d.Wpp; j += V) {
+        const vr sx = ld(dst + 5 * qs + j), sy = ld(dst + 6 * qs + j);
         vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0};
         for (int k = 0; k < K; k++) {
             vr gk = bc(w->g[k]);
-            s0 += gk * ld(src + j + k);
-            s1 += gk * ld(src + d.Lin + j + k);
-            s2 += gk * ld(src + 2 * d.Lin + j + k);
-            s3 += gk * ld(src + 3 * d.Lin + j + k);
-            s4 += gk * ld(src + 4 * d.Lin + j + k);
+            vr mk = ld(bm + j + k);
+            vr a = ld(bx + j + k) - sx, b = ld(by + j + k) - sy;
+            vr ma = mk * a, mb = mk * b;
+            vr p = ma * a + mb * b, q = ma * b;  /* p = 2 q exactly when a = b, fused or not */
+            s0 += gk * mk;
+            s1 += gk * ma;
+            s2 += gk * mb;
+            s3 += gk * p;
+            s4 += gk * q;
         }
         st(dst + j, s0); st(dst + qs + j, s1); st(dst + 2 * qs + j, s2); st(dst + 3 * qs + j, s3);
         st(dst + 4 * qs + j, s4);
@@ -1011,42 +1011,25 @@ static void mfill_rows(mws_t *w, int m, int *next) {
     const int K = KTAPS(w->d.K);
     if (*next < m) *next = m;
     while (*next <= m + K - 1) {
-        mload_row(w, *next);
+        mload_xym(w, *next);
         mhfilter(w, *next % K);
         (*next)++;
     }
 }
 
-/* v[q][j] = sum_t gw[t] * ap[t][q * qs + j] for the nq adjoint quantities (rows of Lv in vb). */
-static inline __attribute__((always_inline)) void mvadjoint(const REAL *const *ap, const REAL *gw, int n, int nq,
-                                                            size_t qs, int Wpp, int Lv, REAL *vb) {
-    for (int j = 0; j < Wpp; j += V) {
-        vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-        for (int t = 0; t < n; t++) {
-            vr gk = bc(gw[t]);
-            const REAL *a = ap[t] + j;
-            s0 += gk * ld(a);
-            s1 += gk * ld(a + qs);
-            s2 += gk * ld(a + 2 * qs);
-            if (nq == 4) s3 += gk * ld(a + 3 * qs);
-        }
-        st(vb + j, s0);
-        st(vb + Lv + j, s1);
-        st(vb + 2 * Lv + j, s2);
-        if (nq == 4) st(vb + 3 * Lv + j, s3);
-    }
-}
-
-/* Vertical filter for map row m, the masked statistics and the SSIM algebra.
+/* Vertical filter for map row m (each input row's sums re-based to the map row's shifts), the
+ * masked statistics and the SSIM algebra.
  * mode 0: add the row's sums of c ssim, c cs and c to sums[0..2].
- * mode 1: write beta / W, gamma / W and the alpha(s) / W of map row m to aring slot m % K. */
+ * mode 1: write 2 beta / W, gamma / W, the alpha(s) / W and the shifts Sx, Sy of map row m to
+ * aring slot m % K (pad lanes 0). */
 static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
                      REAL gS, REAL gC, int need_x, int need_y) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
     const size_t qs = (size_t)K * d.Wpp;
-    int sl[K];
-    for (int k = 0; k < K; k++) sl[k] = (m + k) % K;
+    const REAL *hp[K];
+    for (int k = 0; k < K; k++) hp[k] = w->hring + (size_t)((m + k) % K) * d.Wpp;
+    const REAL *hc = hp[d.K / 2];  /* the centre row: its shifts are the map row's */
     /* centre weights: logical row m + K/2, columns col0 + K/2 + j (row 7 of `in`, zero tail) */
     REAL *cw = w->in + 7 * d.Lin;
     copy_mask(w, cw, m + d.K / 2, w->im.col0 - w->im.pad + d.K / 2, d.Wp);
@@ -1056,32 +1039,36 @@ static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
     vmask lane;
     for (int i = 0; i < V; i++) lane[i] = i;
     REAL *a0 = w->aring + (size_t)(m % K) * d.Wpp;
-    const size_t aqs = (size_t)K * d.Wpp;
-    const vr c1 = bc(C1), c2 = bc(C2), two = bc(2), one = bc(1), zero = {0};
-    const vr vgs = bc(gS), vgc = bc(gC), sh = bc(w->im.shift);
+    const vr c1 = bc(C1), c2 = bc(C2), two = bc(2), one = bc(1), half = bc((REAL)0.5), zero = {0};
+    const vr vgs = bc(gS), vgc = bc(gC);
 
-    /* vertical filter one quantity at a time: K row pointers stay in registers (five quantities at
-     * once need 5 K addresses, which the compiler spills) */
-    for (int q = 0; q < 5; q++) {
-        const REAL *hp[K];
-        for (int k = 0; k < K; k++) hp[k] = w->hring + q * qs + (size_t)sl[k] * d.Wpp;
-        REAL *o = w->vsum + (size_t)q * d.Wpp;
-        for (int j = 0; j < d.Wpp; j += V) {
-            vr acc = {0};
-            for (int k = 0; k < K; k++) acc += bc(w->g[k]) * ld(hp[k] + j);
-            st(o + j, acc);
-        }
-    }
-    const REAL *vs = w->vsum;
     for (int j = 0; j < d.Wpp; j += V) {
-        vr fw = ld(vs + j), fx = ld(vs + d.Wpp + j), fy = ld(vs + 2 * d.Wpp + j);
-        vr fss = ld(vs + 3 * d.Wpp + j), fxy = ld(vs + 4 * d.Wpp + j);
+        const vr Sx = ld(hc + 5 * qs + j), Sy = ld(hc + 6 * qs + j);
+        vr fw = {0}, fx = {0}, fy = {0}, fss = {0}, fxy = {0};
+        for (int k = 0; k < K; k++) {
+            const REAL *h = hp[k] + j;
+            vr gk = bc(w->g[k]);
+            vr hm = ld(h), h1x = ld(h + qs), h1y = ld(h + 2 * qs);
+            vr tx = ld(h + 5 * qs) - Sx, ty = ld(h + 6 * qs) - Sy;
+            vr ax = h1x + tx * hm, ay = h1y + ty * hm;
+            vr px = h1x + ax, py = h1y + ay;
+            fw += gk * hm;
+            fx += gk * ax;
+            fy += gk * ay;
+            fss += gk * (ld(h + 3 * qs) + (tx * px + ty * py));
+            fxy += gk * (ld(h + 4 * qs) + half * (tx * py + ty * px));
+        }
         vmask pos = fw > zero;
         vr iW = one / (vr)(((vmask)fw & pos) | ((vmask)one & ~pos));  /* W = 0: use 1 */
         vr mx = fx * iW, my = fy * iW, exy = fxy * iW;
-        vr ux = mx + sh, uy = my + sh;
+        vr ux = mx + Sx, uy = my + Sy;  /* true means */
+        /* the differences from the sums, then divided: (fx - fy) / W is exactly 0 for identical images,
+         * while mx - my may be contracted into one fused multiply-add that keeps fx (1 / W) unrounded
+         * (SSIM(x, x) came out 1 - 1e-6 under -ffp-contract=fast) */
+        vr dm = (fx - fy) * iW;
+        vr du = (Sx - Sy) + dm;
         vr iB1, iB2, lum, cs;
-        ssim_terms(fx, fy, fss, fxy, iW, mx, my, exy, ux, uy, c1, c2, &iB1, &iB2, &lum, &cs);
+        ssim_terms_dd(mx, my, exy, ux, uy, du, dm, (fss - two * fxy) * iW, c1, c2, 1, &iB1, &iB2, &lum, &cs);
         vr ssim = lum * cs;
         vr c = ld(cw + j);
         vmask vm = (lane + j) < d.Wp;
@@ -1090,22 +1077,24 @@ static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
             acc_c += (vr)((vmask)(c * cs) & vm);
             acc_z += c;
         } else {
-            vr hs = vgs * c, hc = vgc * c;
-            vr beta = -(hs * ssim + hc * cs) * iB2;
-            vr gamma = two * (hs * lum + hc) * iB2;
+            vr hs = vgs * c, hc2 = vgc * c;
+            vr beta2 = two * (-(hs * ssim + hc2 * cs) * iB2);
+            vr gamma = two * (hs * lum + hc2) * iB2;
             vr t = two * hs * iB1;
-            st(a0 + j, (vr)((vmask)(beta * iW) & vm));
-            st(a0 + aqs + j, (vr)((vmask)(gamma * iW) & vm));
+            st(a0 + j, (vr)((vmask)(beta2 * iW) & vm));
+            st(a0 + qs + j, (vr)((vmask)(gamma * iW) & vm));
             int q = 2;
             if (need_x) {
-                vr ax = t * (uy * cs - ux * ssim) - two * mx * beta - my * gamma;
-                st(a0 + q * aqs + j, (vr)((vmask)(ax * iW) & vm));
+                vr ax = t * (uy * cs - ux * ssim) - mx * beta2 - my * gamma;
+                st(a0 + q * qs + j, (vr)((vmask)(ax * iW) & vm));
                 q++;
             }
             if (need_y) {
-                vr ay = t * (ux * cs - uy * ssim) - two * my * beta - mx * gamma;
-                st(a0 + q * aqs + j, (vr)((vmask)(ay * iW) & vm));
+                vr ay = t * (ux * cs - uy * ssim) - my * beta2 - mx * gamma;
+                st(a0 + q * qs + j, (vr)((vmask)(ay * iW) & vm));
             }
+            st(a0 + 4 * qs + j, (vr)((vmask)Sx & vm));
+            st(a0 + 5 * qs + j, (vr)((vmask)Sy & vm));
         }
     }
     if (mode == 0) {
@@ -1124,9 +1113,10 @@ static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL 
     const REAL *g = w->g;
     const int Hp = H - K + 1;
     const int need_x = gx != NULL, need_y = gy != NULL;
-    const int nq = 2 + need_x + need_y;
+    const int qy = 2 + need_x;
     const size_t qs = (size_t)K * d.Wpp;
-    REAL *vb = w->vrow + (K - 1);
+    REAL *vb = w->vrow + (K - 1);                          /* vertical sums after K-1 zeros */
+    REAL *srow = w->vrow + 4 * (size_t)d.Lv, *sb = srow + (K - 1);  /* the row's shifts, likewise */
     int next_in = q0 - K + 1 < 0 ? 0 : q0 - K + 1;
     int next_m = next_in;
 
@@ -1138,6 +1128,10 @@ static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL 
             mmap_row(w, next_m, C1, C2, 1, NULL, gS, gC, need_x, need_y);
             next_m++;
         }
+        const int L = d.Lin;
+        mload_xym(w, q);
+        mgather_shifts(w, sb, sb + d.Lv);
+        /* vertical adjoint: v(q) = sum_m g[q-m] (a(m) + shift corrections), over the map rows that exist */
         const REAL *ap[K];
         REAL gw[K];
         int n = 0;
@@ -1146,30 +1140,28 @@ static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL 
             gw[n] = g[q - m];
         }
         if (n == K) {
-            if (nq == 4) mvadjoint(ap, gw, K, 4, qs, d.Wpp, d.Lv, vb);
-            else mvadjoint(ap, gw, K, 3, qs, d.Wpp, d.Lv, vb);
+            if (need_x && need_y) vadjoint(ap, gw, K, 1, 1, qs, d.Wpp, d.Lv, sb, vb);
+            else if (need_x) vadjoint(ap, gw, K, 1, 0, qs, d.Wpp, d.Lv, sb, vb);
+            else vadjoint(ap, gw, K, 0, 1, qs, d.Wpp, d.Lv, sb, vb);
         } else {
-            mvadjoint(ap, gw, n, nq, qs, d.Wpp, d.Lv, vb);
+            vadjoint(ap, gw, n, need_x, need_y, qs, d.Wpp, d.Lv, sb, vb);
         }
-        const int L = d.Lin;
-        mload_xym(w, q);
+        /* horizontal adjoint: gx(j) = M(j) sum_t g[K-1-t] (A_x + beta2 (x(j) - sx) + gamma (y(j) - sy))
+         * at vrow column j + t */
         const REAL *bx = w->in + 5 * L, *by = w->in + 6 * L, *bm = w->in + 7 * L;
         REAL *ox = w->grow, *oy = w->grow + d.Wo;
         const vr l1 = bc(l1c), one = bc(1);
         for (int j = c_lo / V * V; j < c_hi; j += V) {
-            vr hb = {0}, hg = {0}, h2 = {0}, h3 = {0};
+            const vr xv = ld(bx + j), yv = ld(by + j), mv = ld(bm + j);
+            vr gxv = {0}, gyv = {0};
             for (int t = 0; t < K; t++) {
                 vr gk = bc(g[K - 1 - t]);
-                const REAL *v = w->vrow + j + t;
-                hb += gk * ld(v);
-                hg += gk * ld(v + d.Lv);
-                h2 += gk * ld(v + 2 * d.Lv);
-                if (nq == 4) h3 += gk * ld(v + 3 * d.Lv);
+                const REAL *v = w->vrow + j + t, *s = srow + j + t;
+                vr B = ld(v), G = ld(v + d.Lv);
+                vr dx = xv - ld(s), dy = yv - ld(s + d.Lv);
+                if (need_x) gxv += gk * (ld(v + 2 * d.Lv) + B * dx + G * dy);
+                if (need_y) gyv += gk * (ld(v + qy * d.Lv) + B * dy + G * dx);
             }
-            vr xv = ld(bx + j), yv = ld(by + j), mv = ld(bm + j);
-            vr two_hb = hb + hb;
-            vr gxv = h2 + two_hb * xv + hg * yv;
-            vr gyv = (need_x ? h3 : h2) + two_hb * yv + hg * xv;
             if (l1c != 0) {
                 vr sg = (vr)((vmask)one & (xv > yv)) - (vr)((vmask)one & (xv < yv));
                 gxv += l1 * sg;
@@ -1191,14 +1183,13 @@ void splat_mssim_fwd(const REAL *x, const REAL *y, const REAL *mask, int H, int 
                      REAL C1, REAL C2, int m0, int m1, REAL *work, double *out, int tile, int pad) {
     const int Wp = W + 2 * pad - K + 1;
     const int T = tile > 0 ? tile : Wp;
-    const REAL shift = plane_shift(x, y, H, W);
     for (int m = m0; m < m1; m++) out[3 * (m - m0)] = out[3 * (m - m0) + 1] = out[3 * (m - m0) + 2] = 0;
     for (int j0 = 0; j0 < Wp; j0 += T) {
         int tw = Wp - j0 < T ? Wp - j0 : T;
         dims_t d = make_dims(tw + K - 1, K);
-        img_t im = {x, y, H, W, W, pad, j0, shift};
+        img_t im = {x, y, H, W, W, pad, j0, 0};
         memset(work, 0, mws_elems(d) * sizeof(REAL));
-        mws_t w = make_mws(d, im, mask, g, work);
+        mws_t w = make_mws(d, im, mask, g, work, Wp);
         int next = m0;
         for (int m = m0; m < m1; m++) {
             mfill_rows(&w, m, &next);
@@ -1214,15 +1205,14 @@ void splat_mssim_bwd(const REAL *x, const REAL *y, const REAL *mask, int H, int 
                      REAL *gx, REAL *gy, int tile, int pad, REAL l1c) {
     const int Wl = W + 2 * pad;
     const int T = tile > 0 ? tile : W;
-    const REAL shift = plane_shift(x, y, H, W);
     for (int c0 = pad; c0 < pad + W; c0 += T) {
         int c1 = pad + W - c0 < T ? pad + W : c0 + T;
         int a = c0 - K + 1 < 0 ? 0 : c0 - K + 1;
         int b = c1 + K - 1 > Wl ? Wl : c1 + K - 1;
         dims_t d = make_dims(b - a, K);
-        img_t im = {x, y, H, W, W, pad, a, shift};
+        img_t im = {x, y, H, W, W, pad, a, 0};
         memset(work, 0, mws_elems(d) * sizeof(REAL));
-        mws_t w = make_mws(d, im, mask, g, work);
+        mws_t w = make_mws(d, im, mask, g, work, Wl - K + 1);
         mbwd_tile(&w, H + 2 * pad, C1, C2, gS, gC, l1c, q0 + pad, q1 + pad, c0 - a, c1 - a, gx, gy);
     }
 }
