@@ -902,10 +902,13 @@ void splat_down2_bwd(const REAL *g, int planes, int H, int W, REAL *gx, int add)
  * ============================================================================================ */
 
 /* Workspace (REALs): in 8 rows of Lin (rows 5, 6, 7: x, y and the mask or centre weights of one
- * row), hring 7 * K rows of Wpp (h_m, h1x, h1y, h2, hxy, sx, sy per input row), aring 6 * K rows
- * of Wpp (beta2, gamma, alpha(s), Sx, Sy per map row), vrow 6 rows of Lv (the vertical adjoint sums
+ * row), hring K slots of MQ * Wpp (h_m, h1x, h1y, h2, hxy, sx, sy per input row), aring K slots of
+ * NQ * Wpp (beta2, gamma, alpha(s), Sx, Sy per map row), vrow 6 rows of Lv (the vertical adjoint sums
  * of a gradient row, then its shifts sx, sy, each at offset K-1 with zero borders), grow 2 rows of
- * Wo, mci Wpp integers (each map column's shift column in the row buffers). */
+ * Wo, mci Wpp integers (each map column's shift column in the row buffers). A ring slot holds its
+ * quantities interleaved by vector, as the unmasked kernel's (quantity q of columns j .. j + V - 1
+ * at slot + MQ j + q V, or NQ j + q V): the vertical passes then read one stream per slot. */
+#define MQ 7
 static size_t mws_elems(dims_t d) {
     return (size_t)8 * d.Lin + (size_t)13 * d.K * d.Wpp + (size_t)6 * d.Lv + (size_t)2 * d.Wo + d.Wpp;
 }
@@ -968,15 +971,20 @@ static void mload_xym(mws_t *w, int r) {
 }
 
 /* The loaded row's shifts: sx[j] = x(row, mci[j]), sy[j] = y(row, mci[j]) for the map columns
- * j < Wp, 0 in the lanes beyond (up to Wpp). */
-static void mgather_shifts(const mws_t *w, REAL *restrict sx, REAL *restrict sy) {
+ * j < Wp, 0 in the lanes beyond (up to Wpp); each vector of V columns js V after the last (js = 1:
+ * a plain row; MQ: a ring slot). */
+static void mgather_shifts(const mws_t *w, REAL *restrict sx, REAL *restrict sy, size_t js) {
     const REAL *bx = w->in + 5 * w->d.Lin, *by = w->in + 6 * w->d.Lin;
     int j = 0;
     for (; j < w->d.Wp; j++) {
-        sx[j] = bx[w->mci[j]];
-        sy[j] = by[w->mci[j]];
+        const size_t o = (size_t)(j / V) * js * V + j % V;
+        sx[o] = bx[w->mci[j]];
+        sy[o] = by[w->mci[j]];
     }
-    for (; j < w->d.Wpp; j++) sx[j] = sy[j] = 0;
+    for (; j < w->d.Wpp; j++) {
+        const size_t o = (size_t)(j / V) * js * V + j % V;
+        sx[o] = sy[o] = 0;
+    }
 }
 
 /* Horizontal filter of the loaded row into ring slot `slot`: its shifts, then per map column the
@@ -986,11 +994,12 @@ static void mhfilter(mws_t *w, int slot) {
     const int K = KTAPS(d.K);
     const int L = d.Lin;
     const REAL *bx = w->in + 5 * L, *by = w->in + 6 * L, *bm = w->in + 7 * L;
-    const size_t qs = (size_t)K * d.Wpp;
-    REAL *dst = w->hring + (size_t)slot * d.Wpp;
-    mgather_shifts(w, dst + 5 * qs, dst + 6 * qs);
+    const size_t qs = V;  /* quantities of a column vector qs apart (interleaved slot) */
+    REAL *row = w->hring + (size_t)slot * MQ * d.Wpp;
+    mgather_shifts(w, row + 5 * qs, row + 6 * qs, MQ);
     for (int j = 0; j < d.Wpp; j += V) {
-        const vr sx = ld(dst + 5 * qs + j), sy = ld(dst + 6 * qs + j);
+        REAL *dst = row + MQ * j;
+        const vr sx = ld(dst + 5 * qs), sy = ld(dst + 6 * qs);
         vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0};
         for (int k = 0; k < K; k++) {
             vr gk = bc(w->g[k]);
@@ -1004,8 +1013,8 @@ static void mhfilter(mws_t *w, int slot) {
             s3 += gk * p;
             s4 += gk * q;
         }
-        st(dst + j, s0); st(dst + qs + j, s1); st(dst + 2 * qs + j, s2); st(dst + 3 * qs + j, s3);
-        st(dst + 4 * qs + j, s4);
+        st(dst, s0); st(dst + qs, s1); st(dst + 2 * qs, s2); st(dst + 3 * qs, s3);
+        st(dst + 4 * qs, s4);
     }
 }
 
@@ -1028,9 +1037,9 @@ static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
                      REAL gS, REAL gC, int need_x, int need_y) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
-    const size_t qs = (size_t)K * d.Wpp;
+    const size_t qs = V;  /* interleaved slots: quantities qs apart */
     const REAL *hp[K];
-    for (int k = 0; k < K; k++) hp[k] = w->hring + (size_t)((m + k) % K) * d.Wpp;
+    for (int k = 0; k < K; k++) hp[k] = w->hring + (size_t)((m + k) % K) * MQ * d.Wpp;
     const REAL *hc = hp[d.K / 2];  /* the centre row: its shifts are the map row's */
     /* centre weights: logical row m + K/2, columns col0 + K/2 + j (row 7 of `in`, zero tail) */
     REAL *cw = w->in + 7 * d.Lin;
@@ -1040,15 +1049,15 @@ static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
     vr acc_s = {0}, acc_c = {0}, acc_z = {0};
     vmask lane;
     for (int i = 0; i < V; i++) lane[i] = i;
-    REAL *a0 = w->aring + (size_t)(m % K) * d.Wpp;
+    REAL *a0 = w->aring + (size_t)(m % K) * NQ * d.Wpp;
     const vr c1 = bc(C1), c2 = bc(C2), two = bc(2), one = bc(1), half = bc((REAL)0.5), zero = {0};
     const vr vgs = bc(gS), vgc = bc(gC);
 
     for (int j = 0; j < d.Wpp; j += V) {
-        const vr Sx = ld(hc + 5 * qs + j), Sy = ld(hc + 6 * qs + j);
+        const vr Sx = ld(hc + MQ * j + 5 * qs), Sy = ld(hc + MQ * j + 6 * qs);
         vr fw = {0}, fx = {0}, fy = {0}, fss = {0}, fxy = {0};
         for (int k = 0; k < K; k++) {
-            const REAL *h = hp[k] + j;
+            const REAL *h = hp[k] + MQ * j;
             vr gk = bc(w->g[k]);
             vr hm = ld(h), h1x = ld(h + qs), h1y = ld(h + 2 * qs);
             vr tx = ld(h + 5 * qs) - Sx, ty = ld(h + 6 * qs) - Sy;
@@ -1083,20 +1092,21 @@ static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
             vr beta2 = two * (-(hs * ssim + hc2 * cs) * iB2);
             vr gamma = two * (hs * lum + hc2) * iB2;
             vr t = two * hs * iB1;
-            st(a0 + j, (vr)((vmask)(beta2 * iW) & vm));
-            st(a0 + qs + j, (vr)((vmask)(gamma * iW) & vm));
+            REAL *ao = a0 + NQ * j;
+            st(ao, (vr)((vmask)(beta2 * iW) & vm));
+            st(ao + qs, (vr)((vmask)(gamma * iW) & vm));
             int q = 2;
             if (need_x) {
                 vr ax = t * (uy * cs - ux * ssim) - mx * beta2 - my * gamma;
-                st(a0 + q * qs + j, (vr)((vmask)(ax * iW) & vm));
+                st(ao + q * qs, (vr)((vmask)(ax * iW) & vm));
                 q++;
             }
             if (need_y) {
                 vr ay = t * (ux * cs - uy * ssim) - my * beta2 - mx * gamma;
-                st(a0 + q * qs + j, (vr)((vmask)(ay * iW) & vm));
+                st(ao + q * qs, (vr)((vmask)(ay * iW) & vm));
             }
-            st(a0 + 4 * qs + j, (vr)((vmask)Sx & vm));
-            st(a0 + 5 * qs + j, (vr)((vmask)Sy & vm));
+            st(ao + 4 * qs, (vr)((vmask)Sx & vm));
+            st(ao + 5 * qs, (vr)((vmask)Sy & vm));
         }
     }
     if (mode == 0) {
@@ -1116,7 +1126,7 @@ static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL 
     const int Hp = H - K + 1;
     const int need_x = gx != NULL, need_y = gy != NULL;
     const int qy = 2 + need_x;
-    const size_t qs = (size_t)K * d.Wpp;
+    const size_t qs = V;  /* the aring's interleaved slots (as the unmasked kernel's) */
     REAL *vb = w->vrow + (K - 1);                          /* vertical sums after K-1 zeros */
     REAL *srow = w->vrow + 4 * (size_t)d.Lv, *sb = srow + (K - 1);  /* the row's shifts, likewise */
     int next_in = q0 - K + 1 < 0 ? 0 : q0 - K + 1;
@@ -1132,21 +1142,21 @@ static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL 
         }
         const int L = d.Lin;
         mload_xym(w, q);
-        mgather_shifts(w, sb, sb + d.Lv);
+        mgather_shifts(w, sb, sb + d.Lv, 1);
         /* vertical adjoint: v(q) = sum_m g[q-m] (a(m) + shift corrections), over the map rows that exist */
         const REAL *ap[K];
         REAL gw[K];
         int n = 0;
         for (int m = mlo; m <= mhi; m++, n++) {
-            ap[n] = w->aring + (size_t)(m % K) * d.Wpp;
+            ap[n] = w->aring + (size_t)(m % K) * NQ * d.Wpp;
             gw[n] = g[q - m];
         }
         if (n == K) {
-            if (need_x && need_y) vadjoint(ap, gw, K, 1, 1, qs, 1, d.Wpp, d.Lv, sb, vb);
-            else if (need_x) vadjoint(ap, gw, K, 1, 0, qs, 1, d.Wpp, d.Lv, sb, vb);
-            else vadjoint(ap, gw, K, 0, 1, qs, 1, d.Wpp, d.Lv, sb, vb);
+            if (need_x && need_y) vadjoint(ap, gw, K, 1, 1, qs, NQ, d.Wpp, d.Lv, sb, vb);
+            else if (need_x) vadjoint(ap, gw, K, 1, 0, qs, NQ, d.Wpp, d.Lv, sb, vb);
+            else vadjoint(ap, gw, K, 0, 1, qs, NQ, d.Wpp, d.Lv, sb, vb);
         } else {
-            vadjoint(ap, gw, n, need_x, need_y, qs, 1, d.Wpp, d.Lv, sb, vb);
+            vadjoint(ap, gw, n, need_x, need_y, qs, NQ, d.Wpp, d.Lv, sb, vb);
         }
         /* horizontal adjoint: gx(j) = M(j) sum_t g[K-1-t] (A_x + beta2 (x(j) - sx) + gamma (y(j) - sy))
          * at vrow column j + t */
