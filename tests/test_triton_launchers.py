@@ -36,6 +36,7 @@ def test_device_guard_selects_the_tensors_cuda_device():
         pass
 
 
+@pytest.mark.slow  # (the interpreter runs every launcher's kernels)
 def test_launchers_enter_the_device_guard(monkeypatch):
     # every launcher goes through device_guard with the tensor it launches on (real kernels run)
     from splatloss.backends.triton import backward, forward, ms_ssim
@@ -76,8 +77,9 @@ def test_empty_batch_or_channels_is_a_clear_error(shape):
             splatloss.ssim(x, x.clone(), window_size=3, backend="triton")
 
 
-# the fast tier checks one op's fake (each runs the real kernels in the interpreter first)
-@pytest.mark.parametrize("op", ["triton_ssim_stats_bwd", pytest.param("triton_dssim_l1_bwd", marks=pytest.mark.slow)])
+# each runs the real kernels in the interpreter first: the slow tier
+@pytest.mark.slow
+@pytest.mark.parametrize("op", ["triton_ssim_stats_bwd", "triton_dssim_l1_bwd"])
 def test_fake_gradient_strides_match_the_real_ones(op):
     # contiguous img1, channels-last img2, both gradients: the real op gives img2's gradient
     # img1's strides; the fake one must say the same or torch.compile's stride check fails
@@ -122,7 +124,7 @@ def test_size_arguments_are_not_specialised():
 
 
 def _footprint_cases():
-    """(window_size, bad, geometry, row): one case in the fast tier, the rest slow. Every window size,
+    """(window_size, bad, geometry, row), in the slow tier (the interpreter). Every window size,
     geometry and row, each pair of them with both NaN and Inf: the bad value alternates over the
     window sizes (NaN and Inf take the same kernel code, a finite check and a skipped weight-0 slot,
     at every window size)."""
@@ -133,10 +135,8 @@ def _footprint_cases():
         for i, geom in enumerate(geometries):
             for j, row in enumerate(rows):
                 bad = float("inf") if (i + j + (window_size == 11)) % 2 == 0 else float("nan")
-                fast = (window_size, bad, geom, row) == (7, float("inf"), "interpreter-geometry", "middle-row")
-                marks = () if fast else (pytest.mark.slow,)
                 case = (window_size, bad, geom, row)
-                out.append(pytest.param(*case, marks=marks, id="-".join(map(str, case))))
+                out.append(pytest.param(*case, marks=(pytest.mark.slow,), id="-".join(map(str, case))))
     return out
 
 
