@@ -254,7 +254,8 @@ static void gather_shifts(const ws_t *w, REAL *restrict sx, REAL *restrict sy) {
 
 /* Horizontal "valid" filter of logical row r into ring slot `slot`: the row's shifts, then the sums
  * of dx = x - sx, dy = y - sy (the shift of each output lane's column group):
- * h1x = g * dx, h1y = g * dy, h2 = g * (dx^2 + dy^2), hxy = g * (dx dy). */
+ * h1x = g * dx, h1y = g * dy, h2 = g * (dx^2 + dy^2), and 2 hxy = 2 (g * (dx dy)) (doubled, exactly,
+ * so that the re-basing and the SSIM algebra need no factor 1/2 or 2 on it). */
 static void hfilter(ws_t *w, int r, int slot) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
@@ -275,7 +276,7 @@ static void hfilter(ws_t *w, int r, int slot) {
             s2 += gk * p;
             s3 += gk * q;
         }
-        st(dst, s0); st(dst + V, s1); st(dst + 2 * V, s2); st(dst + 3 * V, s3);
+        st(dst, s0); st(dst + V, s1); st(dst + 2 * V, s2); st(dst + 3 * V, s3 + s3);
     }
 }
 
@@ -290,11 +291,12 @@ static void fill_rows(ws_t *w, int m, int last, int *next) {
     }
 }
 
-/* One input row's horizontal sums (h: quantity 0 of its slot, the others qs apart) re-based from
- * its own shifts sx, sy to the map row's Sx, Sy: with tau = s - S,
+/* One input row's horizontal sums (h: quantity 0 of its slot, the others qs apart; the fourth is
+ * 2 hxy) re-based from its own shifts sx, sy to the map row's Sx, Sy: with tau = s - S,
  *   h1' = h1 + tau,  h2' = h2 + tau_x (h1x + h1x') + tau_y (h1y + h1y'),
- *   hxy' = hxy + (tau_x (h1y + h1y') + tau_y (h1x + h1x')) / 2,
- * written so that h2' = 2 hxy' stays exact for identical images. tau is exactly 0 in flat rows. */
+ *   2 hxy' = 2 hxy + tau_x (h1y + h1y') + tau_y (h1x + h1x'),
+ * the same expression as h2' with the operands crossed, so that h2' = 2 hxy' stays exact for
+ * identical images. tau is exactly 0 in flat rows. */
 static inline __attribute__((always_inline)) void rebase(const REAL *h, size_t qs, vr Sx, vr Sy, vr *m1x,
                                                          vr *m1y, vr *m2, vr *mxy) {
     vr h1x = ld(h), h1y = ld(h + qs);
@@ -304,7 +306,7 @@ static inline __attribute__((always_inline)) void rebase(const REAL *h, size_t q
     *m1x = ax;
     *m1y = ay;
     *m2 = ld(h + 2 * qs) + (tx * px + ty * py);
-    *mxy = ld(h + 3 * qs) + bc((REAL)0.5) * (tx * py + ty * px);
+    *mxy = ld(h + 3 * qs) + (tx * py + ty * px);
 }
 
 /* The SSIM algebra of one vector of map positions, from the moments of the shifted images (mx,
@@ -317,13 +319,11 @@ static inline __attribute__((always_inline)) void rebase(const REAL *h, size_t q
  * ratios of B = A are then set to 1, since A (1 / A) may round below it). Written as
  * e_ss - mu_x^2 - mu_y^2 + C2, B2 rounds independently of A2 and SSIM(x, x) reached 1 + 2.4e-5
  * on flat images. Both are also kept >= -1 (a rounding below it on anticorrelated windows). */
-static inline __attribute__((always_inline)) void ssim_terms_dd(vr mx, vr my, vr exy, vr ux, vr uy, vr du, vr dm,
-                                                                vr dss, vr c1, vr c2, int exact, vr *iB1, vr *iB2,
-                                                                vr *lum, vr *cs) {
+static inline __attribute__((always_inline)) void ssim_terms_dd(vr A2, vr ux, vr uy, vr du, vr dm, vr dss, vr c1,
+                                                                int exact, vr *iB1, vr *iB2, vr *lum, vr *cs) {
     const vr zero = {0}, mone = bc(-1);
     vr A1 = bc(2) * ux * uy + c1;
     vr B1 = A1 + du * du;
-    vr A2 = bc(2) * (exy - mx * my) + c2;
     vr D = dss - dm * dm;
     vr B2 = A2 + (vr)((vmask)D & ~(D < zero));  /* D < 0 only by rounding; a NaN stays */
     *iB1 = 1 / B1;  /* never 1 / (B1 B2): it overflows or underflows */
@@ -340,13 +340,15 @@ static inline __attribute__((always_inline)) void ssim_terms_dd(vr mx, vr my, vr
     *cs = (vr)(((vmask)c & ~co) | ((vmask)mone & co));
 }
 
-/* The differences dm = mu'_x - mu'_y and dss = e_ss - 2 e_xy given by the caller (the masked
- * kernel forms them from its sums before the division by the filtered mask). */
+/* A2 = 2 (e_xy - mu'_x mu'_y) + C2, and the differences dm = mu'_x - mu'_y and dss = e_ss - 2 e_xy,
+ * given by the caller (the masked kernel forms them from its sums before the division by the
+ * filtered mask). ssim_terms_du takes exy2 = 2 e_xy: 2 (e_xy - mu'_x mu'_y) = exy2 - (2 mu'_x) mu'_y
+ * exactly, fused or not. */
 
-static inline __attribute__((always_inline)) void ssim_terms_du(vr mx, vr my, vr ess, vr exy, vr ux, vr uy,
+static inline __attribute__((always_inline)) void ssim_terms_du(vr mx, vr my, vr ess, vr exy2, vr ux, vr uy,
                                                                 vr du, vr c1, vr c2, int exact, vr *iB1, vr *iB2,
                                                                 vr *lum, vr *cs) {
-    ssim_terms_dd(mx, my, exy, ux, uy, du, mx - my, ess - bc(2) * exy, c1, c2, exact, iB1, iB2, lum, cs);
+    ssim_terms_dd((exy2 - (bc(2) * mx) * my) + c2, ux, uy, du, mx - my, ess - exy2, c1, exact, iB1, iB2, lum, cs);
 }
 
 /* Per map row: where its adjoint quantities go, and its row sums (NULL: none). */
@@ -359,7 +361,7 @@ typedef struct {
 /* The SSIM algebra of one vector j of a map row from its vertical sums (moments of x - Sx,
  * y - Sy), the row sums, and in mode 1 beta2 = 2 beta, gamma, the alpha(s) and Sx, Sy into the
  * row's aring slot (pad lanes 0). */
-static inline __attribute__((always_inline)) void row_epilogue(rowout_t *o, int j, vr mx, vr my, vr ess, vr exy,
+static inline __attribute__((always_inline)) void row_epilogue(rowout_t *o, int j, vr mx, vr my, vr ess, vr exy2,
                                                                vr Sx, vr Sy, const ws_t *w, size_t qs, vr c1,
                                                                vr c2, vr vgs, vr vgc, int mode, int need_x,
                                                                int need_y, int olo, int ohi) {
@@ -369,7 +371,7 @@ static inline __attribute__((always_inline)) void row_epilogue(rowout_t *o, int 
     vr ux = Sx + mx, uy = Sy + my;  /* true means */
     vr du = (Sx - Sy) + (mx - my);
     vr iB1, iB2, lum, cs;
-    ssim_terms_du(mx, my, ess, exy, ux, uy, du, c1, c2, 1, &iB1, &iB2, &lum, &cs);
+    ssim_terms_du(mx, my, ess, exy2, ux, uy, du, c1, c2, 1, &iB1, &iB2, &lum, &cs);
     vr ssim = lum * cs;
     vmask vm = (lane + j) < w->d.Wp;   /* all-ones bits in the map's lanes, 0 in the pad */
     if (o->sums) {  /* the map columns this tile owns */
@@ -1079,7 +1081,8 @@ static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
         vr dm = (fx - fy) * iW;
         vr du = (Sx - Sy) + dm;
         vr iB1, iB2, lum, cs;
-        ssim_terms_dd(mx, my, exy, ux, uy, du, dm, (fss - two * fxy) * iW, c1, c2, 1, &iB1, &iB2, &lum, &cs);
+        ssim_terms_dd(two * (exy - mx * my) + c2, ux, uy, du, dm, (fss - two * fxy) * iW, c1, 1, &iB1, &iB2, &lum,
+                      &cs);
         vr ssim = lum * cs;
         vr c = ld(cw + j);
         vmask vm = (lane + j) < d.Wp;
