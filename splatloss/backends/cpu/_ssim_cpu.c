@@ -500,16 +500,15 @@ static inline __attribute__((always_inline)) void vtap(const REAL *a, size_t qs,
 }
 
 /* v[q][j] = sum_t gw[t] * (the vtap terms of map row ap[t]) for gradient row shifts s (sx; sy Lv
- * on), into rows of Lv in vb: beta2, gamma, then alpha_x and / or alpha_y. The ring rows hold
- * quantity q of column j at q qs + js j: js = NQ for the unmasked kernel's rings (quantities
- * interleaved by vector), 1 for the masked kernel's (one row per quantity). */
+ * on), into rows of Lv in vb: beta2, gamma, then alpha_x and / or alpha_y. The ring rows (of the
+ * unmasked and the masked kernel alike) hold their NQ quantities interleaved by vector. */
 static inline __attribute__((always_inline)) void vadjoint(const REAL *const *ap, const REAL *gw, int n,
-                                                           int need_x, int need_y, size_t qs, size_t js, int Wpp,
-                                                           int Lv, const REAL *s, REAL *vb) {
+                                                           int need_x, int need_y, size_t qs, int Wpp, int Lv,
+                                                           const REAL *s, REAL *vb) {
     for (int j = 0; j < Wpp; j += V) {
         const vr sx = ld(s + j), sy = ld(s + Lv + j);
         vr b = {0}, gm = {0}, ax = {0}, ay = {0};
-        for (int t = 0; t < n; t++) vtap(ap[t] + js * j, qs, tap(gw + t), sx, sy, need_x, need_y, &b, &gm, &ax, &ay);
+        for (int t = 0; t < n; t++) vtap(ap[t] + NQ * j, qs, tap(gw + t), sx, sy, need_x, need_y, &b, &gm, &ax, &ay);
         st(vb + j, b);
         st(vb + Lv + j, gm);
         if (need_x) st(vb + 2 * Lv + j, ax);
@@ -670,11 +669,11 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
             gw[n] = g[q - m];
         }
         if (n == K) {  /* interior rows: a compile-time trip count when K is fixed */
-            if (need_x && need_y) vadjoint(ap, gw, K, 1, 1, qs, NQ, d.Wpp, d.Lv, sb, vb);
-            else if (need_x) vadjoint(ap, gw, K, 1, 0, qs, NQ, d.Wpp, d.Lv, sb, vb);
-            else vadjoint(ap, gw, K, 0, 1, qs, NQ, d.Wpp, d.Lv, sb, vb);
+            if (need_x && need_y) vadjoint(ap, gw, K, 1, 1, qs, d.Wpp, d.Lv, sb, vb);
+            else if (need_x) vadjoint(ap, gw, K, 1, 0, qs, d.Wpp, d.Lv, sb, vb);
+            else vadjoint(ap, gw, K, 0, 1, qs, d.Wpp, d.Lv, sb, vb);
         } else {
-            vadjoint(ap, gw, n, need_x, need_y, qs, NQ, d.Wpp, d.Lv, sb, vb);
+            vadjoint(ap, gw, n, need_x, need_y, qs, d.Wpp, d.Lv, sb, vb);
         }
         hadjoint_row(w, q, w->vrow, srow0, l1c, c_lo, c_hi, need_x, need_y, gx, gy);
         q++;
@@ -1155,11 +1154,11 @@ static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL 
             gw[n] = g[q - m];
         }
         if (n == K) {
-            if (need_x && need_y) vadjoint(ap, gw, K, 1, 1, qs, NQ, d.Wpp, d.Lv, sb, vb);
-            else if (need_x) vadjoint(ap, gw, K, 1, 0, qs, NQ, d.Wpp, d.Lv, sb, vb);
-            else vadjoint(ap, gw, K, 0, 1, qs, NQ, d.Wpp, d.Lv, sb, vb);
+            if (need_x && need_y) vadjoint(ap, gw, K, 1, 1, qs, d.Wpp, d.Lv, sb, vb);
+            else if (need_x) vadjoint(ap, gw, K, 1, 0, qs, d.Wpp, d.Lv, sb, vb);
+            else vadjoint(ap, gw, K, 0, 1, qs, d.Wpp, d.Lv, sb, vb);
         } else {
-            vadjoint(ap, gw, n, need_x, need_y, qs, NQ, d.Wpp, d.Lv, sb, vb);
+            vadjoint(ap, gw, n, need_x, need_y, qs, d.Wpp, d.Lv, sb, vb);
         }
         /* horizontal adjoint: gx(j) = M(j) sum_t g[K-1-t] (A_x + beta2 (x(j) - sx) + gamma (y(j) - sy))
          * at vrow column j + t */
