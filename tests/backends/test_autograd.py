@@ -12,6 +12,10 @@ from splatloss.config import SSIMConfig
 F64 = backend_params([n for n in ("torch", "cpu", "triton") if torch.float64 in DTYPES[n]])
 SECOND = backend_params(SECOND_ORDER)
 WITH_REF = backend_params(slow_triton=True) + ["reference"]
+# gradcheck's fast mode compares random projections of the Jacobians (seconds instead of minutes);
+# in float64 it holds far tighter bars than the default rtol 1e-3, which a 1 % error in the SSIM
+# term's gradient of the "valid" statistics passes in fast mode.
+FAST = dict(fast_mode=True, atol=1e-8, rtol=1e-6)
 
 
 @pytest.mark.parametrize("padding", ["valid", "same", "reflect"])
@@ -22,7 +26,7 @@ def test_gradcheck_float64_map(backend, padding):
     x, y = make_pair((1, 2, 7, 8), torch.float64, seed=3, requires_grad=True)
     b = splatloss.backends.get(backend)
     fn = lambda p, q: b.ssim_map(p, q, cfg, return_cs=True)  # noqa: E731
-    assert torch.autograd.gradcheck(fn, (x, y), check_forward_ad=backend in SECOND_ORDER)
+    assert torch.autograd.gradcheck(fn, (x, y), check_forward_ad=backend in SECOND_ORDER, **FAST)
 
 
 @pytest.mark.parametrize("padding", ["valid", "same", "reflect"])
@@ -33,9 +37,9 @@ def test_gradcheck_and_gradgradcheck_float64_stats(backend, padding):
     x, y = make_pair((2, 1, 7, 8), torch.float64, seed=3, requires_grad=True)
     b = splatloss.backends.get(backend)
     fn = lambda p, q: b.ssim_stats(p, q, cfg)  # noqa: E731
-    assert torch.autograd.gradcheck(fn, (x, y), check_forward_ad=True)
+    assert torch.autograd.gradcheck(fn, (x, y), check_forward_ad=True, **FAST)
     # the backward is built from differentiable torch ops: second order works too
-    assert torch.autograd.gradgradcheck(fn, (x, y))
+    assert torch.autograd.gradgradcheck(fn, (x, y), **FAST)
 
 
 @pytest.mark.parametrize("backend", SECOND)
@@ -43,7 +47,7 @@ def test_gradcheck_and_gradgradcheck_float64_stats(backend, padding):
 def test_gradcheck_and_gradgradcheck_of_the_public_losses(backend):
     x, y = make_pair((1, 1, 21, 19), torch.float64, seed=4, requires_grad=True)
     kw = dict(window_size=3, sigma=0.8, weights=(0.3, 0.4, 0.3), tau=0.01, backend=backend)
-    assert torch.autograd.gradcheck(lambda a, b: splatloss.ms_ssim(a, b, **kw), (x, y))
+    assert torch.autograd.gradcheck(lambda a, b: splatloss.ms_ssim(a, b, **kw), (x, y), **FAST)
     x1 = x[..., :14, :15].detach().clone().requires_grad_(True)
     y1 = y[..., :14, :15].detach()
     ms = dict(window_size=3, sigma=0.8, weights=(0.5, 0.5), tau=0.01, backend=backend)
@@ -52,7 +56,7 @@ def test_gradcheck_and_gradgradcheck_of_the_public_losses(backend):
         lambda a: splatloss.dssim_l1(a, y1, 0.2, padding="same", window_size=5, backend=backend),
         lambda a: splatloss.ssim(a, y1, padding="same", window_size=5, backend=backend),
     ):
-        assert torch.autograd.gradgradcheck(fn, (x1,))
+        assert torch.autograd.gradgradcheck(fn, (x1,), **FAST)
 
 
 @pytest.mark.parametrize("fn", ["ssim_map", "ssim_stats"])
