@@ -91,7 +91,10 @@ def test_photometric_every_term_masked(name, padding):
     tv, tgx, tgy = _both_grads(truth, x.cpu().double(), y.cpu().double())
     assert abs(v.item() - tv.item()) <= VALUE_TOL
     assert rel(gx, tgx) <= GRAD_TOL and rel(gy, tgy) <= GRAD_TOL
-    # msssim term separately (three scales: needs a bigger image than the other terms)
+    # msssim term separately (three scales: needs a bigger image than the other terms; it takes no
+    # padding, so once)
+    if padding != "same":
+        return
     xb, yb = photo_pair(45, 51, seed=3, dtype=x.dtype, device=dev)
     mb = soft_mask(45, 51, seed=6)
     ws = (0.3, 0.3, 0.4)
