@@ -138,11 +138,30 @@ def test_the_reference_computes_masked_statistics_in_float64(padding):
     assert rel(got[1], truth[1]) <= 1e-6 and rel(got[2], truth[2]) <= 1e-6
 
 
-# Masked: the backends whose masked statistics are formed around local shifts. Measured on these
-# cases against the float64 oracle: torch values <= 2.3e-7, gradients <= 2.1e-5; cpu values <=
-# 6.8e-8, gradients <= 1.3e-5 (one shift per plane: values up to 4.2e-6 / 8.3e-6, gradients 6e-4
-# to 9.7e-4 / 3.7e-4 to 8e-4).
-MASKED_BACKENDS = ("torch", "cpu")
+# Masked: every backend forms the masked statistics around local shifts. Measured on these cases
+# against the float64 oracle: torch values <= 2.3e-7, gradients <= 2.1e-5; cpu values <= 6.8e-8,
+# gradients <= 1.3e-5 (one shift per plane: values up to 4.2e-6 / 8.3e-6, gradients 6e-4 to 9.7e-4 /
+# 3.7e-4 to 8e-4); triton (interpreter) values <= 7.5e-8, gradients <= 1.9e-5 (one shift per program:
+# values up to 1.3e-5, gradients 3.4e-4 to 6e-4).
+
+
+def _masked_cases():
+    out = []
+    for p in backend_params(("torch", "cpu", "triton")):
+        name = p.values[0]
+        marks = list(p.marks)
+        factor_sets = ((0.98,), (0.99,))
+        if name == "triton" and not has_cuda():
+            marks.append(pytest.mark.slow)
+            factor_sets = ((0.98, 0.99),)  # one batch in the interpreter, as above
+        for padding in PADDINGS:
+            for factors in factor_sets:
+                # Triton's masked kernels take "reflect" up to 9 taps (wider: the shared composition)
+                k = 9 if name == "triton" and padding == "reflect" else 11
+                for kind in ("soft", "binary"):
+                    case_id = f"{name}-{padding}-{'-'.join(map(str, factors))}-{kind}-K{k}"
+                    out.append(pytest.param(name, padding, factors, kind, k, marks=marks, id=case_id))
+    return out
 
 
 def _masked_pair(factor: float, h: int, w: int):
@@ -164,37 +183,41 @@ def _mask(kind: str, h: int, w: int) -> torch.Tensor:
     return m
 
 
-def _masked_outputs(name: str, x, y, m, padding: str, dtype):
+def _masked_outputs(name: str, x, y, m, padding: str, dtype, window_size: int = 11):
     """Masked SSIM and cs means ``[B, C]`` and the gradients to (x, y) in float64; ``"truth"``: the
     float64 oracle of ``tests/_mask_truth.py``."""
-    x, y = x.to(dtype).requires_grad_(True), y.to(dtype).requires_grad_(True)
+    dev = device_for(name) if name != "truth" else torch.device("cpu")
+    x, y = x.to(dev, dtype).requires_grad_(True), y.to(dev, dtype).requires_grad_(True)
     if name == "truth":
-        s, c = truth_masked_ssim_stats(x, y, m.to(dtype), padding=padding)
+        s, c = truth_masked_ssim_stats(x, y, m.to(dtype), padding=padding, window_size=window_size)
     else:
-        s, c = backends.get(name).masked_ssim_stats(x, y, m.to(dtype), SSIMConfig(padding=padding))
+        cfg = SSIMConfig(padding=padding, window_size=window_size)
+        s, c = backends.get(name).masked_ssim_stats(x, y, m.to(dev, dtype), cfg)
     g = torch.Generator().manual_seed(7)
     u_s, u_c = torch.rand(s.shape, generator=g, dtype=torch.float64) + 0.5, torch.rand(c.shape, generator=g) - 0.5
-    total = (s * u_s.to(s.dtype)).sum() + (c * u_c.to(c.dtype)).sum()
+    total = (s * u_s.to(dev, s.dtype)).sum() + (c * u_c.to(dev, c.dtype)).sum()
     gx, gy = torch.autograd.grad(total, (x, y))
-    return tuple(t.detach().double() for t in (s, c, gx, gy))
+    return tuple(t.detach().double().cpu() for t in (s, c, gx, gy))
 
 
 _MASKED_TRUTH: dict = {}
 
 
-@pytest.mark.parametrize("kind", ("soft", "binary"))
-@pytest.mark.parametrize("factor", (0.98, 0.99))
-@pytest.mark.parametrize("padding", PADDINGS)
-@pytest.mark.parametrize("backend", MASKED_BACKENDS)
-def test_flat_two_level_images_under_a_mask_match_float64(backend, padding, factor, kind):
+@pytest.mark.parametrize("backend, padding, factors, kind, window_size", _masked_cases())
+def test_flat_two_level_images_under_a_mask_match_float64(backend, padding, factors, kind, window_size):
     h, w = 40, 48
-    x, y = _masked_pair(factor, h, w)
-    m = _mask(kind, h, w)
-    key = (factor, kind, padding)
+    x, y = (torch.cat(t) for t in zip(*(_masked_pair(f, h, w) for f in factors)))
+    m = torch.cat([_mask(kind, h, w)] * len(factors))
+    key = (factors, kind, padding, window_size)
     if key not in _MASKED_TRUTH:
-        _MASKED_TRUTH[key] = _masked_outputs("truth", x, y, m, padding, torch.float64)
-    got = _masked_outputs(backend, x, y, m, padding, torch.float32)
-    errors = {what: rel(a, b) for what, a, b in zip(("ssim", "cs", "grad_x", "grad_y"), got, _MASKED_TRUTH[key])}
-    bars = {"ssim": VALUE_TOL, "cs": VALUE_TOL, "grad_x": GRAD_TOL, "grad_y": GRAD_TOL}
-    over = {what: f"{err:.3g} > {bars[what]:.1g}" for what, err in errors.items() if err > bars[what]}
-    assert not over, f"{backend}, {padding}, {factor}x, {kind} mask: normwise errors against float64: {over}"
+        _MASKED_TRUTH[key] = _masked_outputs("truth", x, y, m, padding, torch.float64, window_size)
+    got = _masked_outputs(backend, x, y, m, padding, torch.float32, window_size)
+    n = len(SEEDS)
+    for i, factor in enumerate(factors):  # each factor's images on their own
+        part = slice(i * n, (i + 1) * n)
+        parts = zip(("ssim", "cs", "grad_x", "grad_y"), got, _MASKED_TRUTH[key])
+        errors = {what: rel(a[part], b[part]) for what, a, b in parts}
+        bars = {"ssim": VALUE_TOL, "cs": VALUE_TOL, "grad_x": GRAD_TOL, "grad_y": GRAD_TOL}
+        over = {what: f"{err:.3g} > {bars[what]:.1g}" for what, err in errors.items() if err > bars[what]}
+        what = f"{backend}, {padding}, {factor}x, {kind} mask, {window_size} taps"
+        assert not over, f"{what}: normwise errors against float64: {over}"

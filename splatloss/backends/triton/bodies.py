@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["interior", "l1_sign_term", "lanes", "stage_partials", "store_grad", "store_sums"]
+__all__ = ["interior", "l1_sign_term", "lanes", "store_grad", "store_sums"]
 
 
 @triton.jit
@@ -40,20 +40,6 @@ def interior(c_first, W, K: tl.constexpr, F: tl.constexpr, BW: tl.constexpr):
 
 
 #: Size arguments compiled as plain integers: Triton would otherwise specialise each that equals 1 or
-
-
-@triton.jit
-def stage_partials(buf, ar, valid, dsq, dxy, d1, d2, NEED1: tl.constexpr, NEED2: tl.constexpr, BW: tl.constexpr):
-    """Write one map row's partial derivatives (zero off the map) to the scratch row ``buf``
-    (``dsq``, ``dxy``, then ``d1`` / ``d2`` where needed, ``BW`` apart) and wait for the whole
-    program: the horizontal adjoint reads the neighbouring lanes' values."""
-    tl.store(buf + ar, tl.where(valid, dsq, 0.0))
-    tl.store(buf + BW + ar, tl.where(valid, dxy, 0.0))
-    if NEED1:
-        tl.store(buf + 2 * BW + ar, tl.where(valid, d1, 0.0))
-    if NEED2:
-        tl.store(buf + 3 * BW + ar, tl.where(valid, d2, 0.0))
-    tl.debug_barrier()
 
 
 @triton.jit

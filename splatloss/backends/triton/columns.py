@@ -2,9 +2,9 @@
 
 Per input row each thread sums its own K taps in registers (the loads of neighbouring threads
 overlap: L1 hits), around the row's own pixel at the lane's centre tap, and the vertical pass
-moves the row into the open windows, each around its centre row's shift (:func:`vmoments`; the
-masked kernels keep one shift per program and :func:`push`): no cross-thread reduction, no
-barrier in the forward. The
+moves the row into the open windows, each around its centre row's shift (:func:`vmoments`;
+under a mask :func:`vmoments_masked`, which moves each row with its filtered mask): no
+cross-thread reduction, no barrier in the forward. The
 backward's horizontal adjoint needs the partial derivatives of the neighbouring columns: they go
 through a scratch row in global memory (written and read back by the same CTA around one barrier,
 so it stays in L1), as Triton has no shared-memory API. Windows up to ``launch.COLUMN_TAPS`` taps.
@@ -12,9 +12,9 @@ so it stays in L1), as Triton has no shared-memory API. Windows up to ``launch.C
 The adjoint: the gradient at input pixel ``q`` gathers, through the window, the partial
 derivatives of every map value that used ``q`` (DESIGN.md): ``g[q] = sum_p P[p] w[q - p + pad]``
 over map positions ``p`` (``P`` is zero off the map), i.e. the partials convolved with the window:
-the unmasked column kernels vertically (pending sums, :func:`push_moved`) then horizontally
-(through the scratch row, :func:`hadjoint_moved`), the masked ones horizontally then vertically
-(:func:`hadjoint_cols`, :func:`push`; a ring in :mod:`.ring`). With "reflect" padding a padded
+the column kernels, masked or not, vertically (pending sums, :func:`push_moved`) then
+horizontally (through the scratch row, :func:`hadjoint_moved`); the ring kernels through a ring
+(:mod:`.ring`). With "reflect" padding a padded
 sample is a copy of an input pixel, so ``q`` also gathers through its mirror images ``-q`` and
 ``2 (n - 1) - q`` (extra taps at the borders only).
 """
@@ -30,8 +30,8 @@ __all__ = [
     "hmoments",
     "add_masked_tap",
     "hmoments_masked",
+    "vmoments_masked",
     "push",
-    "hadjoint_cols",
     "hadjoint_moved",
     "push_moved",
     "vadjoint_taps",
@@ -285,12 +285,14 @@ def add_masked_tap(h0, h1, h2, h11, h12, mv, xv, yv, w):
 @triton.jit
 def hmoments_masked(
     x_ptr, y_ptr, m_ptr, x_lane, y_lane, m_lane, r, c0, H, W, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w,
-    lane_ok, shift, wt, K: tl.constexpr, REFLECT: tl.constexpr, EDGE: tl.constexpr,
+    lane_ok, wt, K: tl.constexpr, REFLECT: tl.constexpr, EDGE: tl.constexpr,
 ):  # fmt: skip
     """:func:`hmoments` under a mask (``m_lane``: offsets of column ``c0`` of the mask in row 0):
-    window sums of ``m``, ``m x'``, ``m y'``, ``m (x'^2 + y'^2)``, ``m x'y'``. The mask is padded
-    with ones where the images are zero-padded ("same": a padded sample is ``x' = -shift`` with
-    weight 1) and mirrored with them ("reflect"), as docs/conventions.md states."""
+    window sums of ``m``, ``m x'``, ``m y'``, ``m (x'^2 + y'^2)``, ``m x'y'`` around the row's own
+    shift ``s`` (the images' mean at the lane's centre tap, as :func:`hmoments`; it does not look
+    at the mask), and ``s``. The mask is padded with ones where the images are zero-padded
+    ("same": a padded sample is ``x' = -s`` with weight 1; a padded row has ``s = 0``) and
+    mirrored with them ("reflect"), as docs/conventions.md states."""
     rr = r
     if REFLECT:  # padded position i holds input -i, or 2 (n - 1) - i past the end (no edge repeat)
         rr = tl.where(rr < 0, -rr, rr)
@@ -303,6 +305,21 @@ def hmoments_masked(
     xrow = x_ptr + x_lane + rr.to(tl.int64) * sx_h  # column c0 of row rr
     yrow = y_ptr + y_lane + rr.to(tl.int64) * sy_h
     mrow = m_ptr + m_lane + rr.to(tl.int64) * sm_h
+    CT: tl.constexpr = K // 2
+    if EDGE:
+        cc = c0 + CT
+        if REFLECT:
+            cc = tl.where(cc < 0, -cc, cc)
+            cc = tl.where(cc >= W, 2 * (W - 1) - cc, cc)
+        ok_c = lane_ok & (cc >= 0) & (cc < W)
+        dc = (cc - c0).to(tl.int64)
+        xc = tl.load(xrow + dc * sx_w, mask=ok_c, other=0.0).to(tl.float32)
+        yc = tl.load(yrow + dc * sy_w, mask=ok_c, other=0.0).to(tl.float32)
+    else:
+        xc = tl.load(xrow + CT * sx_w).to(tl.float32)
+        yc = tl.load(yrow + CT * sy_w).to(tl.float32)
+    s = 0.5 * xc + 0.5 * yc
+    s = tl.where(s - s == 0.0, s, 0.0) * rowf  # a NaN / Inf centre or a zero-padded row: shift 0
     h0 = tl.zeros(c0.shape, dtype=tl.float32)
     h1 = tl.zeros(c0.shape, dtype=tl.float32)
     h2 = tl.zeros(c0.shape, dtype=tl.float32)
@@ -316,17 +333,112 @@ def hmoments_masked(
                 c = tl.where(c >= W, 2 * (W - 1) - c, c)
             ok = lane_ok & (c >= 0) & (c < W)
             d = (c - c0).to(tl.int64)
-            xv = tl.load(xrow + d * sx_w, mask=ok, other=0.0).to(tl.float32) * rowf - shift
-            yv = tl.load(yrow + d * sy_w, mask=ok, other=0.0).to(tl.float32) * rowf - shift
+            if a == CT:
+                xv = xc * rowf - s
+                yv = yc * rowf - s
+            else:
+                xv = tl.load(xrow + d * sx_w, mask=ok, other=0.0).to(tl.float32) * rowf - s
+                yv = tl.load(yrow + d * sy_w, mask=ok, other=0.0).to(tl.float32) * rowf - s
             mv = tl.load(mrow + d * sm_w, mask=ok, other=1.0) * rowf + mpad  # zero padding: mask 1
             h0, h1, h2, h11, h12 = add_masked_tap(h0, h1, h2, h11, h12, mv, xv, yv, wt[a])
     else:
         for a in tl.static_range(K):
-            xv = tl.load(xrow + a * sx_w).to(tl.float32) * rowf - shift
-            yv = tl.load(yrow + a * sy_w).to(tl.float32) * rowf - shift
+            if a == CT:
+                xv = xc * rowf - s
+                yv = yc * rowf - s
+            else:
+                xv = tl.load(xrow + a * sx_w).to(tl.float32) * rowf - s
+                yv = tl.load(yrow + a * sy_w).to(tl.float32) * rowf - s
             mv = tl.load(mrow + a * sm_w) * rowf + mpad
             h0, h1, h2, h11, h12 = add_masked_tap(h0, h1, h2, h11, h12, mv, xv, yv, wt[a])
-    return h0, h1, h2, h11, h12
+    return h0, h1, h2, h11, h12, s
+
+
+@triton.jit
+def _rebased_masked(m0, m1, m2, e11, e12, h0, h1, h2, h11, h12, t, w):
+    """:func:`_rebased` under a mask: the row's masked sums (``h0 = F_h(M)`` where the unmasked
+    sums have the taps' sum, 1) moved to the shift ``S = s_r - t``: ``h1 + t h0``, ``h11 + 2 t (h1
+    + h2) + 2 t^2 h0``, ``h12 + t (h1 + h2) + t^2 h0``. Exact where ``t`` is 0."""
+    u = h1 + t * h0
+    v = h2 + t * h0
+    z = t * (u + h2)
+    return m0 + w * h0, m1 + w * u, m2 + w * v, e11 + w * (h11 + 2.0 * z), e12 + w * (h12 + z)
+
+
+@triton.jit
+def vmoments_masked(state, h0, h1, h2, h11, h12, s, wt, K: tl.constexpr):
+    """:func:`vmoments` under a mask: the same state with a fifth sum, the filtered mask (``state``:
+    ``ring0, ring1, ring2, ring11, ring12, hist, p0, p1, p2, p11, p12``; zeros before the first row),
+    each row moved to its window's centre-row shift with its filtered mask
+    (:func:`_rebased_masked`). Returns the completed window's ``F(M)``, its four weighted moment
+    sums and its shift, and the state one row on."""
+    C: tl.constexpr = K // 2
+    ring0 = state[0]
+    ring1 = state[1]
+    ring2 = state[2]
+    ring11 = state[3]
+    ring12 = state[4]
+    hist = state[5]
+    p0 = state[6]
+    p1 = state[7]
+    p2 = state[8]
+    p11 = state[9]
+    p12 = state[10]
+    q0 = ()
+    q1 = ()
+    q2 = ()
+    q11 = ()
+    q12 = ()
+    ts = ()  # the new row's shift minus that of the row j back, j = 1..C
+    for j in tl.static_range(1, C + 1):
+        ts = ts + (s - hist[K - 1 - j],)
+    for j in tl.static_range(1, C + 1):  # pending window centred j rows back: the row is its tap C + j
+        a0, a1, a2, a11, a12 = _rebased_masked(
+            p0[j - 1], p1[j - 1], p2[j - 1], p11[j - 1], p12[j - 1], h0, h1, h2, h11, h12, ts[j - 1], wt[C + j]
+        )
+        q0 = q0 + (a0,)
+        q1 = q1 + (a1,)
+        q2 = q2 + (a2,)
+        q11 = q11 + (a11,)
+        q12 = q12 + (a12,)
+    done_s = hist[C]  # the completed window's centre row: C rows back
+    # the window centred on the new row: the row itself (tap C, no move), then the ring's rows
+    n0 = wt[C] * h0
+    n1 = wt[C] * h1
+    n2 = wt[C] * h2
+    n11 = wt[C] * h11
+    n12 = wt[C] * h12
+    for k in tl.static_range(C):  # ring row k is C - k rows back: tap k, moved by its shift - s
+        n0, n1, n2, n11, n12 = _rebased_masked(
+            n0, n1, n2, n11, n12, ring0[k], ring1[k], ring2[k], ring11[k], ring12[k], -ts[C - 1 - k], wt[k]
+        )
+    o0 = (n0,)
+    o1 = (n1,)
+    o2 = (n2,)
+    o11 = (n11,)
+    o12 = (n12,)
+    r0 = ()
+    r1 = ()
+    r2 = ()
+    r11 = ()
+    r12 = ()
+    for j in tl.static_range(C - 1):
+        o0 = o0 + (q0[j],)
+        o1 = o1 + (q1[j],)
+        o2 = o2 + (q2[j],)
+        o11 = o11 + (q11[j],)
+        o12 = o12 + (q12[j],)
+        r0 = r0 + (ring0[j + 1],)
+        r1 = r1 + (ring1[j + 1],)
+        r2 = r2 + (ring2[j + 1],)
+        r11 = r11 + (ring11[j + 1],)
+        r12 = r12 + (ring12[j + 1],)
+    nh = ()
+    for j in tl.static_range(1, K - 1):
+        nh = nh + (hist[j],)
+    done = (q0[C - 1], q1[C - 1], q2[C - 1], q11[C - 1], q12[C - 1], done_s)
+    state = (r0 + (h0,), r1 + (h1,), r2 + (h2,), r11 + (h11,), r12 + (h12,), nh + (s,), o0, o1, o2, o11, o12)
+    return done, state
 
 
 @triton.jit
@@ -347,43 +459,6 @@ def push(pending, h, wt, K: tl.constexpr, REVERSED: tl.constexpr):
         for j in tl.static_range(1, K - 1):
             out = out + (pending[j] + wt[j] * h,)
         return done, out + (wt[K - 1] * h,)
-
-
-@triton.jit
-def hadjoint_cols(
-    buf,
-    w_ptr,
-    wt,
-    q_c0,
-    W,
-    f,
-    F: tl.constexpr,
-    BW: tl.constexpr,
-    K: tl.constexpr,
-    PAD: tl.constexpr,
-    REFLECT: tl.constexpr,
-):
-    """Horizontal adjoint of one scratch row ``buf`` [BW] of partials, one gradient column per
-    lane. Lane ``l`` is frame column ``f = l % F`` holding map column ``q_c0 - (K - 1) + PAD + f``;
-    gradient column ``q = q_c0 + f`` (lanes ``f < F - (K - 1)``) gathers ``w[a] * frame[f + K - 1 -
-    a]``, plus, under "reflect", the same taps through its mirror images (padded columns ``-q``
-    and ``2 (W - 1) - q``). The direct taps need no mask: for the lanes whose result is kept they
-    stay inside the frame (the other lanes may read the next frame; their results are dropped)."""
-    ar = tl.arange(0, BW)
-    acc = tl.zeros([BW], dtype=tl.float32)
-    for a in tl.static_range(K):
-        v = tl.load(buf + ar + (K - 1 - a))
-        if REFLECT:
-            frame = buf + ar - f
-            q = q_c0 + f
-            idx_l = (K - 1 - a) - 2 * q_c0 - f
-            ok_l = (q >= 1) & (q <= PAD) & (idx_l >= 0) & (idx_l < F)
-            v += tl.load(frame + idx_l, mask=ok_l, other=0.0)
-            idx_r = (K - 1 - a) + 2 * (W - 1) - 2 * q_c0 - f
-            ok_r = (q >= W - 1 - PAD) & (q <= W - 2) & (idx_r >= 0) & (idx_r < F)
-            v += tl.load(frame + idx_r, mask=ok_r, other=0.0)
-        acc += wt[a] * v
-    return acc
 
 
 @triton.jit
@@ -430,7 +505,8 @@ def hadjoint_moved(
     EDGE: tl.constexpr,
 ):
     """Horizontal adjoint of one gradient row around the map columns' own shifts: the scratch row
-    ``buf`` holds, per frame column (map column, as in :func:`hadjoint_cols`), the vertically
+    ``buf`` holds, per frame column (lane ``l`` is frame column ``f = l % F``, map column ``q_c0 -
+    (K - 1) + PAD + f``; the taps of the kept lanes stay inside the frame), the vertically
     adjoined ``2 d/dE[x'^2]``, ``d/dE[x'y']``, the means' partials of x and y (with the rows' shift
     corrections, :func:`push_moved`) and the row's shift there, ``BW`` apart. Gradient column
     ``q = q_c0 + f`` (pixel ``xq``, ``yq``) gathers, per tap, its source column's terms

@@ -137,13 +137,16 @@ def geometry(
     device: torch.device,
     halo: bool = False,
     maxnreg: int = 128,
+    wide_halo: bool = True,
 ) -> Geometry:
     """Geometry for rows of ``frame`` lanes of work (map width, or image width + K - 1 halo).
 
     On CUDA: 128 lanes (64 for windows of 17..31 taps), 128 rows per program; rows of at most
     half the lanes are packed several channels per program (MS-SSIM's coarse scales). ``halo``
     (the backward, whose programs recompute ``K - 1`` columns of their neighbours): the column
-    kernels take 256 lanes and 8 warps, so that the recomputed halo is 4 %, not 8 %, of the work. In the
+    kernels take 256 lanes and 8 warps, so that the recomputed halo is 4 %, not 8 %, of the work
+    (``wide_halo`` False: 128 lanes and 4 warps, for kernels whose registers would leave an SM one
+    8-warp program). In the
     interpreter programs run one after the other at a cost per operation, not per element: one
     program takes every row and column (up to 2048 lanes) of as many channels as fit.
 
@@ -156,7 +159,7 @@ def geometry(
     if device.type == "cuda" or FORCE_CUDA_GEOMETRY:
         lanes = cuda_lanes(window_size)
         warps = cuda_warps(window_size)
-        if halo and window_size <= COLUMN_TAPS.value:
+        if halo and wide_halo and window_size <= COLUMN_TAPS.value:
             lanes, warps = 2 * lanes, 2 * warps
         f = min(lanes, need)
         # programs per row chunk: lane groups x column strips (a backward strip yields f - (K - 1)

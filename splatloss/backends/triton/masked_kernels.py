@@ -4,15 +4,20 @@ Kernels (column bodies, windows up to ``COLUMN_TAPS``; wider windows take the sh
 
 * ``masked_fwd_kernel``: the forward kernel's stream (:mod:`.forward`) with a fifth horizontal and
   vertical sum, ``F(M)``, the four moment sums weighted by the mask per tap
-  (:func:`.columns.hmoments_masked`), the moments divided by ``F(M)``, and the SSIM / cs
+  (:func:`.columns.hmoments_masked`), around each input row's own shift per lane and moved to
+  each window's centre-row shift with the row's filtered mask (:func:`.columns.vmoments_masked`:
+  exact zeros in flat windows, as unmasked), the moments divided by ``F(M)``, and the SSIM / cs
   deficits ``1 - value`` summed with the centre mask as weight.
 * ``masked_bwd_kernel``: the backward kernel's stream (:mod:`.backward`). With ``N_P = F(M P)``
   and ``mu_P = N_P / F(M)``, the partial derivative of the value with respect to ``N_P`` is the
   unmasked one with respect to ``mu_P`` divided by ``F(M)`` (the mask gets no gradient, so
   ``F(M)``'s own derivative is not needed), and ``N_P``'s derivative with respect to the pixel
   ``q`` carries the factor ``M(q)``: the gradient is the unmasked adjoint of the partials over
-  ``F(M)``, times ``M(q)``. The upstream at map position ``p`` is the channel's scalar times the
-  centre mask at ``p`` (already divided by the channel's weight sum on the host).
+  ``F(M)``, times ``M(q)``: the unmasked kernel's vertical adjoint with the means' partials moved
+  to each gradient row's shift, then its horizontal adjoint against each map column's shift
+  (:func:`.columns.push_moved`, :func:`.columns.hadjoint_moved`). The upstream at map position
+  ``p`` is the channel's scalar times the centre mask at ``p`` (already divided by the channel's
+  weight sum on the host).
 
 Costs per pixel-channel beyond the unmasked kernels: one more read (the mask, 4 B, or none where
 it broadcasts over channels and stays in cache), a fifth filtered sum and a multiply per tap.
@@ -26,22 +31,29 @@ import torch
 import triton
 import triton.language as tl
 
-from .bodies import interior, l1_sign_term, lanes, stage_partials, store_sums
-from .columns import hadjoint_cols, hmoments_masked, load_taps, push, vadjoint_taps
+from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
+from .columns import hadjoint_moved, hmoments_masked, load_taps, push, push_moved, vadjoint_taps, vmoments_masked
 from .launch import (
+    MAXNREG,
     SIZES,
-    bwd_maxnreg,
     device_guard,
     fwd_maxnreg,
     geometry,
     launch_options,
     problem,
 )
-from .moments import local_shift, partials, ssim_cs
+from .moments import partials, ssim_cs
 
 __all__ = ["launch_masked_bwd", "launch_masked_fwd", "masked_bwd_kernel", "masked_fwd_kernel"]
 
 Tensor = torch.Tensor
+
+#: The masked backward's launch, by whether it computes both gradients: (256 lanes and 8 warps per
+#: program, else 128 and 4; the register ceiling). The fifth sum's ring and pending windows beside
+#: the rows' shifts need more than 128 registers (one gradient at 128: 96 B of spills, sm_80 and
+#: sm_90, tools/check_kernels.py); at 168 an SM holds three 4-warp programs (12 warps), at 255 one
+#: 8-warp program.
+BWD_LAUNCH = {False: (False, 168), True: (True, MAXNREG)}
 
 
 @triton.jit
@@ -65,27 +77,22 @@ def _masked_fwd_columns(
     col_ok = lane_ok & (p_c < Wo)
     p_r0 = chunk * ROWS  # first map row of this chunk
     n_rows = tl.minimum(ROWS, Ho - p_r0)
-    shift = local_shift(x_ptr, y_ptr, x_base, y_base, p_r0, n_rows, p_c, col_ok, sx_h, sx_w, sy_h, sy_w, F, BW)
     wt = load_taps(w_ptr, K)
     zero = tl.zeros([BW], dtype=tl.float32)
-    v0 = (zero,) * (K - 1)
-    v1 = (zero,) * (K - 1)
-    v2 = (zero,) * (K - 1)
-    v11 = (zero,) * (K - 1)
-    v12 = (zero,) * (K - 1)
+    # the vertical pass's state (:func:`.columns.vmoments_masked`): the last rows' shifts and sums,
+    # the windows whose centre row has arrived
+    ring = (zero,) * (K // 2)
+    state = (ring, ring, ring, ring, ring, (zero,) * (K - 1), ring, ring, ring, ring, ring)
     acc_s = zero
     acc_c = zero
     for i in tl.range(0, n_rows + K - 1, num_stages=1):
         r_in = p_r0 - PAD + i
-        h0, h1, h2, h11, h12 = hmoments_masked(
+        h0, h1, h2, h11, h12, s = hmoments_masked(
             x_ptr, y_ptr, m_ptr, x_lane, y_lane, m_lane, r_in, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w,
-            lane_ok, shift, wt, K, REFLECT, EDGE,
+            lane_ok, wt, K, REFLECT, EDGE,
         )  # fmt: skip
-        fm, v0 = push(v0, h0, wt, K, True)
-        f1, v1 = push(v1, h1, wt, K, True)
-        f2, v2 = push(v2, h2, wt, K, True)
-        f11, v11 = push(v11, h11, wt, K, True)
-        f12, v12 = push(v12, h12, wt, K, True)
+        done, state = vmoments_masked(state, h0, h1, h2, h11, h12, s, wt, K)
+        fm, f1, f2, f11, f12, shift = done  # F(M) and the weighted sums around the window's shift
         inv = 1.0 / tl.where(fm > 0, fm, 1.0)
         # the differences from the sums: exactly 0 where both images agree (see moments.ratios)
         dmu = (f1 - f2) * inv
@@ -152,10 +159,10 @@ def _masked_bwd_columns(
     mc_lane = m_base + (p_c + CEN).to(tl.int64) * sm_w
     q_r0 = chunk * ROWS
     n_rows = tl.minimum(ROWS, H - q_r0)
-    shift = local_shift(x_ptr, y_ptr, x_base, y_base, q_r0, n_rows, q_c, qcol_ok, sx_h, sx_w, sy_h, sy_w, F, BW)
     wt = load_taps(w_ptr, K)
     zero = tl.zeros([BW], dtype=tl.float32)
-    scr = scr_ptr + pid.to(tl.int64) * (8 * BW + 32)  # two rows of 4 partials, as in the backward kernel
+    # scratch (stays in L1/L2): two rows of 5 values per lane, as in the backward kernel
+    scr = scr_ptr + pid.to(tl.int64) * (10 * BW + 32)
 
     # per-channel upstream scalars (already divided by the channel's centre-weight sum)
     sel = group if F == BW else bc
@@ -171,31 +178,29 @@ def _masked_bwd_columns(
         l1 = 0.0
     acc_s = zero
     acc_l = zero
-    v0 = (zero,) * (K - 1)
-    v1 = (zero,) * (K - 1)
-    v2 = (zero,) * (K - 1)
-    v11 = (zero,) * (K - 1)
-    v12 = (zero,) * (K - 1)
+    # the moments' vertical state (:func:`.columns.vmoments_masked`), and the pending vertical
+    # adjoint sums of the partials (slot j: gradient row j + 1 steps ahead), per map column
+    ring = (zero,) * (K // 2)
+    state = (ring, ring, ring, ring, ring, (zero,) * (K - 1), ring, ring, ring, ring, ring)
     a_sq = (zero,) * (K - 1)
     a_xy = (zero,) * (K - 1)
     a_1 = (zero,) * (K - 1)
     a_2 = (zero,) * (K - 1)
     for i in tl.range(0, n_rows + 2 * (K - 1), num_stages=1):
-        # 1. padded input row r enters; the masked moments of map row p = r - (K - 1) + PAD complete
+        # 1. padded input row r enters; the masked moments of map row p = r - (K - 1) + PAD
+        #    complete, around the shift of their centre row
         r = q_r0 - (K - 1) + i
-        h0, h1, h2, h11, h12 = hmoments_masked(
+        h0, h1, h2, h11, h12, s = hmoments_masked(
             x_ptr, y_ptr, m_ptr, x_lane, y_lane, m_lane, r, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w,
-            lane_ok, shift, wt, K, REFLECT, EDGE,
+            lane_ok, wt, K, REFLECT, EDGE,
         )  # fmt: skip
-        fm, v0 = push(v0, h0, wt, K, True)
-        f1, v1 = push(v1, h1, wt, K, True)
-        f2, v2 = push(v2, h2, wt, K, True)
-        f11, v11 = push(v11, h11, wt, K, True)
-        f12, v12 = push(v12, h12, wt, K, True)
+        hist = state[5]  # shifts of rows r - (K - 1) .. r - 1
+        done, state = vmoments_masked(state, h0, h1, h2, h11, h12, s, wt, K)
+        fm, f1, f2, f11, f12, shift = done
         inv = 1.0 / tl.where(fm > 0, fm, 1.0)
 
         # 2. partial derivatives on map row p (upstream: the channel's scalar times the centre
-        #    mask), with respect to the sums N_P = F(M P): those w.r.t. mu_P over F(M)
+        #    mask) with respect to the sums N_P = F(M P): those w.r.t. mu_P over F(M); zero off the map
         p = r - (K - 1) + PAD
         valid = pcol_ok & (i >= K - 1) & (p >= 0) & (p < Ho)
         mc = tl.load(m_ptr + mc_lane + (p + CEN).to(tl.int64) * sm_h, mask=valid, other=0.0)
@@ -207,38 +212,44 @@ def _masked_bwd_columns(
         if WRITE_SUMS:
             own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
             acc_s += tl.where(own, mc * (1.0 - ssim), 0.0)
+        dsq = tl.where(valid, dsq * inv, 0.0)
+        dxy = tl.where(valid, dxy * inv, 0.0)
+        e = 2.0 * dsq + dxy
 
-        # 3. horizontal adjoint through the scratch row
-        buf = scr + (i % 2) * (4 * BW)
-        stage_partials(buf, ar, valid, dsq * inv, dxy * inv, d1 * inv, d2 * inv, NEED1, NEED2, BW)
-        h_sq = hadjoint_cols(buf, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT)
-        h_xy = hadjoint_cols(buf + BW, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT)
-
-        # 4. vertical adjoint, then the gradient row q = p - PAD, times the mask at q
+        # 3. vertical adjoint (as the backward kernel's): map row p enters gradient rows
+        #    q = p - PAD + j with tap j, the means' partials moved to each row's shift
         wa = vadjoint_taps(w_ptr, wt, p, H, K, PAD, REFLECT)
-        g_sq, a_sq = push(a_sq, h_sq, wa, K, False)
-        g_xy, a_xy = push(a_xy, h_xy, wa, K, False)
+        g_sq, a_sq = push(a_sq, dsq, wa, K, False)
+        g_xy, a_xy = push(a_xy, dxy, wa, K, False)
+        buf = scr + (i % 2) * (5 * BW)
+        tl.store(buf + ar, 2.0 * g_sq)
+        tl.store(buf + BW + ar, g_xy)
+        if NEED1:
+            g1, a_1 = push_moved(a_1, tl.where(valid, d1 * inv, 0.0), e, hist, s, shift, wa, K)
+            tl.store(buf + 2 * BW + ar, g1)
+        if NEED2:
+            g2, a_2 = push_moved(a_2, tl.where(valid, d2 * inv, 0.0), e, hist, s, shift, wa, K)
+            tl.store(buf + 3 * BW + ar, g2)
+        tl.store(buf + 4 * BW + ar, tl.where(pcol_ok, hist[0], 0.0))
+        tl.debug_barrier()
+
+        # 4. horizontal adjoint of gradient row q = p - PAD through the scratch row, times the
+        #    mask at q
         q = p - PAD
         out = qcol_ok & (i >= 2 * (K - 1)) & (q < q_r0 + n_rows)
         q64 = q.to(tl.int64)
-        xr = tl.load(x_ptr + x_lane + q64 * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32)
-        yr = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32)
+        # gradient column q_c is the last tap of the lane's window: K - 1 columns past its start
+        xq = tl.load(x_ptr + x_lane + q64 * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32)
+        yq = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32)
         mq = tl.load(m_ptr + m_lane + q64 * sm_h + (K - 1) * sm_w, mask=out, other=0.0)
-        # the L1 term (sign and |x - y| of the unshifted pixels), weighted by the mask below
-        l1_term, acc_l = l1_sign_term(xr, yr, l1, out, acc_l, mq, HAS_L1, WRITE_SUMS)
-        xq = xr - shift
-        yq = yr - shift
+        gx, gy = hadjoint_moved(buf, wt, q_c0, W, f, xq, yq, NEED1, NEED2, F, BW, K, PAD, REFLECT, EDGE)
+        # the L1 term (sign and |x - y| of the pixels), weighted by the mask
+        l1_term, acc_l = l1_sign_term(xq, yq, l1, out, acc_l, mq, HAS_L1, WRITE_SUMS)
         o_offs = o_base + q64 * so_h + q_c.to(tl.int64) * so_w
         if NEED1:
-            adj1 = hadjoint_cols(buf + 2 * BW, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT)
-            g1, a_1 = push(a_1, adj1, wa, K, False)
-            gx = mq * (g1 + 2.0 * xq * g_sq + yq * g_xy + l1_term)
-            tl.store(gx_ptr + o_offs, gx.to(gx_ptr.dtype.element_ty), mask=out)
+            store_grad(gx_ptr, o_offs, out, mq * gx, xq, yq, None, None, mq * l1_term, 1, HAS_L1)
         if NEED2:
-            adj2 = hadjoint_cols(buf + 3 * BW, w_ptr, wt, q_c0, W, f, F, BW, K, PAD, REFLECT)
-            g2, a_2 = push(a_2, adj2, wa, K, False)
-            gy = mq * (g2 + 2.0 * yq * g_sq + xq * g_xy - l1_term)
-            tl.store(gy_ptr + o_offs, gy.to(gy_ptr.dtype.element_ty), mask=out)
+            store_grad(gy_ptr, o_offs, out, mq * gy, yq, xq, None, None, mq * l1_term, -1, HAS_L1)
     if WRITE_SUMS:
         # per program and channel: the centre-weighted SSIM deficit and, with HAS_L1, the masked |x - y|
         store_sums(sum_ptr, acc_s, BC, n_chunks * n_strips, 2, F, BW)
@@ -337,13 +348,13 @@ def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
     need1, need2 = gx is not None, gy is not None
-    maxnreg = bwd_maxnreg(K, reflect, need1 and need2)
-    geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=maxnreg)
+    wide, maxnreg = BWD_LAUNCH[need1 and need2]
+    geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=maxnreg, wide_halo=wide)
     n_strips, n_chunks = triton.cdiv(W, geo.f - (K - 1)), triton.cdiv(H, geo.rows)
     n_prog = triton.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
     dev = img1.device
     out = gx if need1 else gy
-    scratch = torch.empty((n_prog, 8 * geo.bw + 32), dtype=torch.float32, device=dev)
+    scratch = torch.empty((n_prog, 10 * geo.bw + 32), dtype=torch.float32, device=dev)
     # two sums per program and channel: the SSIM's and the L1's (the second written only with l1)
     sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
     with device_guard(img1):

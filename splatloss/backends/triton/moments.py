@@ -6,60 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["local_shift", "ratios", "ssim_cs", "partials"]
-
-
-@triton.jit
-def local_shift(
-    x_ptr,
-    y_ptr,
-    x_base,
-    y_base,
-    r0,
-    n_rows,
-    cols,
-    ok,
-    sx_h,
-    sx_w,
-    sy_h,
-    sy_w,
-    F: tl.constexpr,
-    BW: tl.constexpr,
-):
-    """The moment shift of the masked kernels, per lane [BW]: the mean of ``(x + y) / 2``
-    over the finite pixels of three rows (first, middle, last of the ``n_rows`` from ``r0``) at the
-    lanes' columns ``cols`` (where ``ok``), one number per channel (per group of ``F`` lanes; a
-    scalar when the program holds one channel), 0 if none is finite.
-
-    Why local: the shift must be near the pixels' values for the moments of ``x - shift`` to
-    avoid fp32 cancellation (``ssim_cs``); ``data_range / 2`` is far from a dark image's values
-    (gradient 1.7e-5 from float64 on images in [0, 0.01]) and a whole-plane mean costs a pass.
-    (The unmasked kernels shift each row by its own pixels instead, exact in flat windows:
-    :func:`.columns.hmoments`.)
-    One number per channel and program, because the backward's horizontal adjoint mixes the
-    lanes of a channel. Finite pixels only, so a NaN / Inf pixel cannot reach beyond its own
-    footprint through the shift; exactly 0 on black images (tiny C1 / C2 stay exact)."""
-    G: tl.constexpr = BW // F
-    tot = tl.zeros([BW], dtype=tl.float32)
-    cnt = tl.zeros([BW], dtype=tl.float32)
-    for k in tl.static_range(3):
-        r = (r0 + (k * (n_rows - 1)) // 2).to(tl.int64)
-        c = cols.to(tl.int64)
-        xv = tl.load(x_ptr + x_base + r * sx_h + c * sx_w, mask=ok, other=0.0).to(tl.float32)
-        yv = tl.load(y_ptr + y_base + r * sy_h + c * sy_w, mask=ok, other=0.0).to(tl.float32)
-        good = ok & (xv - xv == 0.0) & (yv - yv == 0.0)
-        tot += tl.where(good, 0.5 * xv + 0.5 * yv, 0.0)
-        cnt += tl.where(good, 1.0, 0.0)
-    if G == 1:  # one channel per program: a scalar (no per-lane copy, no layout conversion)
-        tot_s = tl.sum(tot, axis=0)
-        cnt_s = tl.sum(cnt, axis=0)
-        res = tl.where(cnt_s > 0.0, tot_s / tl.maximum(cnt_s, 1.0), 0.0)
-    else:
-        tot_g = tl.sum(tl.reshape(tot, [G, F]), axis=1)
-        cnt_g = tl.sum(tl.reshape(cnt, [G, F]), axis=1)
-        s_g = tl.where(cnt_g > 0.0, tot_g / tl.maximum(cnt_g, 1.0), 0.0)
-        res = tl.reshape(tl.broadcast_to(s_g[:, None], [G, F]), [BW])
-    return res
+__all__ = ["ratios", "ssim_cs", "partials"]
 
 
 @triton.jit
@@ -110,8 +57,8 @@ def ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift, dmu, dvar):
 
     Why shifted: ``var = E[x^2] - mu^2`` cancels catastrophically in fp32 where the local variance
     is small against ``mu^2`` (flat regions, MS-SSIM's coarse scales); moments of ``x - shift``
-    with ``shift`` near the window's pixels (the centre row's own pixel, :func:`.columns.vmoments`;
-    a local mean, :func:`local_shift`) remove it. Variances and covariance
+    with ``shift`` near the window's pixels (the centre row's own pixel, :func:`.columns.vmoments`
+    and, under a mask, :func:`.columns.vmoments_masked`) remove it. Variances and covariance
     are shift-invariant; the luminance term uses the true means ``mu + shift`` (:func:`ratios`)."""
     _inv_b1, _inv_b2, lum, cs = ratios(mu1, mu2, e11, e22, e12, c1, c2, shift, dmu, dvar)
     return lum * cs, cs
