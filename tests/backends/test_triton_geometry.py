@@ -90,6 +90,31 @@ def test_cuda_geometry_fused_loss(cuda_geometry, layout):
     assert_rel(gy, gy6, tol["grads"], "grad img2")
 
 
+@pytest.mark.parametrize("padding, window_size", [("same", 11), ("reflect", 9)])
+def test_cuda_geometry_masked_loss(cuda_geometry, padding, window_size):
+    """The masked kernels' CUDA geometry (the one-gradient backward in 128-lane programs, the forward
+    in 128-lane strips) on interior and edge strips, two row chunks: the fused masked D-SSIM + L1
+    ("same") and the masked SSIM with both gradients ("reflect": one launch per gradient), against
+    float64."""
+    dev = device_for("triton")
+    x, y = make_pair((1, 1, 10, 300), seed=8, device=dev)
+    m = torch.rand((1, 1, 10, 300), generator=torch.Generator().manual_seed(9)) * 0.5 + 0.5
+
+    def run(name, x, y, m):
+        xr, yr = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+        if padding == "same":
+            out = splatloss.dssim_l1(xr, yr, 0.2, padding=padding, mask=m, backend=name)
+            return (out.reshape(1), *torch.autograd.grad(out, [xr, yr]))
+        out = splatloss.ssim(xr, yr, padding=padding, window_size=window_size, mask=m, backend=name)
+        return (out.reshape(1), *torch.autograd.grad(out.sum(), [xr, yr]))
+
+    got = run("triton", x, y, m.to(dev))
+    truth = run("reference", x.double().cpu(), y.double().cpu(), m.double())
+    tol = TOL["triton"]
+    for what, a, b, t in zip(("loss", "grad img1", "grad img2"), got, truth, ("values", "grads", "grads")):
+        assert_rel(a, b, tol[t], what)
+
+
 def test_cuda_geometry_map_backward_on_interior_strips(cuda_geometry):
     """The SSIM map's backward (a map-sized upstream gradient, both images) on interior and edge
     strips of the CUDA geometry (2 row chunks), against float64."""

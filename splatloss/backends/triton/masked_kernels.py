@@ -48,12 +48,13 @@ __all__ = ["launch_masked_bwd", "launch_masked_fwd", "masked_bwd_kernel", "maske
 
 Tensor = torch.Tensor
 
-#: The masked backward's launch, by whether it computes both gradients: (256 lanes and 8 warps per
-#: program, else 128 and 4; the register ceiling). The fifth sum's ring and pending windows beside
+#: The masked backward's launch: (256 lanes and 8 warps per program, else 128 and 4; the register
+#: ceiling), for the light variants (one gradient, "same" / "valid") and the heavy ones (both
+#: gradients, or "reflect" with its mirrored taps). The fifth sum's ring and pending windows beside
 #: the rows' shifts need more than 128 registers (one gradient at 128: 96 B of spills, sm_80 and
-#: sm_90, tools/check_kernels.py); at 168 an SM holds three 4-warp programs (12 warps), at 255 one
-#: 8-warp program.
-BWD_LAUNCH = {False: (False, 168), True: (True, MAXNREG)}
+#: sm_90; the heavy variants at 168: 88 to 160 B; tools/check_kernels.py): at 168 an SM holds three
+#: 4-warp programs (12 warps), at 255 one 8-warp program.
+BWD_LAUNCH = {"light": (False, 168), "heavy": (True, MAXNREG)}
 
 
 @triton.jit
@@ -348,7 +349,7 @@ def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
     need1, need2 = gx is not None, gy is not None
-    wide, maxnreg = BWD_LAUNCH[need1 and need2]
+    wide, maxnreg = BWD_LAUNCH["heavy" if (need1 and need2) or reflect else "light"]
     geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=maxnreg, wide_halo=wide)
     n_strips, n_chunks = triton.cdiv(W, geo.f - (K - 1)), triton.cdiv(H, geo.rows)
     n_prog = triton.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
