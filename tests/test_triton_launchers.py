@@ -253,11 +253,13 @@ def test_eager_calls_skip_the_custom_op_dispatch_and_equal_it_bitwise():
         assert all(torch.equal(a, b) for a, b in zip(got, want)), name
 
 
-def test_rows_per_program_step_down_until_the_grid_fills_the_gpu_once(monkeypatch):
-    # Host-side geometry on the model GPU (132 SMs): a grid that fills every resident slot keeps
-    # CUDA_ROWS; one that would leave SMs idle gets the rows of least wave-quantised time: one
-    # 1080p image 99 (backward: 264 programs, 2 per SM), MS-SSIM's second scale 25, the coarsest
-    # scales 16.
+def test_rows_per_program_step_down_until_the_grid_makes_full_waves(monkeypatch):
+    # Host-side geometry on the model GPU (132 SMs): a grid of FULL_WAVES or more waves of the
+    # resident slots keeps CUDA_ROWS; a smaller one gets the rows of least wave-quantised time: one
+    # 1080p image 99 (backward: 264 programs, 2 per SM), one 4K image's backward 99 (1056 programs,
+    # 4 full waves, against 816 in 3.09 waves), MS-SSIM's second scale 25, the coarsest scales 16;
+    # the masked backward's 4-warp programs at 1080p 50 (1122 programs, 3 per SM, against 459 in
+    # 1.16 waves).
     monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
     cpu = torch.device("cpu")
 
@@ -268,7 +270,10 @@ def test_rows_per_program_step_down_until_the_grid_fills_the_gpu_once(monkeypatc
 
     assert (rows(1, 1080, 1920, True), rows(1, 1080, 1920, False)) == (99, 99)
     assert (rows(1, 540, 960, True), rows(1, 270, 480, True), rows(1, 68, 120, False)) == (25, 16, 16)
-    assert rows(5, 1080, 1920, True) == rows(1, 2160, 3840, True) == rows(1, 2160, 3840, False) == 128
+    assert rows(5, 1080, 1920, True) == rows(1, 2160, 3840, False) == 128
+    assert rows(1, 2160, 3840, True) == 99
+    masked = launch.geometry(1930, 1080, 11, 3, cpu, halo=True, maxnreg=168, wide_halo=False)
+    assert (masked.bw, masked.rows) == (128, 50)
     assert launch.programs_per_sm(8, 128) == 2 and launch.programs_per_sm(4, 128) == 4
     assert launch.programs_per_sm(8, 255) == 1 and launch.programs_per_sm(1, 32) == 32
     monkeypatch.setattr(launch, "ROW_STEPS", ())  # the steps off: CUDA_ROWS everywhere

@@ -44,16 +44,21 @@ class Geometry(NamedTuple):
 CUDA_ROWS = 128
 FORCE_CUDA_GEOMETRY = False
 
-#: Shorter programs for launches whose ``CUDA_ROWS`` grid would not fill every resident slot of the
-#: GPU (SMs x programs per SM) once: of ``CUDA_ROWS`` and these (those below it), the rows with the
-#: least wave-quantised time, ``ceil(programs / slots) x (rows + halo rows)`` (a program streams its
-#: rows and the window's halo serially). A grid of a few long programs (MS-SSIM's second scale at
-#: 1080p: 60 programs of 128 rows) otherwise leaves most SMs idle for as long as a full scale
-#: takes. Grids that fill the GPU keep ``CUDA_ROWS`` (measured fastest at five 1080p frames on an
-#: H200, docs/gpu_check.md). ``ROWS`` is a plain launch argument (no recompile). On 132 SMs: 99
-#: rows for one 1080p image (backward: 264 programs, 2 per SM; forward 495 of 528 slots), 25 for
-#: MS-SSIM's second scale, 16 for the coarser ones.
+#: Shorter programs for launches whose ``CUDA_ROWS`` grid makes fewer than :data:`FULL_WAVES` waves
+#: of the GPU's resident slots (SMs x programs per SM): of ``CUDA_ROWS`` and these (those below it),
+#: the rows with the least wave-quantised time, ``ceil(programs / slots) x (rows + halo rows)`` (a
+#: program streams its rows and the window's halo serially). A grid of a few long programs
+#: (MS-SSIM's second scale at 1080p: 60 programs of 128 rows) otherwise leaves most SMs idle for as
+#: long as a full scale takes, and a grid of 1.2 waves idles most of its second wave. Grids of more
+#: waves keep ``CUDA_ROWS`` (measured fastest at five 1080p frames on an H200, docs/gpu_check.md).
+#: ``ROWS`` is a plain launch argument (no recompile). On 132 SMs: 99 rows for one 1080p image
+#: (backward: 264 programs, 2 per SM; forward 495 of 528 slots), 25 for MS-SSIM's second scale, 16
+#: for the coarser ones, 99 for one 4K image's backward (4 full waves).
 ROW_STEPS = (99, 64, 50, 32, 25, 16)
+
+#: Waves from which a grid keeps ``CUDA_ROWS`` (:data:`ROW_STEPS`): with 4 or more, a partial last
+#: wave costs at most a fifth of the launch.
+FULL_WAVES = 4
 
 #: SMs assumed where no CUDA device is asked (``FORCE_CUDA_GEOMETRY`` in the interpreter): an H100.
 MODEL_SMS = 132
@@ -150,9 +155,9 @@ def geometry(
     interpreter programs run one after the other at a cost per operation, not per element: one
     program takes every row and column (up to 2048 lanes) of as many channels as fit.
 
-    Rows per program: ``CUDA_ROWS``, or fewer (:data:`ROW_STEPS`) where that grid would not fill
-    every SM's resident slots once (``maxnreg``: the launch's register ceiling, which sets how many
-    programs an SM holds).
+    Rows per program: ``CUDA_ROWS``, or fewer (:data:`ROW_STEPS`) where that grid would make fewer
+    than :data:`FULL_WAVES` waves of the SMs' resident slots (``maxnreg``: the launch's register
+    ceiling, which sets how many programs an SM holds).
     """
     kp = triton.next_power_of_2(window_size)
     need = triton.next_power_of_2(max(frame, 1))
@@ -174,7 +179,7 @@ def geometry(
             return (triton.cdiv(per_chunk * triton.cdiv(rows, r), slots) * (min(r, rows) + halo_rows), -r)
 
         n_rows = CUDA_ROWS
-        if per_chunk * triton.cdiv(rows, CUDA_ROWS) < slots:
+        if per_chunk * triton.cdiv(rows, CUDA_ROWS) < FULL_WAVES * slots:
             n_rows = min([CUDA_ROWS] + [r for r in ROW_STEPS if r < CUDA_ROWS], key=waved)
         return Geometry(bw=lanes, f=f, rows=n_rows, kp=kp, warps=warps)
     f = min(need, 2048)
