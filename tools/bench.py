@@ -627,6 +627,9 @@ def machine_info(device):
         pass
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
+        # the Triton launches' rows per program: measured per shape on the first call, or as planned
+        tuned = os.environ.get("SPLATLOSS_TRITON_TUNE", "1").strip() not in ("0", "false", "False", "")
+        info["triton_rows"] = "measured" if tuned else "planned"
     return info
 
 

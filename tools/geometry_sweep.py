@@ -3,7 +3,8 @@
 The launch geometry (lanes per program, rows streamed per program, the column kernels' register
 ceiling, which sets how many programs an SM holds) is chosen by
 ``splatloss/backends/triton/launch.py``. This script overrides it for a sweep: each geometry runs
-the same losses on the same inputs (``tools/bench.py``'s), is timed with ``triton.testing.do_bench``
+the same losses on the same inputs (``tools/bench.py``'s), with the rows as given (not measured:
+:mod:`splatloss.backends.triton.tune` is off during the sweep), is timed with ``triton.testing.do_bench``
 (``--graphed``: replayed from a CUDA graph, the kernels' own time without Python) and checked
 against the default geometry's value (a geometry changes only which program sums which rows, so
 the loss may differ in its last bits, never more). Each record carries the registers and spilled
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench  # noqa: E402  (tools/bench.py: the same losses and inputs as the benchmark)
 
-from splatloss.backends.triton import launch  # noqa: E402
+from splatloss.backends.triton import launch, tune  # noqa: E402
 
 
 def _csv(s):
@@ -86,6 +87,7 @@ def sweep(args, dtype) -> list:
     rows_s, lanes_s, nreg_s = _ints("--rows", args.rows), _ints("--lanes", args.lanes), _ints("--maxnreg", args.maxnreg)
     lib = "splatloss-triton-graphed" if args.graphed else "splatloss-triton"
     records, seen = [], set(compiled_kernels())
+    default_tune, tune.ENABLED = tune.ENABLED, False  # each geometry as given, not the measured rows
     try:
         for shape_s in _csv(args.shapes):
             shape = tuple(int(v) for v in shape_s.split("x"))
@@ -126,6 +128,7 @@ def sweep(args, dtype) -> list:
                     records.append(rec)
     finally:
         launch.CUDA_ROWS, launch.cuda_lanes, launch.COLUMN_MAXNREG = default_rows, default_lanes, default_nreg
+        tune.ENABLED = default_tune
     print("\n# fastest geometry per configuration (default in brackets)")
     key = lambda r: (r["op"], r["mode"], r["shape"])  # noqa: E731
     for k, group in itertools.groupby(sorted(records, key=key), key=key):

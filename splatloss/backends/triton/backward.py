@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tune
 from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
 from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, vadjoint_taps, vmoments
 from .launch import COLUMN_TAPS, SIZES, bwd_maxnreg, device_guard, geometry, launch_options, problem
@@ -377,9 +378,7 @@ def launch_bwd(
     geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=maxnreg)
     step = geo.f - (K - 1)
     n_strips = triton.cdiv(W, step)
-    n_chunks = triton.cdiv(H, geo.rows)
     n_groups = triton.cdiv(BC, geo.bw // geo.f)
-    n_prog = n_groups * n_chunks * n_strips
     dev = img1.device
     upstream_map = g_s.dim() == 4
     if upstream_map:
@@ -405,18 +404,30 @@ def launch_bwd(
     # per program: two rows of 5 values per lane (the column kernels + 32 floats: their horizontal
     # adjoint reads up to K - 1 past a row for lanes it drops), the ring kernels 11 rings of KP rows
     per_prog = 10 * geo.bw + (32 if K <= COLUMN_TAPS.value else 11 * geo.kp * geo.bw)
-    scratch = torch.empty((n_prog, per_prog), dtype=torch.float32, device=dev)
-    sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
-    with device_guard(img1):
-        ssim_bwd_kernel[(n_prog,)](
-            img1, img2, window, g_s, g_cs if g_cs is not None else g_s, l1 if l1 is not None else g_s,
-            gx if gx is not None else scratch, gy if gy is not None else scratch, scratch, sum_buf,
-            BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
-            *img1.stride(), *img2.stride(), *g_strides, *out_strides, float(c1), float(c2),
-            K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, UPSTREAM_MAP=upstream_map,
-            HAS_CS=2 if cs_only else g_cs is not None, HAS_L1=l1 is not None, NEED1=need1, NEED2=need2,
-            WRITE_SUMS=sums, **launch_options(geo.warps, maxnreg=maxnreg),
-        )  # fmt: skip
+
+    def run(rows: int):  # writes the gradients (never reads them): safe to run again
+        n_chunks = triton.cdiv(H, rows)
+        n_prog = n_groups * n_chunks * n_strips
+        scratch = torch.empty((n_prog, per_prog), dtype=torch.float32, device=dev)
+        sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
+        with device_guard(img1):
+            ssim_bwd_kernel[(n_prog,)](
+                img1, img2, window, g_s, g_cs if g_cs is not None else g_s, l1 if l1 is not None else g_s,
+                gx if gx is not None else scratch, gy if gy is not None else scratch, scratch, sum_buf,
+                BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows,
+                *img1.stride(), *img2.stride(), *g_strides, *out_strides, float(c1), float(c2),
+                K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, UPSTREAM_MAP=upstream_map,
+                HAS_CS=2 if cs_only else g_cs is not None, HAS_L1=l1 is not None, NEED1=need1, NEED2=need2,
+                WRITE_SUMS=sums, **launch_options(geo.warps, maxnreg=maxnreg),
+            )  # fmt: skip
+        return sum_buf
+
+    key = (
+        "bwd", K, pad, reflect, geo, BC, C, H, W, img1.stride(), img2.stride(), g_strides, out_strides,
+        img1.dtype, None if out is None else out.dtype, upstream_map, g_cs is not None, cs_only, l1 is not None,
+        need1, need2, sums, dev,
+    )  # fmt: skip
+    sum_buf = tune.run(key, geo.rows, H, run, dev)
     if sums:
         per_bc = sum_buf.sum(dim=1)  # fixed order: deterministic
         abs_sum = per_bc[:, 1].view(B, C) if l1 is not None else None

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tune
 from .bodies import interior, lanes, store_sums
 from .columns import hmoments, load_taps, vmoments
 from .launch import COLUMN_TAPS, SIZES, device_guard, fwd_maxnreg, geometry, launch_options, problem
@@ -211,30 +212,36 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
     maxnreg = fwd_maxnreg(K, reflect, mode == "map_cs")
     geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=maxnreg)
     n_strips = triton.cdiv(Wo, geo.f)
-    n_chunks = triton.cdiv(Ho, geo.rows)
     n_groups = triton.cdiv(BC, geo.bw // geo.f)
-    n_prog = n_groups * n_chunks * n_strips
     dev = img1.device
     stats = mode in ("stats", "stats_l1")
-    l1 = None
-    if stats:
-        s = torch.empty((BC, n_chunks * n_strips), dtype=torch.float32, device=dev)
-        cs = torch.empty_like(s)
-        l1 = torch.empty_like(s) if mode == "stats_l1" else None
-    else:
-        s = torch.empty((B, C, Ho, Wo), dtype=torch.float32, device=dev)
-        cs = torch.empty((B, C, Ho, Wo) if mode == "map_cs" else (0,), dtype=torch.float32, device=dev)
     # the ring kernels (K > COLUMN_TAPS) keep 6 rings of KP rows per program; the column kernels none
     ring = K > COLUMN_TAPS.value
-    scratch = torch.empty((n_prog, 6 * geo.kp * geo.bw) if ring else (1,), dtype=torch.float32, device=dev)
-    with device_guard(img1):
-        ssim_fwd_kernel[(n_prog,)](
-            img1, img2, window, s, cs if mode != "map" else s, l1 if l1 is not None else s, scratch,
-            BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows, *img1.stride(), *img2.stride(), float(c1), float(c2),
-            K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
-            WRITE_MAP=not stats, WRITE_CS=mode == "map_cs", HAS_L1=l1 is not None,
-            **launch_options(geo.warps, maxnreg=maxnreg),
-        )  # fmt: skip
+
+    def run(rows: int):
+        n_chunks = triton.cdiv(Ho, rows)
+        n_prog = n_groups * n_chunks * n_strips
+        l1 = None
+        if stats:
+            s = torch.empty((BC, n_chunks * n_strips), dtype=torch.float32, device=dev)
+            cs = torch.empty_like(s)
+            l1 = torch.empty_like(s) if mode == "stats_l1" else None
+        else:
+            s = torch.empty((B, C, Ho, Wo), dtype=torch.float32, device=dev)
+            cs = torch.empty((B, C, Ho, Wo) if mode == "map_cs" else (0,), dtype=torch.float32, device=dev)
+        scratch = torch.empty((n_prog, 6 * geo.kp * geo.bw) if ring else (1,), dtype=torch.float32, device=dev)
+        with device_guard(img1):
+            ssim_fwd_kernel[(n_prog,)](
+                img1, img2, window, s, cs if mode != "map" else s, l1 if l1 is not None else s, scratch,
+                BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows, *img1.stride(), *img2.stride(), float(c1), float(c2),
+                K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
+                WRITE_MAP=not stats, WRITE_CS=mode == "map_cs", HAS_L1=l1 is not None,
+                **launch_options(geo.warps, maxnreg=maxnreg),
+            )  # fmt: skip
+        return s, cs, l1
+
+    key = ("fwd", mode, K, pad, reflect, geo, BC, C, H, W, img1.stride(), img2.stride(), img1.dtype, dev)
+    s, cs, l1 = tune.run(key, geo.rows, Ho, run, dev)
     if stats:
         # fixed-order reduction of the per-program partial sums: deterministic, no atomics
         out = (s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C))

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tune
 from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
 from .columns import hadjoint_moved, hmoments_masked, load_taps, push, push_moved, vadjoint_taps, vmoments_masked
 from .launch import (
@@ -290,17 +291,24 @@ def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: flo
     BC = B * C
     maxnreg = fwd_maxnreg(K, reflect, both_maps=True)  # it sums both maps (SSIM and cs)
     geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=maxnreg)
-    n_strips, n_chunks = triton.cdiv(Wo, geo.f), triton.cdiv(Ho, geo.rows)
-    n_prog = triton.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
-    s = torch.empty((BC, n_chunks * n_strips), dtype=torch.float32, device=img1.device)
-    cs = torch.empty_like(s)
-    with device_guard(img1):
-        masked_fwd_kernel[(n_prog,)](
-            img1, img2, mask, window, s, cs, BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
-            *img1.stride(), *img2.stride(), *mask.stride(), float(c1), float(c2),
-            K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
-            **launch_options(geo.warps, maxnreg=maxnreg),
-        )  # fmt: skip
+    n_strips = triton.cdiv(Wo, geo.f)
+
+    def run(rows: int):
+        n_chunks = triton.cdiv(Ho, rows)
+        n_prog = triton.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
+        s = torch.empty((BC, n_chunks * n_strips), dtype=torch.float32, device=img1.device)
+        cs = torch.empty_like(s)
+        with device_guard(img1):
+            masked_fwd_kernel[(n_prog,)](
+                img1, img2, mask, window, s, cs, BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows,
+                *img1.stride(), *img2.stride(), *mask.stride(), float(c1), float(c2),
+                K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
+                **launch_options(geo.warps, maxnreg=maxnreg),
+            )  # fmt: skip
+        return s, cs
+
+    key = ("masked_fwd", K, pad, reflect, geo, BC, C, H, W, img1.stride(), img2.stride(), mask.stride(), img1.dtype)
+    s, cs = tune.run(key + (mask.dtype, img1.device), geo.rows, Ho, run, img1.device)
     return s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C)
 
 
@@ -351,20 +359,30 @@ def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy
     need1, need2 = gx is not None, gy is not None
     wide, maxnreg = BWD_LAUNCH["heavy" if (need1 and need2) or reflect else "light"]
     geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=maxnreg, wide_halo=wide)
-    n_strips, n_chunks = triton.cdiv(W, geo.f - (K - 1)), triton.cdiv(H, geo.rows)
-    n_prog = triton.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
+    n_strips = triton.cdiv(W, geo.f - (K - 1))
     dev = img1.device
     out = gx if need1 else gy
-    scratch = torch.empty((n_prog, 10 * geo.bw + 32), dtype=torch.float32, device=dev)
-    # two sums per program and channel: the SSIM's and the L1's (the second written only with l1)
-    sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
-    with device_guard(img1):
-        masked_bwd_kernel[(n_prog,)](
-            img1, img2, mask, window, g_s, g_cs if g_cs is not None else g_s, l1 if l1 is not None else g_s,
-            gx if need1 else scratch, gy if need2 else scratch, scratch, sum_buf,
-            BC, C, H, W, Ho, Wo, n_chunks, n_strips, geo.rows,
-            *img1.stride(), *img2.stride(), *mask.stride(), *out.stride(), float(c1), float(c2),
-            K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, HAS_CS=g_cs is not None, HAS_L1=l1 is not None,
-            NEED1=need1, NEED2=need2, WRITE_SUMS=sums, **launch_options(geo.warps, maxnreg=maxnreg),
-        )  # fmt: skip
+
+    def run(rows: int):  # writes the gradients (never reads them): safe to run again
+        n_chunks = triton.cdiv(H, rows)
+        n_prog = triton.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
+        scratch = torch.empty((n_prog, 10 * geo.bw + 32), dtype=torch.float32, device=dev)
+        # two sums per program and channel: the SSIM's and the L1's (the second written only with l1)
+        sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
+        with device_guard(img1):
+            masked_bwd_kernel[(n_prog,)](
+                img1, img2, mask, window, g_s, g_cs if g_cs is not None else g_s, l1 if l1 is not None else g_s,
+                gx if need1 else scratch, gy if need2 else scratch, scratch, sum_buf,
+                BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows,
+                *img1.stride(), *img2.stride(), *mask.stride(), *out.stride(), float(c1), float(c2),
+                K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, HAS_CS=g_cs is not None, HAS_L1=l1 is not None,
+                NEED1=need1, NEED2=need2, WRITE_SUMS=sums, **launch_options(geo.warps, maxnreg=maxnreg),
+            )  # fmt: skip
+        return sum_buf
+
+    key = (
+        "masked_bwd", K, pad, reflect, geo, BC, C, H, W, img1.stride(), img2.stride(), mask.stride(), out.stride(),
+        img1.dtype, out.dtype, mask.dtype, g_cs is not None, l1 is not None, need1, need2, sums, dev,
+    )  # fmt: skip
+    sum_buf = tune.run(key, geo.rows, H, run, dev)
     return sum_buf.sum(dim=1) if sums else None
