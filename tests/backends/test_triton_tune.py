@@ -70,7 +70,7 @@ def test_the_fastest_rows_are_kept_and_change_no_gradient_bit(forced, monkeypatc
     x, y = make_pair((1, 1, 24, 40), seed=11, device=dev)
     first = _loss_and_grads(x, y)
     assert forced == [[16, 24]], forced
-    (key, rows), = tune.chosen().items()
+    ((key, rows),) = tune.chosen().items()
     assert key[0] == "bwd" and rows in (16, 24)
     second = _loss_and_grads(x, y)
     assert len(forced) == 1  # kept: not measured again
