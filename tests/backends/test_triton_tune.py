@@ -93,8 +93,8 @@ def test_the_fastest_rows_are_kept_and_change_no_gradient_bit(forced, monkeypatc
 @pytest.mark.slow
 def test_forward_and_masked_launches_measure_once_per_shape(forced):
     """The forward kernel (SSIM without gradients) and the masked backward each measure on their
-    first call of a shape, and a new shape measures again; under deterministic algorithms nothing
-    is measured (the planned rows)."""
+    first call of a shape, and a new shape measures again, up to ``MAX_SHAPES``; under
+    deterministic algorithms nothing is measured (the planned rows)."""
     dev = device_for("triton")
     x, y = make_pair((1, 1, 24, 40), seed=12, device=dev)
     m = (torch.rand((1, 1, 24, 40), generator=torch.Generator().manual_seed(3)) * 0.5 + 0.5).to(dev)
@@ -106,6 +106,12 @@ def test_forward_and_masked_launches_measure_once_per_shape(forced):
     assert len(forced) == 2
     splatloss.ssim(x[..., :22, :], y[..., :22, :], padding="valid", backend="triton", **SMALL)  # a new shape
     assert len(forced) == 3
+    tune.MAX_SHAPES, cap = len(tune.chosen()), tune.MAX_SHAPES
+    try:  # no more shapes measured past the cap: a new one launches its planned rows
+        splatloss.ssim(x[..., :21, :], y[..., :21, :], padding="valid", backend="triton", **SMALL)
+    finally:
+        tune.MAX_SHAPES = cap
+    assert len(forced) == 3 and len(tune.chosen()) == 3
     truth = _loss_and_grads(x.double().cpu(), y.double().cpu(), mask=m.double().cpu(), backend="reference")
     tol = TOL["triton"]
     assert_rel(got[0], truth[0], tol["values"], "masked loss")

@@ -22,6 +22,7 @@ skipped, and the planned rows launched, where that matters or cannot be done:
 * ``SPLATLOSS_TRITON_TUNE=0`` in the environment (read at import) or :data:`ENABLED` set False;
 * while a CUDA graph is being captured (a shape first seen there launches its planned rows; warm
   up before capturing to capture the measured ones);
+* for new shapes once :data:`MAX_SHAPES` have been measured in the process;
 * off CUDA (the interpreter; tests set :data:`FORCE` to run the list there, timed on the host).
 """
 
@@ -36,7 +37,7 @@ import triton
 
 from . import launch
 
-__all__ = ["ENABLED", "LAUNCHES", "MARGIN", "REPEATS", "candidates", "chosen", "clear", "run"]
+__all__ = ["ENABLED", "LAUNCHES", "MARGIN", "MAX_SHAPES", "REPEATS", "candidates", "chosen", "clear", "run"]
 
 T = TypeVar("T")
 
@@ -48,6 +49,9 @@ REPEATS = 3
 LAUNCHES = 2
 #: A candidate replaces the planned rows only if faster by this fraction (timing noise keeps the plan).
 MARGIN = 0.02
+#: Launch shapes measured per process at most; later new shapes launch their planned rows (a
+#: training loop over images of ever new sizes would otherwise pay the list on every call).
+MAX_SHAPES = 64
 #: Run the list off CUDA too (the interpreter, timed on the host): for tests of the mechanism.
 FORCE = False
 
@@ -133,6 +137,8 @@ def run(key: Hashable, planned: int, rows: int, fn: Callable[[int], T], device: 
         return fn(planned)
     best = _chosen.get(key)
     if best is None:
+        if len(_chosen) >= MAX_SHAPES:
+            return fn(planned)
         cands = candidates(planned, rows)
         best = cands[0] if len(cands) == 1 else _measure(fn, cands, planned, device)
         _chosen[key] = best
