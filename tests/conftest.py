@@ -87,13 +87,23 @@ LONG_FIRST = (
 )
 
 
+def _long_first(item) -> int:
+    return next((i for i, p in enumerate(LONG_FIRST) if item.nodeid.startswith(p)), len(LONG_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
-    """The tests of ``LONG_FIRST`` run first, in its order (the order is otherwise kept). With a CUDA device every
-    Triton test runs the compiled kernels: mark it ``gpu`` too, so that ``./dev test -m gpu`` is the
-    whole GPU check (the conformance cases and the Triton-only tests)."""
-    items.sort(
-        key=lambda item: next((i for i, p in enumerate(LONG_FIRST) if item.nodeid.startswith(p)), len(LONG_FIRST))
-    )
+    """The tests of ``LONG_FIRST`` run first, in its order (the order is otherwise kept). Without a
+    CUDA device the Triton modules' docstring examples are ``slow``. With a CUDA device every Triton
+    test runs the compiled kernels: mark it ``gpu`` too, so that ``./dev test -m gpu`` is the whole
+    GPU check (the conformance cases and the Triton-only tests)."""
+    items.sort(key=_long_first)
+    if not has_cuda():
+        # The examples run the kernels in the interpreter, seconds each (the fast tier's slowest Triton
+        # tests); the fast tier runs the same functions and kernels in its conformance cases
+        # (tests/backends/), the whole suite the examples too.
+        for item in items:
+            if isinstance(item, pytest.DoctestItem) and item.nodeid.startswith("splatloss/backends/triton/"):
+                item.add_marker(pytest.mark.slow)
     if has_cuda():
         for item in items:
             if item.get_closest_marker("triton") is not None:
