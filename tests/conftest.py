@@ -74,9 +74,36 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+# Tests that run for minutes, first: the ahead-of-time compiles (minutes each with an empty Triton
+# cache) and the longest single tests. pytest-xdist's worksteal hands each worker a contiguous half
+# of the collection and an idle worker steals from the end of the other's queue, so a long test
+# collected late runs alone at the end of the suite; started first, the rest is spread around it.
+LONG_FIRST = (
+    "tests/test_triton_aot.py::",
+    "tests/test_sass_cost.py::test_cost_json_structure_no_spills",
+    "tests/test_sass_cost.py::test_launch_tables_propose_full_waves",
+    "tests/test_compile.py::test_triton_backend_compiles_fullgraph_on_the_first_call_and_equals_eager",
+    "tests/test_bench.py::test_bench_smoke_writes_json_and_plot",
+)
+
+
+def _long_first(item) -> int:
+    return next((i for i, p in enumerate(LONG_FIRST) if item.nodeid.startswith(p)), len(LONG_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
-    """With a CUDA device every Triton test runs the compiled kernels: mark it ``gpu`` too, so that
-    ``./dev test -m gpu`` is the whole GPU check (the conformance cases and the Triton-only tests)."""
+    """The tests of ``LONG_FIRST`` run first, in its order (the order is otherwise kept). Without a
+    CUDA device the Triton modules' docstring examples are ``slow``. With a CUDA device every Triton
+    test runs the compiled kernels: mark it ``gpu`` too, so that ``./dev test -m gpu`` is the whole
+    GPU check (the conformance cases and the Triton-only tests)."""
+    items.sort(key=_long_first)
+    if not has_cuda():
+        # The examples run the kernels in the interpreter, seconds each (the fast tier's slowest Triton
+        # tests); the fast tier runs the same functions and kernels in its conformance cases
+        # (tests/backends/), the whole suite the examples too.
+        for item in items:
+            if isinstance(item, pytest.DoctestItem) and item.nodeid.startswith("splatloss/backends/triton/"):
+                item.add_marker(pytest.mark.slow)
     if has_cuda():
         for item in items:
             if item.get_closest_marker("triton") is not None:
