@@ -21,9 +21,10 @@ tri_launch = importlib.import_module("splatloss.backends.triton.launch")
 
 
 def test_candidates_are_balanced_one_per_chunk_count():
-    # 1080 rows: the plan (99 rows, 11 chunks) as planned, and 2 x 128, 128, 64, 50, 32, 25, 16
-    # balanced over their chunks (5, 9, 17, 22, 34, 44, 68)
-    assert tune.candidates(99, 1080) == [16, 25, 32, 50, 64, 99, 120, 216]
+    # 1080 rows: the plan (99 rows, 11 chunks) as planned, and 2 x 128, 128, 64, 50 balanced over
+    # their chunks (5, 9, 17, 22); 32, 25 and 16 rows would make more than twice the plan's chunks
+    assert tune.candidates(99, 1080) == [50, 64, 99, 120, 216]
+    assert tune.candidates(16, 1080) == [16, 25, 32, 50, 64, 99, 120, 216]  # the plan's 68 chunks: up to 136
     # a short map: 40 rows in 1, 2 or 3 chunks (the plan's 16 rows make 3 chunks: kept as planned)
     assert tune.candidates(16, 40) == [16, 20, 40]
     assert tune.candidates(128, 1) == [128]  # one row: one chunk whatever the rows

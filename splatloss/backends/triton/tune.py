@@ -61,12 +61,16 @@ _chosen: Dict[Hashable, int] = {}
 def candidates(planned: int, rows: int) -> List[int]:
     """Rows per program to measure for ``rows`` rows of work: the planned rows and the launch
     model's steps, each balanced over its chunks (``ceil(rows / ceil(rows / r))``: the same grid,
-    no short last chunk), one per distinct number of chunks (the planned rows exactly as planned)."""
+    no short last chunk), one per distinct number of chunks (the planned rows exactly as planned),
+    at most twice the plan's chunks (the per-program scratch and partial sums grow with them: a
+    16-row candidate for five 4K images would take 336 MB of scratch, the plan 42 MB)."""
     rows = max(rows, 1)
+    most = 2 * triton.cdiv(rows, planned)
     by_chunks: Dict[int, int] = {triton.cdiv(rows, planned): planned}
     for r in (2 * launch.CUDA_ROWS, launch.CUDA_ROWS, *launch.ROW_STEPS):
         n = triton.cdiv(rows, r)
-        by_chunks.setdefault(n, triton.cdiv(rows, n))
+        if n <= most:
+            by_chunks.setdefault(n, triton.cdiv(rows, n))
     return sorted(by_chunks.values())
 
 
