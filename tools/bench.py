@@ -628,8 +628,9 @@ def machine_info(device):
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
         # the Triton launches' rows per program: measured per shape on the first call, or as planned
-        tuned = os.environ.get("SPLATLOSS_TRITON_TUNE", "1").strip() not in ("0", "false", "False", "")
-        info["triton_rows"] = "measured" if tuned else "planned"
+        from splatloss.backends.triton import tune
+
+        info["triton_rows"] = "measured" if tune.ENABLED else "planned"
     return info
 
 

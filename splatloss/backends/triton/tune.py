@@ -118,11 +118,11 @@ def _measure(fn: Callable[[int], object], cands: List[int], planned: int, device
         fn(r)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    host_s = float("inf")
-    for r in cands:  # the host's time to enqueue one launch
+    host_s = 0.0
+    for r in cands:  # the host's time to enqueue one launch (the longest: the GPU must outwait it)
         t0 = time.perf_counter()
         fn(r)
-        host_s = min(host_s, time.perf_counter() - t0)
+        host_s = max(host_s, time.perf_counter() - t0)
     best = {r: float("inf") for r in cands}
     for _ in range(REPEATS):
         for r in cands:
