@@ -126,3 +126,13 @@ def test_forward_and_masked_launches_measure_once_per_shape(forced):
     finally:
         torch.use_deterministic_algorithms(False)
     assert tune.chosen() == {} and len(forced) == 3
+
+
+def test_the_switch_takes_on_off_values_and_refuses_others(monkeypatch):
+    monkeypatch.setenv("SPLATLOSS_TRITON_TUNE", " Off ")
+    assert tune._switch("SPLATLOSS_TRITON_TUNE", "1") is False
+    monkeypatch.setenv("SPLATLOSS_TRITON_TUNE", "yes")
+    assert tune._switch("SPLATLOSS_TRITON_TUNE", "1") is True
+    monkeypatch.setenv("SPLATLOSS_TRITON_TUNE", "fast")
+    with pytest.raises(ValueError, match=r"SPLATLOSS_TRITON_TUNE must be one of .* got 'fast'"):
+        tune._switch("SPLATLOSS_TRITON_TUNE", "1")

@@ -41,8 +41,18 @@ __all__ = ["ENABLED", "LAUNCHES", "MARGIN", "MAX_SHAPES", "REPEATS", "candidates
 
 T = TypeVar("T")
 
+_SWITCH = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
+
+
+def _switch(name: str, default: str) -> bool:
+    value = os.environ.get(name, default)
+    if value.strip().lower() not in _SWITCH:
+        raise ValueError(f"{name} must be one of 1/0, true/false, on/off, yes/no, got {value!r}")
+    return _SWITCH[value.strip().lower()]
+
+
 #: Measure the rows per launch shape on CUDA (``SPLATLOSS_TRITON_TUNE=0``: plan them only).
-ENABLED = os.environ.get("SPLATLOSS_TRITON_TUNE", "1").strip() not in ("0", "false", "False", "")
+ENABLED = _switch("SPLATLOSS_TRITON_TUNE", "1")
 #: Timed rounds per candidate (each round alternates the candidates; the minimum counts), and the
 #: launches timed back to back in each.
 REPEATS = 3
