@@ -8,6 +8,7 @@ it saves. The Triton launches keep their planned rows per program (no timing on 
 """
 
 import os
+import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The launches' rows per program as planned, not measured on CUDA (splatloss.backends.triton.tune):
@@ -20,3 +21,79 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 torch.set_num_threads(1)
+
+
+# The Triton interpreter, made quicker for the test run without changing what it computes (triton
+# 3.7.1, the pinned version; any other version runs unchanged). Profiled on the conformance suite's
+# Triton cases, a third to a half of the interpreter's time was two kinds of repeated set-up:
+# - every call of a @triton.jit helper inside a kernel re-patches triton.language for the
+#   interpreter (``_patch_lang``: inspect.getmembers over the language modules, about 1.4 ms a call,
+#   thousands of calls per launch). The launch has patched those modules already and a nested
+#   scope is never restored, so the re-patch changes nothing: it is skipped while a launch is
+#   running and has patched every language module the helper sees.
+# - ``_get_np_dtype`` builds a 20-entry dict on each of its tens of thousands of calls: memoised.
+# tests/test_interpreter_shim.py checks that the kernels' results are bitwise those of the plain
+# interpreter.
+_PLAIN_INTERPRETER: dict = {}  # the interpreter's own functions while the quicker ones are in place
+
+
+def quicker_triton_interpreter(on: bool = True) -> bool:
+    """Put the quicker interpreter functions in place (``on``) or the interpreter's own back; True if
+    the quicker ones are in place afterwards."""
+    import triton
+
+    if os.environ.get("TRITON_INTERPRET") != "1" or triton.__version__ != "3.7.1":
+        return False
+    from triton.runtime import interpreter as interp
+
+    if not on:
+        if _PLAIN_INTERPRETER:
+            interp._patch_lang = _PLAIN_INTERPRETER.pop("patch_lang")
+            interp._get_np_dtype = _PLAIN_INTERPRETER.pop("np_dtype")
+            interp.GridExecutor.__call__ = _PLAIN_INTERPRETER.pop("grid_call")
+        return False
+    if _PLAIN_INTERPRETER:
+        return True
+    tl = interp.tl
+    patch_lang, np_dtype, grid_call = interp._patch_lang, interp._get_np_dtype, interp.GridExecutor.__call__
+    patched: list = []  # [ids of the language modules the running launch patched]; [] between launches
+
+    def langs_of(fn):
+        return {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+
+    def quick_patch_lang(fn):
+        if patched and patched[-1] is not None and langs_of(fn) <= patched[-1]:
+            return interp._LangPatchScope()  # nothing to restore
+        scope = patch_lang(fn)  # the launch's own patch (restored when it ends), or a new module's
+        if patched:
+            patched[-1] = (patched[-1] or set()) | langs_of(fn)
+        return scope
+
+    def quick_grid_call(self, *args, **kwargs):
+        patched.append(None)  # its first _patch_lang is the launch's own
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    dtypes: dict = {}
+
+    def quick_np_dtype(tt_dtype):
+        try:
+            return dtypes[tt_dtype]
+        except KeyError:
+            dtypes[tt_dtype] = found = np_dtype(tt_dtype)
+            return found
+        except TypeError:  # unhashable
+            return np_dtype(tt_dtype)
+
+    _PLAIN_INTERPRETER.update(patch_lang=patch_lang, np_dtype=np_dtype, grid_call=grid_call)
+    interp._patch_lang = quick_patch_lang
+    interp.GridExecutor.__call__ = quick_grid_call
+    interp._get_np_dtype = quick_np_dtype
+    return True
+
+
+def pytest_runtest_setup(item):
+    if "triton" in sys.modules and not _PLAIN_INTERPRETER:
+        quicker_triton_interpreter()

@@ -1,0 +1,49 @@
+"""The quicker Triton interpreter of the test run (conftest.py at the repository root) computes what
+the interpreter itself computes: every Triton kernel family launched both ways, results compared bit
+for bit. Without a CUDA device the whole Triton part of the suite runs through it."""
+
+import pytest
+import torch
+
+import splatloss
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+
+def _switch(config):
+    for plugin in config.pluginmanager.get_plugins():
+        switch = getattr(plugin, "quicker_triton_interpreter", None)
+        if switch is not None:
+            return switch
+    raise AssertionError("the root conftest.py's quicker_triton_interpreter is not loaded")
+
+
+def _every_kernel_family():
+    """Values and gradients of the forward, backward, masked and downsampling kernels."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(1, 2, 17, 19, generator=g)
+    y = (0.7 * x + 0.3 * torch.rand(1, 2, 17, 19, generator=g)).requires_grad_(True)
+    x = x.requires_grad_(True)
+    mask = (torch.rand(1, 1, 17, 19, generator=g) > 0.3).float()
+    out = [
+        splatloss.ssim(x, y, backend="triton", padding="same", reduction="none"),
+        splatloss.ms_ssim(x, y, backend="triton", window_size=3, weights=(0.5, 0.5), padding="valid"),
+        splatloss.ssim(x, y, backend="triton", mask=mask, padding="reflect", window_size=5),
+    ]
+    grads = torch.autograd.grad(sum(o.sum() for o in out), (x, y))
+    return [o.detach() for o in out] + list(grads)
+
+
+def test_kernels_give_the_plain_interpreters_bits(request):
+    switch = _switch(request.config)
+    if not switch(True):
+        pytest.skip("the quicker interpreter applies to Triton 3.7.1 in the interpreter only")
+    try:
+        quick = _every_kernel_family()
+        assert not switch(False)
+        plain = _every_kernel_family()
+    finally:
+        switch(True)
+    assert len(quick) == len(plain) == 5
+    for q, p in zip(quick, plain):
+        assert torch.equal(q, p)
