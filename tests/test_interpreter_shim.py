@@ -38,9 +38,20 @@ def test_kernels_give_the_plain_interpreters_bits(request):
     switch = _switch(request.config)
     if not switch(True):
         pytest.skip("the quicker interpreter applies to Triton 3.7.1 in the interpreter only")
+    from triton.runtime import interpreter
+
+    def in_place():
+        return (
+            interpreter._patch_lang.__name__,
+            interpreter._get_np_dtype.__name__,
+            interpreter.GridExecutor.__call__.__name__,
+        )
+
     try:
+        assert in_place() == ("quick_patch_lang", "quick_np_dtype", "quick_grid_call")
         quick = _every_kernel_family()
         assert not switch(False)
+        assert in_place() == ("_patch_lang", "_get_np_dtype", "__call__")
         plain = _every_kernel_family()
     finally:
         switch(True)
