@@ -66,7 +66,8 @@ def _positive(x, tau, USE_TAU: tl.constexpr):
 def _pow(t, w):
     # t >= 0 (or NaN): t ** w as exp2(w log2 t), which gives 0 ** w = 0 (w > 0), inf ** w = inf and
     # NaN ** w = NaN; the guard gives torch's x ** 0 = 1 for every x, 0 ** 0 and NaN ** 0 included.
-    # (Triton's interpreter has no libdevice pow.)
+    # (Triton's interpreter has no libdevice pow.) On CUDA exp2 is ex2.approx (2 ulp); the rounding
+    # of w log2 t dominates: about |w log2 t| * 4e-8 relative, under 6e-7 for terms >= 1e-4.
     return tl.where(w == 0.0, 1.0, tl.exp2(w * tl.log2(t)))
 
 
