@@ -40,6 +40,7 @@ FAMILIES = {
     "ssim_fwd_kernel",
     "down_fwd_kernel",
     "down_bwd_kernel",
+    "up_kernel",
     "masked_bwd_kernel",
     "masked_fwd_kernel",
 }

@@ -219,6 +219,15 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
         out[f"ms_ssim loss {dtype}"] = Call(
             lambda x, y: 1 - splatloss.ms_ssim(x, y, tau=0.01, backend=T), (1, 3, 176, 200), dtype
         )
+    out["ms_ssim odd sides, both grads"] = Call(
+        lambda x, y: 1 - splatloss.ms_ssim(x, y, tau=0.01, padding="same", backend=T).mean(),
+        (2, 3, 171, 163),
+        layout="channels_last",
+        grads=(True, True),
+    )
+    # the pyramid step called on its own (MS-SSIM's backward fuses its adjoint into the up kernel)
+    down = importlib.import_module("splatloss.backends.triton.ms_ssim").downsample2x
+    out["pyramid step alone"] = Call(lambda x, y: down(x).sum(), (1, 3, 41, 57))
     out["dssim_l1 same fp16"] = Call(
         lambda x, y: splatloss.dssim_l1(x, y, padding="same", backend=T), small, "float16", grads=(True, True)
     )

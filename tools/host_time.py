@@ -19,6 +19,7 @@ import torch  # noqa: E402
 import triton.runtime.interpreter as I  # noqa: E402
 
 from splatloss import functional as SF  # noqa: E402
+from splatloss.backends.triton import combine as C  # noqa: E402
 from splatloss.backends.triton import dssim_l1 as D  # noqa: E402
 from splatloss.backends.triton import ms_ssim as M  # noqa: E402
 from splatloss.backends.triton import ssim as S  # noqa: E402
@@ -47,12 +48,12 @@ def run(mode):
         (1 - SF.ms_ssim(xg, y2, backend="triton")).backward()
 
 
-eager = (S._term_call, D._dssim_l1_call, M._down_call)
-ops = (S._term_op, D._dssim_l1_op, M._down_op)
+eager = (S._term_call, D._dssim_l1_call, M._terms_call, C._combine_call)
+ops = (S._term_op, D._dssim_l1_op, M._terms_op, C._combine_op)
 
 
 def use(fns):
-    S._term_call, D._dssim_l1_call, M._down_call = fns
+    S._term_call, D._dssim_l1_call, M._terms_call, C._combine_call = fns
 
 
 def main():

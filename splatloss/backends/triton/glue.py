@@ -102,7 +102,9 @@ def with_autograd(op, impl, setup_context, backward):
     def forward(ctx, *args):
         out = impl(*args)
         setup_context(ctx, args, out)
-        return out
+        # an op returning a list of tensors: a Function's outputs are a tuple (its backward then
+        # gets one gradient per tensor, where the op's backward gets them as one list)
+        return tuple(out) if isinstance(out, list) else out
 
     # named after the op, so that its graph node reads e.g. ``term_eagerBackward``
     name = f"{impl.__name__.strip('_').removesuffix('_impl')}_eager"

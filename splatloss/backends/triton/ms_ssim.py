@@ -9,27 +9,27 @@ reach it already cast to float32 by the backend (``TritonBackend.ms_ssim``): one
 so every scale's gradient is summed in float32 and the cast's backward rounds the sum once.
 ``_down_bwd_kernel`` is its adjoint: each input pixel gets a quarter of its block's upstream
 gradient, twice that for the repeated last row / column of an odd side (it stands in both rows /
-columns of the block). 4 B read + 1 B-equivalent written per
-input pixel-channel forward; 1 B read + 4 B written backward.
-
-The loop over scales, the terms and their product are :mod:`splatloss.multiscale`'s, with
-``ssim.ssim_term`` per scale (autograd through both) and this fused step as the pyramid, so the
-metric's relu clamp and the loss's smooth positive extension (``tau``) are every backend's.
+columns of the block). 4 B read + 1 B-equivalent written per input pixel-channel forward.
+:func:`ms_terms` runs every scale's term and this step in one op, whose backward fuses the
+adjoint with each scale's own gradient (``_down_bwd_kernel`` stays the adjoint of
+:func:`downsample2x` called on its own). The terms' weighted product is :mod:`.combine`'s, one
+launch each way, the function of :func:`splatloss.multiscale.combine` (the metric's relu clamp
+and the loss's smooth positive extension, ``tau``), held to it by
+tests/backends/test_triton_ms_combine.py, special values included.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 import triton
 import triton.language as tl
 
-from ... import multiscale
-from . import launch
+from . import combine, glue, launch
 from .glue import check_inputs, eager, functorch_guard, refuse_double_backward, with_autograd
 from .launch import device_guard, launch_options
-from .ssim import ssim_term
+from .ssim import _term_impl
 
 __all__ = ["downsample2x", "ms_ssim"]
 
@@ -156,13 +156,236 @@ def downsample2x(x: Tensor) -> Tensor:
         return _down_call(x)
 
 
+# ------------------------------------------------------------------------------------------------
+# MS-SSIM's scales as one op: every scale's term in the forward, the pyramid's backward as one
+# launch per scale.
+#
+# Each scale's term is ssim._term_impl's pass (the backward kernel run in the forward for a unit
+# upstream gradient per image and channel, its SSIM or cs values summed on the way), each coarser
+# pair made by the 2x2 step above. Composed with autograd scale by scale, the backward would be
+# three launches per scale, each with full-size traffic: the scale's kept gradient times its
+# upstream scalars (read 4 B, write 4 B per pixel-channel), the 2x2 step's adjoint of the coarser
+# scale's gradient (read 1 B, write 4 B) and autograd's sum of the two (read 8 B, write 4 B): 25 B
+# per pixel-channel and 13 launches for five scales. Here one op holds every scale, so its
+# backward is _up_kernel once per scale, coarsest first: grad_j = G_j * d_j + up(grad_(j+1))
+# (G_j the kept unit gradient, d_j the [B, C] upstream of scale j's term, up the 2x2 step's
+# adjoint): 5 B read and 4 B written per pixel-channel, five launches. The arithmetic is the
+# composition's (one product, one power-of-two scaling, one sum per pixel), so the interpreter's
+# gradients are bit for bit the scale-by-scale composition's; a compiler that contracts the
+# product and the sum into a fused multiply-add rounds once instead of twice.
+#
+# The op keeps what the scale-by-scale terms kept (every scale's float32 unit gradient, for each
+# image that needs one); an input that needs a gradient its forward did not compute gets the whole
+# forward again, with that gradient.
+# ------------------------------------------------------------------------------------------------
+
+_UP_SIZES = ("C", "H", "W", "N_ROWS", "M", "J")
+
+
+@triton.jit(do_not_specialize=_UP_SIZES)
+def _up_kernel(
+    g_ptr,
+    d_ptr,
+    coarse_ptr,
+    out_ptr,
+    C,
+    H,
+    W,
+    N_ROWS,
+    M,
+    J,
+    sg_b,
+    sg_c,
+    sg_h,
+    sg_w,
+    sc_b,
+    sc_c,
+    sc_h,
+    sc_w,
+    so_b,
+    so_c,
+    so_h,
+    so_w,
+    HAS_COARSE: tl.constexpr,
+    RB: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # a tile of RB rows of scale J (row = bc * H + r) x BLOCK columns: its kept unit gradient times
+    # the scale's upstream scalar, plus the 2x2 step's adjoint of the coarser scale's gradient
+    row = tl.program_id(0) * RB + tl.arange(0, RB)[:, None]  # [RB, 1]
+    r = row % H
+    bc = row // H
+    b = (bc // C).to(tl.int64)
+    ch = (bc % C).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]  # [1, BLOCK]
+    live = row < N_ROWS
+    ok = live & (c < W)
+    u = tl.load(d_ptr + bc.to(tl.int64) * M + J, mask=live, other=0.0)  # [RB, 1]
+    g_at = g_ptr + b * sg_b + ch * sg_c + r.to(tl.int64) * sg_h + c.to(tl.int64) * sg_w
+    g = tl.load(g_at, mask=ok, other=0.0) * u
+    if HAS_COARSE:
+        c_at = coarse_ptr + b * sc_b + ch * sc_c + (r // 2).to(tl.int64) * sc_h + (c // 2).to(tl.int64) * sc_w
+        up = tl.load(c_at, mask=ok, other=0.0)
+        # each pixel gets a quarter of its block's gradient; the repeated last row / column of an
+        # odd side stands in both rows / columns of its block: twice that (ms_ssim._down_bwd_kernel)
+        up = up * tl.where((H % 2 == 1) & (r == H - 1), 0.5, 0.25)
+        g = g + up * tl.where((W % 2 == 1) & (c == W - 1), 2.0, 1.0)
+    o_at = out_ptr + b * so_b + ch * so_c + r.to(tl.int64) * so_h + c.to(tl.int64) * so_w
+    tl.store(o_at, g, mask=ok)
+
+
+def _chain_impl(d: Tensor, grads: List[Tensor]) -> Tensor:
+    """The input's gradient from every scale's kept unit gradient ``grads`` (finest first) and
+    the ``[B, C, M]`` upstream of the terms ``d``: one launch per scale, coarsest first. float32,
+    in the layout of ``grads[0]``."""
+    d = d.to(torch.float32).contiguous()
+    M = len(grads)
+    acc = None
+    for j in reversed(range(M)):
+        g = grads[j]
+        B, C, H, W = g.shape
+        out = torch.empty_like(g, dtype=torch.float32)
+        coarse = g if acc is None else acc  # any pointer when there is no coarser scale
+        n_rows = B * C * H
+        rb, block = _tile(W, n_rows, g.device)
+        with device_guard(g):
+            _up_kernel[(triton.cdiv(n_rows, rb), triton.cdiv(W, block))](
+                g,
+                d,
+                coarse,
+                out,
+                C,
+                H,
+                W,
+                n_rows,
+                M,
+                j,
+                *g.stride(),
+                *coarse.stride(),
+                *out.stride(),
+                HAS_COARSE=acc is not None,
+                RB=rb,
+                BLOCK=block,
+                **launch_options(WARPS),
+            )
+        acc = out
+    return acc
+
+
+_chain_op = torch.library.custom_op("splatloss::triton_ms_pyramid_bwd", _chain_impl, mutates_args=())
+
+
+@_chain_op.register_fake
+def _(d, grads):
+    return torch.empty_like(grads[0], dtype=torch.float32)
+
+
+def _terms_impl(
+    img1: Tensor,
+    img2: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    scales: int,
+    need1: bool,
+    need2: bool,
+) -> List[Tensor]:
+    """``[terms [B, C, M], G1_0 .. G1_(M-1), G2_0 .. G2_(M-1)]``: the mean cs at scales ``1..M-1``
+    and the mean SSIM at scale ``M``, and each scale's unit gradient for each image that needs one
+    (float32; empty where not computed)."""
+    terms, g1, g2 = [], [], []
+    x, y = img1, img2
+    for j in range(scales):
+        if j:
+            x, y = _down_impl(x), _down_impl(y)
+        t, gx, gy = _term_impl(x, y, window, padding, c1, c2, j < scales - 1, need1, need2)
+        terms.append(t)
+        g1.append(gx)
+        g2.append(gy)
+    return [torch.stack(terms, dim=-1), *g1, *g2]
+
+
+_terms_op = torch.library.custom_op("splatloss::triton_ms_terms", _terms_impl, mutates_args=())
+
+
+@_terms_op.register_fake
+def _(img1, img2, window, padding, c1, c2, scales, need1, need2):
+    B, C, H, W = img1.shape
+    g1, g2 = [], []
+    x, y = img1, img2
+    for j in range(scales):
+        if j:
+            H, W = (H + 1) // 2, (W + 1) // 2
+            x = y = img1.new_empty((B, C, H, W), dtype=torch.float32)  # the 2x2 step writes contiguous
+        gx, gy = glue.fake_unit_grads(x, y, need1, need2)
+        g1.append(gx)
+        g2.append(gy)
+    return [img1.new_empty((B, C, scales), dtype=torch.float32), *g1, *g2]
+
+
+def _terms_save(ctx, inputs, output):
+    img1, img2, window, padding, c1, c2, scales, need1, need2 = inputs
+    grads = output[1:]
+    ctx.save_for_backward(img1, img2, window, *grads)
+    ctx.mark_non_differentiable(*grads)
+    ctx.set_materialize_grads(False)  # no zero-filled upstream gradients for the kept gradients
+    ctx.cfg = (padding, c1, c2, scales)
+
+
+def _terms_backward(ctx, *grads):
+    refuse_double_backward("ms_ssim")
+    # the custom op hands its outputs' gradients over as one list, the eager Function one by one
+    g_terms = grads[0][0] if isinstance(grads[0], (list, tuple)) else grads[0]
+    rest = (None,) * 7
+    need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
+    if not (need1 or need2) or g_terms is None:
+        return (None, None) + rest
+    padding, c1, c2, scales = ctx.cfg
+    img1, img2, window, *kept = ctx.saved_tensors
+    g1, g2 = kept[:scales], kept[scales:]
+    if (need1 and g1[0].numel() == 0) or (need2 and g2[0].numel() == 0):
+        again = (_terms_impl if eager(img1, img2) else _terms_op)(
+            img1, img2, window, padding, c1, c2, scales, need1, need2
+        )
+        g1, g2 = again[1 : scales + 1], again[scales + 1 :]
+    chain = _chain_impl if eager(g_terms, img1, img2) else _chain_op
+    gx = chain(g_terms, list(g1)).to(img1.dtype) if need1 else None
+    gy = chain(g_terms, list(g2)).to(img2.dtype) if need2 else None
+    return (gx, gy) + rest
+
+
+_terms_call = with_autograd(_terms_op, _terms_impl, _terms_save, _terms_backward)
+
+
+def ms_terms(
+    img1: Tensor,
+    img2: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    scales: int,
+    need1: bool,
+    need2: bool,
+) -> Tensor:
+    """The ``[B, C, M]`` MS-SSIM terms (:func:`splatloss.multiscale.ms_terms`'s), differentiable
+    with respect to both images through the fused pyramid backward."""
+    args = (img1, img2, window, padding, float(c1), float(c2), int(scales), bool(need1), bool(need2))
+    return _terms_call(*args)[0]
+
+
 def ms_ssim(img1: Tensor, img2: Tensor, cfg, weights: Sequence[float], tau: Optional[float] = None) -> Tensor:
     """MS-SSIM per image ``[B]`` (TF ``ssim_multiscale`` conventions; ``tau`` as in
     ``splatloss.functional.ms_ssim``: None = relu-clamped metric, a float = the loss's smooth
     positive extension)."""
     check_inputs(img1, img2, cfg)
-    # one term per scale (its gradient computed in the forward when one is needed: ssim_term); the
-    # fused step writes float32 (fp16 / bf16 images arrive cast once by TritonBackend.ms_ssim)
-    term = lambda last, x, y: ssim_term(x, y, cfg, cs=not last)  # noqa: E731
-    terms = multiscale.scale_terms(term, (img1, img2), len(weights), down=downsample2x, cast=False)
-    return multiscale.combine(terms, weights, tau)
+    # every scale's term (its gradient computed in the forward when one is needed) in one op, whose
+    # backward is one launch per scale; the fused step writes float32 (fp16 / bf16 images arrive
+    # cast once by TritonBackend.ms_ssim)
+    window = glue.window_taps(cfg, img1.device)
+    with functorch_guard():
+        terms = ms_terms(
+            img1, img2, window, cfg.padding, cfg.C1, cfg.C2, len(weights), glue.wants_grad(img1), glue.wants_grad(img2)
+        )
+    return combine.combine(terms, weights, tau)

@@ -1,0 +1,107 @@
+"""Triton MS-SSIM's scales as one op (``ms_ssim.ms_terms``) against the scale-by-scale composition.
+
+The op runs every scale's term in its forward and, in its backward, one launch per scale that joins
+the scale's kept gradient to the 2x2 step's adjoint of the coarser scale's. The composition it
+replaces is autograd over ``ssim_term`` per scale and the standalone 2x2 step (its own backward
+kernel), with autograd's sums in between: the same products, scalings and sums per pixel, so in
+the interpreter both give the same terms and gradients bit for bit (on CUDA a fused multiply-add
+may round once where the composition rounds twice).
+"""
+
+import pytest
+import torch
+
+from conftest import assert_rel, device_for, has_cuda, make_pair
+from splatloss import multiscale
+from splatloss.backends.triton import ms_ssim as M
+from splatloss.backends.triton.glue import window_taps
+from splatloss.backends.triton.ssim import ssim_term
+from splatloss.config import SSIMConfig
+
+pytestmark = pytest.mark.triton
+
+# CUDA: the fused kernel's multiply-add may round once where the composition rounds twice
+SAME_GRADIENT = 1e-6
+
+
+def _same(got, want, what):
+    if has_cuda():
+        assert_rel(got, want, SAME_GRADIENT, what)
+    else:
+        assert torch.equal(got, want), f"{what}: max |diff| {(got - want).abs().max().item():.3g}"
+
+
+def _terms_both_ways(x, y, cfg, scales, need1, need2, upstream):
+    """(terms, grads) through the one op and through the scale-by-scale composition, for the same
+    upstream gradient of the terms."""
+    out = []
+    for fused in (True, False):
+        xa = x.clone().requires_grad_(need1)
+        ya = y.clone().requires_grad_(need2)
+        if fused:
+            w = window_taps(cfg, x.device)
+            terms = M.ms_terms(xa, ya, w, cfg.padding, cfg.C1, cfg.C2, scales, need1, need2)
+        else:
+            term = lambda last, a, b: ssim_term(a, b, cfg, cs=not last)  # noqa: E731
+            terms = multiscale.scale_terms(term, (xa, ya), scales, down=M.downsample2x, cast=False)
+        wrt = [t for t, need in ((xa, need1), (ya, need2)) if need]
+        grads = torch.autograd.grad((terms * upstream).sum(), wrt)
+        out.append((terms.detach(), grads))
+    return out
+
+
+@pytest.mark.parametrize(
+    "shape, layout, padding, need",
+    [
+        ((2, 2, 37, 43), "contiguous", "same", (True, False)),  # odd sides at every scale
+        pytest.param((1, 3, 36, 41), "channels_last", "valid", (True, True), marks=pytest.mark.slow),
+        pytest.param((1, 2, 40, 33), "contiguous", "reflect", (False, True), marks=pytest.mark.slow),
+    ],
+)
+def test_one_op_equals_the_scale_by_scale_composition(shape, layout, padding, need):
+    dev = device_for("triton")
+    cfg = SSIMConfig(window_size=3, padding=padding)
+    scales = 3
+    x, y = make_pair(shape, seed=23, device=dev)
+    if layout == "channels_last":
+        x, y = (t.contiguous(memory_format=torch.channels_last) for t in (x, y))
+    g = torch.Generator().manual_seed(5)
+    upstream = torch.randn((shape[0], shape[1], scales), generator=g).to(dev)  # not uniform
+    (t_fused, g_fused), (t_comp, g_comp) = _terms_both_ways(x, y, cfg, scales, *need, upstream)
+    _same(t_fused, t_comp, "terms")
+    for i, (a, b) in enumerate(zip(g_fused, g_comp)):
+        _same(a, b, f"gradient {i}")
+        # in the input's layout (the composition's sum came out contiguous for a channels-last input)
+        assert a.stride() == x.stride(), (a.stride(), x.stride())
+
+
+@pytest.mark.slow
+def test_a_gradient_the_forward_did_not_compute_is_computed_again():
+    # the op told that img1 needs no gradient (as when autograd's request was not foreseen): its
+    # backward runs the forward again with that gradient, and gets the same numbers
+    dev = device_for("triton")
+    cfg = SSIMConfig(window_size=3)
+    x, y = make_pair((1, 2, 30, 34), seed=4, device=dev)
+    w = window_taps(cfg, dev)
+    up = torch.randn((1, 2, 2), generator=torch.Generator().manual_seed(1)).to(dev)
+    grads = []
+    for told in (True, False):
+        xa = x.clone().requires_grad_()
+        terms = M.ms_terms(xa, y, w, cfg.padding, cfg.C1, cfg.C2, 2, told, False)
+        grads.append(torch.autograd.grad((terms * up).sum(), xa)[0])
+    _same(grads[1], grads[0], "recomputed gradient")
+
+
+def test_the_backward_is_one_launch_per_scale(monkeypatch):
+    # the fused chain only: no standalone 2x2 adjoint, no elementwise torch op on the image grid
+    dev = device_for("triton")
+    cfg = SSIMConfig(window_size=3)
+    x, y = make_pair((1, 1, 30, 34), seed=8, device=dev)
+    calls = []
+    for name in ("_up_kernel", "_down_bwd_kernel"):
+        kernel = getattr(M, name)
+        monkeypatch.setattr(kernel, "run", lambda *a, _n=name, _run=kernel.run, **k: calls.append(_n) or _run(*a, **k))
+    xa = x.clone().requires_grad_()
+    terms = M.ms_terms(xa, y, window_taps(cfg, dev), cfg.padding, cfg.C1, cfg.C2, 3, True, False)
+    terms.sum().backward()
+    assert calls == ["_up_kernel"] * 3
