@@ -15,8 +15,9 @@ for both architectures; with an empty Triton cache each variant costs seconds of
 - sm_80, the heaviest variant of each kernel family, and the two where sm_80 needs more registers
   than sm_90: the fused backward at the default window (255 registers) and at the largest
   (K = 31), the forward at both, the map with ``cs`` (the heaviest 4-warp forward), the
-  channels-last backward, the evaluation's forward, MS-SSIM in fp16 (the downsampling kernels and
-  half-precision stores) and the masked kernels under "reflect" (254 / 255 registers). A spill of
+  channels-last backward, the evaluation's forward, MS-SSIM in fp16 (the downsampling, pyramid
+  backward and combine kernels, half-precision stores), the pyramid step's own backward (called
+  alone) and the masked kernels under "reflect" (254 / 255 registers). A spill of
   any family on sm_80 shows in its heaviest variant first.
 - The 1080p calls (the cost model's) for both architectures are compiled by
   tests/test_sass_cost.py::test_cost_json_structure_no_spills, which fails on any spill or shared
@@ -41,6 +42,8 @@ FAMILIES = {
     "down_fwd_kernel",
     "down_bwd_kernel",
     "up_kernel",
+    "combine_fwd_kernel",
+    "combine_bwd_kernel",
     "masked_bwd_kernel",
     "masked_fwd_kernel",
 }
@@ -52,6 +55,7 @@ SM80_CALLS = (
     r"ssim same channels-last",
     r"ssim same no grad",
     r"ms_ssim loss float16",
+    r"pyramid step alone",
     r"masked dssim_l1 reflect K=9 both grads",
     r"masked ms_ssim reflect K=9",
 )

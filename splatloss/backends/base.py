@@ -127,6 +127,11 @@ class Backend(abc.ABC):
         else:
             stats = lambda x, y, m: self.masked_ssim_stats(x, y, m, cfg)  # noqa: E731
             terms = multiscale.ms_terms(stats, (img1, img2, mask), len(weights))
+        return self.combine_terms(terms, weights, tau)
+
+    def combine_terms(self, terms: Tensor, weights: Sequence[float], tau: Optional[float] = None) -> Tensor:
+        """MS-SSIM's ``[B, C, M]`` terms -> ``[B]``: :func:`splatloss.multiscale.combine`'s function
+        (a backend may compute it in its own kernels)."""
         return multiscale.combine(terms, weights, tau)
 
     def dssim_l1(

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from conftest import assert_rel, device_for
+import conftest
+from conftest import assert_rel, device_for, has_cuda
 from splatloss import multiscale
 from splatloss.backends.triton.combine import combine
 
@@ -24,7 +25,9 @@ TAU = 0.01
 # float32 against float64 on the same float32 terms: measured up to 2.5e-7 (values) and 5.6e-7
 # (gradients, largest where a term in (0, tau) meets a small weight: w t^(w - 1) is steep there)
 # normwise, over five seeds of the cases below, with the interpreter's (numpy float32) exp2 / log2.
-TOL = 1e-6
+# On CUDA the power is ex2.approx / lg2.approx (a few ulp per factor, five factors): the Triton
+# kernels' bar of the conformance suite (not yet measured on a GPU for this kernel).
+TOL = conftest.TOL["triton"]["ms_values"] if has_cuda() else 1e-6
 
 
 def _terms(shape, tau, seed=0, contiguous=True):
@@ -148,6 +151,7 @@ def test_terms_that_do_not_match_the_weights_are_refused():
         combine(x[0], STANDARD[:4])
 
 
+@pytest.mark.slow  # torch.compile: the whole suite, beside tests/test_compile.py's Triton losses
 def test_compiles_fullgraph_as_the_two_ops_and_equals_eager():
     # aot_eager (as tests/test_compile.py): dynamo and AOTAutograd through the ops' fake and
     # autograd registrations, the kernels run as in eager

@@ -92,6 +92,7 @@ def test_a_gradient_the_forward_did_not_compute_is_computed_again():
     _same(grads[1], grads[0], "recomputed gradient")
 
 
+@pytest.mark.slow
 def test_the_backward_is_one_launch_per_scale(monkeypatch):
     # the fused chain only: no standalone 2x2 adjoint, no elementwise torch op on the image grid
     dev = device_for("triton")

@@ -5,7 +5,8 @@ tensors, or on CPU tensors in the Triton interpreter when ``TRITON_INTERPRET=1``
 Triton was imported (that is how the test suite proves the kernels). :data:`BACKEND` implements
 :class:`splatloss.backends.base.Backend`. One module per op (``ssim``: stats, map and loss
 term; ``masked_ssim``: the masked statistics, their kernels in ``masked_kernels``;
-``dssim_l1``; ``ms_ssim``: the pyramid step); the kernels in ``forward`` / ``backward``; the
+``dssim_l1``; ``ms_ssim``: the pyramid step and the scales as one op; ``combine``: MS-SSIM's
+product of the terms); the kernels in ``forward`` / ``backward``; the
 jitted bodies they share in ``moments`` (the SSIM formula), ``columns`` / ``ring`` (the filters)
 and ``bodies`` (lanes and epilogues); launch geometry in ``launch``; host glue in ``glue``.
 ``tools/check_kernels.py`` compiles every kernel for sm_80 / sm_90.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from ...config import to_accumulation_dtype
 from ..base import Backend
+from . import combine as _combine
 from . import dssim_l1 as _dssim_l1
 from . import masked_ssim as _masked_ssim
 from . import ms_ssim as _ms_ssim
@@ -60,6 +62,11 @@ class TritonBackend(Backend):
         # backward rounds the sum once (each scale rounding its share would round several times).
         x, y = to_accumulation_dtype(img1), to_accumulation_dtype(img2)
         return _ms_ssim.ms_ssim(x, y, cfg, weights, tau=tau)
+
+    def combine_terms(self, terms, weights, tau=None):
+        # one launch each way instead of a dozen torch ops forward and forty backward (masked
+        # MS-SSIM's scales come here; unmasked ones go through _ms_ssim.ms_ssim, which calls it too)
+        return _combine.combine(terms, weights, tau)
 
     def dssim_l1(self, img1, img2, cfg, lam, mask=None):
         if mask is not None:
