@@ -64,11 +64,15 @@ def _positive(x, tau, USE_TAU: tl.constexpr):
 
 @triton.jit
 def _pow(t, w):
-    # t >= 0 (or NaN): t ** w as exp2(w log2 t), which gives 0 ** w = 0 (w > 0), inf ** w = inf and
-    # NaN ** w = NaN; the guard gives torch's x ** 0 = 1 for every x, 0 ** 0 and NaN ** 0 included.
-    # (Triton's interpreter has no libdevice pow.) On CUDA exp2 is ex2.approx (2 ulp); the rounding
-    # of w log2 t dominates: about |w log2 t| * 4e-8 relative, under 6e-7 for terms >= 1e-4.
-    return tl.where(w == 0.0, 1.0, tl.exp2(w * tl.log2(t)))
+    # t >= 0 (or NaN): t ** w as exp2(w log2 t) where t > 0 (inf ** w = inf), torch's 0 ** w where
+    # t is 0 (0 for w > 0, inf for w < 0: log2 never sees the 0, so the interpreter's numpy does not
+    # warn), NaN ** w = NaN, and x ** 0 = 1 for every x, 0 ** 0 and NaN ** 0 included. (Triton's
+    # interpreter has no libdevice pow.) On CUDA exp2 is ex2.approx (2 ulp); the rounding of
+    # w log2 t dominates: about |w log2 t| * 4e-8 relative, under 6e-7 for terms >= 1e-4.
+    pos = t > 0.0
+    p = tl.exp2(w * tl.log2(tl.where(pos, t, 1.0)))
+    p = tl.where(pos, p, tl.where(t == 0.0, tl.where(w > 0.0, 0.0, float("inf")), t))
+    return tl.where(w == 0.0, 1.0, p)
 
 
 @triton.jit

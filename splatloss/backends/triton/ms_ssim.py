@@ -227,7 +227,7 @@ def _up_kernel(
         c_at = coarse_ptr + b * sc_b + ch * sc_c + (r // 2).to(tl.int64) * sc_h + (c // 2).to(tl.int64) * sc_w
         up = tl.load(c_at, mask=ok, other=0.0)
         # each pixel gets a quarter of its block's gradient; the repeated last row / column of an
-        # odd side stands in both rows / columns of its block: twice that (ms_ssim._down_bwd_kernel)
+        # odd side stands in both rows / columns of its block: twice that (as in _down_bwd_kernel)
         up = up * tl.where((H % 2 == 1) & (r == H - 1), 0.5, 0.25)
         g = g + up * tl.where((W % 2 == 1) & (c == W - 1), 2.0, 1.0)
     o_at = out_ptr + b * so_b + ch * so_c + r.to(tl.int64) * so_h + c.to(tl.int64) * so_w
