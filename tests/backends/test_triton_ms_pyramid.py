@@ -39,8 +39,7 @@ def _terms_both_ways(x, y, cfg, scales, need1, need2, upstream):
         xa = x.clone().requires_grad_(need1)
         ya = y.clone().requires_grad_(need2)
         if fused:
-            w = window_taps(cfg, x.device)
-            terms = M.ms_terms(xa, ya, w, cfg.padding, cfg.C1, cfg.C2, scales, need1, need2)
+            terms = M.ms_terms(xa, ya, cfg, scales)
         else:
             term = lambda last, a, b: ssim_term(a, b, cfg, cs=not last)  # noqa: E731
             terms = multiscale.scale_terms(term, (xa, ya), scales, down=M.downsample2x, cast=False)
@@ -87,7 +86,7 @@ def test_a_gradient_the_forward_did_not_compute_is_computed_again():
     grads = []
     for told in (True, False):
         xa = x.clone().requires_grad_()
-        terms = M.ms_terms(xa, y, w, cfg.padding, cfg.C1, cfg.C2, 2, told, False)
+        terms = M._terms_call(xa, y, w, cfg.padding, float(cfg.C1), float(cfg.C2), 2, told, False)[0]
         grads.append(torch.autograd.grad((terms * up).sum(), xa)[0])
     _same(grads[1], grads[0], "recomputed gradient")
 
@@ -103,6 +102,6 @@ def test_the_backward_is_one_launch_per_scale(monkeypatch):
         kernel = getattr(M, name)
         monkeypatch.setattr(kernel, "run", lambda *a, _n=name, _run=kernel.run, **k: calls.append(_n) or _run(*a, **k))
     xa = x.clone().requires_grad_()
-    terms = M.ms_terms(xa, y, window_taps(cfg, dev), cfg.padding, cfg.C1, cfg.C2, 3, True, False)
+    terms = M.ms_terms(xa, y, cfg, 3)
     terms.sum().backward()
     assert calls == ["_up_kernel"] * 3

@@ -358,20 +358,12 @@ def _terms_backward(ctx, *grads):
 _terms_call = with_autograd(_terms_op, _terms_impl, _terms_save, _terms_backward)
 
 
-def ms_terms(
-    img1: Tensor,
-    img2: Tensor,
-    window: Tensor,
-    padding: str,
-    c1: float,
-    c2: float,
-    scales: int,
-    need1: bool,
-    need2: bool,
-) -> Tensor:
-    """The ``[B, C, M]`` MS-SSIM terms (:func:`splatloss.multiscale.ms_terms`'s), differentiable
-    with respect to both images through the fused pyramid backward."""
-    args = (img1, img2, window, padding, float(c1), float(c2), int(scales), bool(need1), bool(need2))
+def ms_terms(img1: Tensor, img2: Tensor, cfg, scales: int) -> Tensor:
+    """The ``[B, C, M]`` MS-SSIM terms of ``scales`` scales (:func:`splatloss.multiscale.ms_terms`'s),
+    differentiable with respect to both images through the fused pyramid backward."""
+    window = glue.window_taps(cfg, img1.device)
+    need1, need2 = glue.wants_grad(img1), glue.wants_grad(img2)
+    args = (img1, img2, window, cfg.padding, float(cfg.C1), float(cfg.C2), int(scales), need1, need2)
     return _terms_call(*args)[0]
 
 
@@ -383,9 +375,6 @@ def ms_ssim(img1: Tensor, img2: Tensor, cfg, weights: Sequence[float], tau: Opti
     # every scale's term (its gradient computed in the forward when one is needed) in one op, whose
     # backward is one launch per scale; the fused step writes float32 (fp16 / bf16 images arrive
     # cast once by TritonBackend.ms_ssim)
-    window = glue.window_taps(cfg, img1.device)
     with functorch_guard():
-        terms = ms_terms(
-            img1, img2, window, cfg.padding, cfg.C1, cfg.C2, len(weights), glue.wants_grad(img1), glue.wants_grad(img2)
-        )
+        terms = ms_terms(img1, img2, cfg, len(weights))
     return combine.combine(terms, weights, tau)
