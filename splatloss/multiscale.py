@@ -26,7 +26,16 @@ import torch.nn.functional as F
 
 from .config import to_accumulation_dtype
 
-__all__ = ["downsample2x", "smooth_positive", "levels", "ms_terms", "scale_terms", "combine", "ms_ssim"]
+__all__ = [
+    "downsample2x",
+    "smooth_positive",
+    "levels",
+    "ms_terms",
+    "scale_terms",
+    "combine",
+    "weights_tensor",
+    "ms_ssim",
+]
 
 Tensor = torch.Tensor
 Stats = Callable[..., Tuple[Tensor, Tensor]]
@@ -122,7 +131,7 @@ def combine(terms: Tensor, weights: Sequence[float], tau: Optional[float] = None
         tensor([0.4243])
     """
     t = torch.relu(terms) if tau is None else smooth_positive(terms, tau)
-    f = t ** _weights_tensor(weights, terms)
+    f = t ** weights_tensor(weights, terms)
     # the product as M - 1 multiplies, not torch.prod: prod's backward counts the zero factors on
     # the host (a synchronisation per call, which also stops a CUDA graph capture)
     return functools.reduce(torch.mul, f.unbind(-1)).mean(dim=-1)
@@ -133,7 +142,10 @@ def combine(terms: Tensor, weights: Sequence[float], tau: Optional[float] = None
 _WEIGHTS_CACHE: dict = {}
 
 
-def _weights_tensor(weights: Sequence[float], like: Tensor) -> Tensor:
+def weights_tensor(weights: Sequence[float], like: Tensor) -> Tensor:
+    """The scale weights as a tensor of ``like``'s dtype and device, built once per (weights, dtype,
+    device) (:func:`combine`'s exponents; a backend computing the product in its own kernel reads
+    the same tensor)."""
     if torch.compiler.is_compiling():  # a constant of the traced graph
         return torch.tensor(list(weights), dtype=like.dtype, device=like.device)
     key = (tuple(float(v) for v in weights), like.dtype, like.device)

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...multiscale import _weights_tensor
+from ...multiscale import weights_tensor
 from . import launch
 from .glue import eager, functorch_guard, refuse_double_backward, with_autograd
 from .launch import device_guard, launch_options
@@ -216,6 +216,6 @@ def combine(terms: Tensor, weights: Sequence[float], tau: Optional[float] = None
             f"combine takes (B, C, M) terms with M = len(weights) = {len(weights)} scales, got shape "
             f"{tuple(terms.shape)}; stack one term per scale on the last dimension"
         )
-    w = _weights_tensor(weights, terms)
+    w = weights_tensor(weights, terms)
     with functorch_guard():
         return _combine_call(terms, w, 0.0 if tau is None else float(tau), tau is not None)
