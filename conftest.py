@@ -7,6 +7,7 @@ tests). Tests run torch single-threaded: on small test images the intra-op pool 
 it saves. The Triton launches keep their planned rows per program (no timing on CUDA).
 """
 
+import dataclasses
 import os
 import sys
 
@@ -23,6 +24,7 @@ if not torch.cuda.is_available():
 torch.set_num_threads(1)
 
 
+
 # The Triton interpreter, made quicker for the test run without changing what it computes (triton
 # 3.7.1, the pinned version; any other version runs unchanged). Profiled on the conformance suite's
 # Triton cases, about a quarter of the interpreter's time was two kinds of repeated set-up (in
@@ -33,6 +35,14 @@ torch.set_num_threads(1)
 #   scope is never restored, so the re-patch changes nothing: it is skipped while a launch is
 #   running and has patched every language module the helper sees.
 # - ``_get_np_dtype`` builds a 20-entry dict on each of its tens of thousands of calls: memoised.
+# - the interpreter's integer-overflow sanitiser (``sanitize_overflow``, on by default there, a no-op
+#   in a compiled kernel without debug) redoes every int32 add, sub and mul in int64 and asserts
+#   the result's range: about a third of a masked backward's time (test_flat_images.py's masked
+#   "reflect" case: 24 s against 33 s). It is off in the quicker interpreter; the plain run of
+#   tests/test_interpreter_shim.py keeps it on over every kernel family.
+# - each binary operation's type checks (promotion, casts, broadcast: half of what remained): for
+#   two tensors of one element type that no operation promotes (float32, float64, integers) the
+#   casts are the identity, so only the broadcast is done.
 # tests/test_interpreter_shim.py checks that the kernels' results are bitwise those of the plain
 # interpreter.
 _PLAIN_INTERPRETER: dict = {}  # the interpreter's own functions while the quicker ones are in place
@@ -52,6 +62,9 @@ def quicker_triton_interpreter(on: bool = True) -> bool:
             interp._patch_lang = _PLAIN_INTERPRETER.pop("patch_lang")
             interp._get_np_dtype = _PLAIN_INTERPRETER.pop("np_dtype")
             interp.GridExecutor.__call__ = _PLAIN_INTERPRETER.pop("grid_call")
+            interp.interpreter_builder.options = _PLAIN_INTERPRETER.pop("options")
+            del interp.interpreter_semantic.binary_op_type_checking_impl  # the class's method again
+            _PLAIN_INTERPRETER.clear()
         return False
     if _PLAIN_INTERPRETER:
         return True
@@ -88,7 +101,23 @@ def quicker_triton_interpreter(on: bool = True) -> bool:
         except TypeError:  # unhashable
             return np_dtype(tt_dtype)
 
-    _PLAIN_INTERPRETER.update(patch_lang=patch_lang, np_dtype=np_dtype, grid_call=grid_call)
+    semantic = interp.interpreter_semantic
+    type_check = semantic.binary_op_type_checking_impl
+
+    def quick_type_check(lhs, rhs, *args, **kwargs):
+        # two tensors of one element type that no operation promotes: the casts are the identity
+        # and only the broadcast remains (none for one block type)
+        if type(lhs) is semantic.tensor and type(rhs) is semantic.tensor:
+            if lhs.type == rhs.type or lhs.type.scalar == rhs.type.scalar:
+                scalar = lhs.type.scalar
+                if scalar.is_fp32() or scalar.is_fp64() or scalar.is_int():
+                    return (lhs, rhs) if lhs.type == rhs.type else semantic.broadcast_impl_value(lhs, rhs)
+        return type_check(lhs, rhs, *args, **kwargs)
+
+    options = interp.interpreter_builder.options
+    _PLAIN_INTERPRETER.update(patch_lang=patch_lang, np_dtype=np_dtype, grid_call=grid_call, options=options)
+    interp.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    semantic.binary_op_type_checking_impl = quick_type_check
     interp._patch_lang = quick_patch_lang
     interp.GridExecutor.__call__ = quick_grid_call
     interp._get_np_dtype = quick_np_dtype
@@ -96,5 +125,6 @@ def quicker_triton_interpreter(on: bool = True) -> bool:
 
 
 def pytest_runtest_setup(item):
-    if "triton" in sys.modules and not _PLAIN_INTERPRETER:
+    # from a worker's first Triton test on (the marker), or once anything has imported Triton
+    if not _PLAIN_INTERPRETER and ("triton" in sys.modules or item.get_closest_marker("triton")):
         quicker_triton_interpreter()

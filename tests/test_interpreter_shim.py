@@ -45,13 +45,16 @@ def test_kernels_give_the_plain_interpreters_bits(request):
             interpreter._patch_lang.__name__,
             interpreter._get_np_dtype.__name__,
             interpreter.GridExecutor.__call__.__name__,
+            interpreter.interpreter_builder.options.sanitize_overflow,
+            "binary_op_type_checking_impl" in vars(interpreter.interpreter_semantic),
         )
 
     try:
-        assert in_place() == ("quick_patch_lang", "quick_np_dtype", "quick_grid_call")
+        assert in_place() == ("quick_patch_lang", "quick_np_dtype", "quick_grid_call", False, True)
         quick = _every_kernel_family()
         assert not switch(False)
-        assert in_place() == ("_patch_lang", "_get_np_dtype", "__call__")
+        # the plain interpreter, its int32 overflow sanitiser on, runs every kernel family
+        assert in_place() == ("_patch_lang", "_get_np_dtype", "__call__", True, False)
         plain = _every_kernel_family()
     finally:
         switch(True)
