@@ -24,7 +24,6 @@ if not torch.cuda.is_available():
 torch.set_num_threads(1)
 
 
-
 # The Triton interpreter, made quicker for the test run without changing what it computes (triton
 # 3.7.1, the pinned version; any other version runs unchanged). Profiled on the conformance suite's
 # Triton cases, about a quarter of the interpreter's time was two kinds of repeated set-up (in
