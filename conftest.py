@@ -8,6 +8,7 @@ it saves. The Triton launches keep their planned rows per program (no timing on 
 """
 
 import dataclasses
+import gc
 import os
 import sys
 
@@ -121,6 +122,15 @@ def quicker_triton_interpreter(on: bool = True) -> bool:
     interp.GridExecutor.__call__ = quick_grid_call
     interp._get_np_dtype = quick_np_dtype
     return True
+
+
+def pytest_collection_finish(session):
+    """Everything imported by now (torch, Lightning, Hydra, the test modules: about half a million
+    objects in a worker) lives to the end of the run: frozen out of the cyclic collector's view, so
+    that the collections the tests' own allocations trigger (the Triton interpreter's, by the
+    thousand) walk only what the tests made. On one interpreter case 2.7 s of 6.1 s were collections
+    with those modules loaded, 1.7 s with them frozen."""
+    gc.freeze()
 
 
 def pytest_runtest_setup(item):
