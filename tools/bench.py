@@ -22,7 +22,11 @@ told to serve every allocation of 64 KiB or more with mmap and hand it back on f
 After one warm-up call (compilation, caches) the kernel's peak-RSS counter is reset
 (``/proc/self/clear_refs``) and one more call runs; the figure is peak RSS during that call minus
 RSS just before it: everything the call added, whoever allocated it (torch tensors, oneDNN scratch,
-our kernel's workspace), including the gradient it leaves in ``x.grad``. On CUDA it is
+our kernel's workspace), including the gradient it leaves in ``x.grad``. The child runs on one CPU
+(its affinity pinned): Linux keeps a process's RSS in per-CPU counters that reach its peak only in
+batches (``percpu_counter``, 32 pages per CPU on a 2-CPU machine), so a call of a few hundred KiB
+whose page faults were split over two CPUs as it migrated could read as 0 added bytes (seen once,
+under the test suite's load, for a 2x1x176x184 MS-SSIM). On CUDA it is
 ``torch.cuda.max_memory_allocated`` over the call minus the memory allocated before it.
 """
 
@@ -530,6 +534,8 @@ def memory_child(lib, op, mode, shape, dtype, device):
     import gc
 
     gc.collect()
+    if hasattr(os, "sched_setaffinity"):  # one CPU's RSS counter sees every page the call faults in
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
     before = _status()["VmRSS"]
