@@ -107,11 +107,10 @@ def quicker_triton_interpreter(on: bool = True) -> bool:
     def quick_type_check(lhs, rhs, *args, **kwargs):
         # two tensors of one element type that no operation promotes: the casts are the identity
         # and only the broadcast remains (none for one block type)
-        if type(lhs) is semantic.tensor and type(rhs) is semantic.tensor:
-            if lhs.type == rhs.type or lhs.type.scalar == rhs.type.scalar:
-                scalar = lhs.type.scalar
-                if scalar.is_fp32() or scalar.is_fp64() or scalar.is_int():
-                    return (lhs, rhs) if lhs.type == rhs.type else semantic.broadcast_impl_value(lhs, rhs)
+        if type(lhs) is semantic.tensor and type(rhs) is semantic.tensor and lhs.type.scalar == rhs.type.scalar:
+            scalar = lhs.type.scalar
+            if scalar.is_fp32() or scalar.is_fp64() or scalar.is_int():
+                return (lhs, rhs) if lhs.type == rhs.type else semantic.broadcast_impl_value(lhs, rhs)
         return type_check(lhs, rhs, *args, **kwargs)
 
     options = interp.interpreter_builder.options
