@@ -64,7 +64,6 @@ def quicker_triton_interpreter(on: bool = True) -> bool:
             interp.GridExecutor.__call__ = _PLAIN_INTERPRETER.pop("grid_call")
             interp.interpreter_builder.options = _PLAIN_INTERPRETER.pop("options")
             del interp.interpreter_semantic.binary_op_type_checking_impl  # the class's method again
-            _PLAIN_INTERPRETER.clear()
         return False
     if _PLAIN_INTERPRETER:
         return True
