@@ -25,6 +25,15 @@ def test_launch_options_pass_maxnreg_only_on_nvidia():
     assert launch.launch_options(4) == {"num_warps": 4, "maxnreg": launch.MAXNREG}
 
 
+def test_host_launch_arithmetic_equals_tritons():
+    # the launchers size their grids with these instead of Triton's constexpr functions
+    import triton
+
+    assert [launch.next_power_of_2(n) for n in range(5000)] == [triton.next_power_of_2(n) for n in range(5000)]
+    pairs = [(a, b) for a in range(300) for b in range(1, 40)]
+    assert [launch.cdiv(a, b) for a, b in pairs] == [triton.cdiv(a, b) for a, b in pairs]
+
+
 def test_device_guard_selects_the_tensors_cuda_device():
     # Triton launches on the current device: the guard must switch to the tensor's own index
     cpu = torch.zeros(1)

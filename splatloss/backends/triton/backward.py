@@ -25,7 +25,7 @@ import triton.language as tl
 from . import tune
 from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
 from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, vadjoint_taps, vmoments
-from .launch import COLUMN_TAPS, SIZES, bwd_maxnreg, device_guard, geometry, launch_options, problem
+from .launch import COLUMN_TAPS, SIZES, bwd_maxnreg, cdiv, device_guard, geometry, launch_options, problem
 from .moments import partials
 from .ring import hadjoint_moved as hadjoint_moved_ring
 from .ring import ring_vsum, row_moments, window_taus
@@ -377,8 +377,8 @@ def launch_bwd(
     maxnreg = bwd_maxnreg(K, reflect, need1 and need2, img1.stride(3) != 1 or img2.stride(3) != 1)
     geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=maxnreg)
     step = geo.f - (K - 1)
-    n_strips = triton.cdiv(W, step)
-    n_groups = triton.cdiv(BC, geo.bw // geo.f)
+    n_strips = cdiv(W, step)
+    n_groups = cdiv(BC, geo.bw // geo.f)
     dev = img1.device
     upstream_map = g_s.dim() == 4
     if upstream_map:
@@ -406,7 +406,7 @@ def launch_bwd(
     per_prog = 10 * geo.bw + (32 if K <= COLUMN_TAPS.value else 11 * geo.kp * geo.bw)
 
     def run(rows: int):  # writes the gradients (never reads them): safe to run again
-        n_chunks = triton.cdiv(H, rows)
+        n_chunks = cdiv(H, rows)
         n_prog = n_groups * n_chunks * n_strips
         scratch = torch.empty((n_prog, per_prog), dtype=torch.float32, device=dev)
         sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)

@@ -37,7 +37,7 @@ import triton.language as tl
 from ...multiscale import weights_tensor
 from . import launch
 from .glue import eager, functorch_guard, refuse_double_backward, with_autograd
-from .launch import device_guard, launch_options
+from .launch import cdiv, device_guard, launch_options, next_power_of_2
 
 __all__ = ["combine"]
 
@@ -133,11 +133,11 @@ def _grid(terms: Tensor) -> tuple:
     """(programs, BB, CP, MP, warps): on CUDA about 512 values per program (a handful of images;
     one warp for a tile of up to 128); in the interpreter (a cost per operation) up to 16k."""
     B, C, M = terms.shape
-    cp, mp = triton.next_power_of_2(max(C, 1)), triton.next_power_of_2(max(M, 1))
+    cp, mp = next_power_of_2(max(C, 1)), next_power_of_2(max(M, 1))
     cap = 512 if terms.device.type == "cuda" or launch.FORCE_CUDA_GEOMETRY else 16384
-    bb = min(triton.next_power_of_2(max(B, 1)), max(1, cap // (cp * mp)))
+    bb = min(next_power_of_2(max(B, 1)), max(1, cap // (cp * mp)))
     warps = max(1, min(4, (bb * cp * mp) // 128))
-    return triton.cdiv(B, bb), bb, cp, mp, warps
+    return cdiv(B, bb), bb, cp, mp, warps
 
 
 def _combine_impl(terms: Tensor, weights: Tensor, tau: float, use_tau: bool) -> Tensor:

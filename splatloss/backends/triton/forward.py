@@ -24,7 +24,7 @@ import triton.language as tl
 from . import tune
 from .bodies import interior, lanes, store_sums
 from .columns import hmoments, load_taps, vmoments
-from .launch import COLUMN_TAPS, SIZES, device_guard, fwd_maxnreg, geometry, launch_options, problem
+from .launch import COLUMN_TAPS, SIZES, cdiv, device_guard, fwd_maxnreg, geometry, launch_options, problem
 from .moments import ssim_cs
 from .ring import ring_vsum, row_moments, window_taus
 
@@ -211,15 +211,15 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
     BC = B * C
     maxnreg = fwd_maxnreg(K, reflect, mode == "map_cs")
     geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=maxnreg)
-    n_strips = triton.cdiv(Wo, geo.f)
-    n_groups = triton.cdiv(BC, geo.bw // geo.f)
+    n_strips = cdiv(Wo, geo.f)
+    n_groups = cdiv(BC, geo.bw // geo.f)
     dev = img1.device
     stats = mode in ("stats", "stats_l1")
     # the ring kernels (K > COLUMN_TAPS) keep 6 rings of KP rows per program; the column kernels none
     ring = K > COLUMN_TAPS.value
 
     def run(rows: int):
-        n_chunks = triton.cdiv(Ho, rows)
+        n_chunks = cdiv(Ho, rows)
         n_prog = n_groups * n_chunks * n_strips
         l1 = None
         if stats:

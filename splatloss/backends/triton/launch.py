@@ -14,7 +14,6 @@ import contextlib
 from typing import NamedTuple, Optional
 
 import torch
-import triton
 import triton.language as tl
 
 #: Largest window the kernels accept. Tap / ring tiles are ``KP = next_pow2(K)`` rows deep; up to
@@ -63,6 +62,17 @@ FULL_WAVES = 4
 #: SMs assumed where no CUDA device is asked (``FORCE_CUDA_GEOMETRY`` in the interpreter): an H100.
 MODEL_SMS = 132
 _SMS: dict = {}
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for launch sizes on the host (``triton.cdiv`` is a constexpr function there,
+    whose argument unwrapping costs more than the division: dozens of calls per MS-SSIM loss)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two at least ``n`` (0 for 0), as ``triton.next_power_of_2``, on the host."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 def sm_count(device: torch.device) -> int:
@@ -121,7 +131,7 @@ COLUMN_TAPS = tl.constexpr(11)
 def cuda_lanes(window_size: int) -> int:
     """Lanes (columns) per program on CUDA: 128, or 64 for the ring kernels' 32-deep tap tiles
     (K = 17..31)."""
-    return 128 if triton.next_power_of_2(window_size) <= 16 else 64
+    return 128 if next_power_of_2(window_size) <= 16 else 64
 
 
 def cuda_warps(window_size: int) -> int:
@@ -131,7 +141,7 @@ def cuda_warps(window_size: int) -> int:
     lanes = cuda_lanes(window_size)
     if window_size <= COLUMN_TAPS.value:
         return lanes // 32
-    return max(4, (triton.next_power_of_2(window_size) * lanes) // (8 * 32))
+    return max(4, (next_power_of_2(window_size) * lanes) // (8 * 32))
 
 
 def geometry(
@@ -159,8 +169,8 @@ def geometry(
     than :data:`FULL_WAVES` waves of the SMs' resident slots (``maxnreg``: the launch's register
     ceiling, which sets how many programs an SM holds).
     """
-    kp = triton.next_power_of_2(window_size)
-    need = triton.next_power_of_2(max(frame, 1))
+    kp = next_power_of_2(window_size)
+    need = next_power_of_2(max(frame, 1))
     if device.type == "cuda" or FORCE_CUDA_GEOMETRY:
         lanes = cuda_lanes(window_size)
         warps = cuda_warps(window_size)
@@ -170,20 +180,20 @@ def geometry(
         # programs per row chunk: lane groups x column strips (a backward strip yields f - (K - 1)
         # gradient columns of the frame - (K - 1) image columns)
         halo_cols = window_size - 1 if halo else 0
-        per_chunk = triton.cdiv(bc, lanes // f) * triton.cdiv(max(frame - halo_cols, 1), f - halo_cols)
+        per_chunk = cdiv(bc, lanes // f) * cdiv(max(frame - halo_cols, 1), f - halo_cols)
         slots = sm_count(device) * programs_per_sm(warps, maxnreg)
         halo_rows = (2 if halo else 1) * (window_size - 1)
         rows = max(rows, 1)
 
         def waved(r: int) -> tuple:  # wave-quantised time in row steps; ties: the longer programs
-            return (triton.cdiv(per_chunk * triton.cdiv(rows, r), slots) * (min(r, rows) + halo_rows), -r)
+            return (cdiv(per_chunk * cdiv(rows, r), slots) * (min(r, rows) + halo_rows), -r)
 
         n_rows = CUDA_ROWS
-        if per_chunk * triton.cdiv(rows, CUDA_ROWS) < FULL_WAVES * slots:
+        if per_chunk * cdiv(rows, CUDA_ROWS) < FULL_WAVES * slots:
             n_rows = min([CUDA_ROWS] + [r for r in ROW_STEPS if r < CUDA_ROWS], key=waved)
         return Geometry(bw=lanes, f=f, rows=n_rows, kp=kp, warps=warps)
     f = min(need, 2048)
-    bw = f * min(triton.next_power_of_2(bc), max(1, 2048 // f))
+    bw = f * min(next_power_of_2(bc), max(1, 2048 // f))
     return Geometry(bw=bw, f=f, rows=max(rows, 1), kp=kp, warps=4)
 
 

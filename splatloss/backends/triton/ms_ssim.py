@@ -28,7 +28,7 @@ import triton.language as tl
 
 from . import combine, glue, launch
 from .glue import check_inputs, eager, functorch_guard, refuse_double_backward, with_autograd
-from .launch import device_guard, launch_options
+from .launch import cdiv, device_guard, launch_options, next_power_of_2
 from .ssim import _term_impl
 
 __all__ = ["downsample2x", "ms_ssim"]
@@ -42,10 +42,10 @@ def _tile(width: int, rows: int, device: torch.device) -> tuple:
     """(rows, columns) of a program's tile: on CUDA one row of one channel, the row's width rounded
     up to a power of two, 128..1024 columns; in the interpreter (one program at a time, at a cost
     per operation) as many rows as make about 16k elements."""
-    block = min(1024, max(128, triton.next_power_of_2(width)))
+    block = min(1024, max(128, next_power_of_2(width)))
     if device.type == "cuda" or launch.FORCE_CUDA_GEOMETRY:
         return 1, block
-    return min(triton.next_power_of_2(rows), max(1, 16384 // block)), block
+    return min(next_power_of_2(rows), max(1, 16384 // block)), block
 
 
 #: Sizes compiled as plain integers (no variant per image size; see launch.SIZES).
@@ -100,7 +100,7 @@ def _down_impl(x: Tensor) -> Tensor:
     n_rows = B * C * Ho
     rb, block = _tile(Wo, n_rows, x.device)
     with device_guard(x):
-        _down_fwd_kernel[(triton.cdiv(n_rows, rb), triton.cdiv(Wo, block))](
+        _down_fwd_kernel[(cdiv(n_rows, rb), cdiv(Wo, block))](
             x, out, C, H, W, Ho, Wo, n_rows, *x.stride(), RB=rb, BLOCK=block, **launch_options(WARPS)
         )
     return out
@@ -121,7 +121,7 @@ def _down_bwd_impl(g: Tensor, x: Tensor) -> Tensor:
     n_rows = B * C * H
     rb, block = _tile(W, n_rows, g.device)
     with device_guard(g):
-        _down_bwd_kernel[(triton.cdiv(n_rows, rb), triton.cdiv(W, block))](
+        _down_bwd_kernel[(cdiv(n_rows, rb), cdiv(W, block))](
             g, out, C, H, W, g.shape[2], g.shape[3], n_rows, *g.stride(), RB=rb, BLOCK=block, **launch_options(WARPS)
         )
     return out
@@ -249,7 +249,7 @@ def _chain_impl(d: Tensor, grads: List[Tensor]) -> Tensor:
         n_rows = B * C * H
         rb, block = _tile(W, n_rows, g.device)
         with device_guard(g):
-            _up_kernel[(triton.cdiv(n_rows, rb), triton.cdiv(W, block))](
+            _up_kernel[(cdiv(n_rows, rb), cdiv(W, block))](
                 g,
                 d,
                 coarse,

@@ -33,7 +33,6 @@ import time
 from typing import Callable, Dict, Hashable, List, TypeVar
 
 import torch
-import triton
 
 from . import launch
 
@@ -75,12 +74,12 @@ def candidates(planned: int, rows: int) -> List[int]:
     at most twice the plan's chunks (the per-program scratch and partial sums grow with them: a
     16-row candidate for five 4K images would take 336 MB of scratch, the plan 42 MB)."""
     rows = max(rows, 1)
-    most = 2 * triton.cdiv(rows, planned)
-    by_chunks: Dict[int, int] = {triton.cdiv(rows, planned): planned}
+    most = 2 * launch.cdiv(rows, planned)
+    by_chunks: Dict[int, int] = {launch.cdiv(rows, planned): planned}
     for r in (2 * launch.CUDA_ROWS, launch.CUDA_ROWS, *launch.ROW_STEPS):
-        n = triton.cdiv(rows, r)
+        n = launch.cdiv(rows, r)
         if n <= most:
-            by_chunks.setdefault(n, triton.cdiv(rows, n))
+            by_chunks.setdefault(n, launch.cdiv(rows, n))
     return sorted(by_chunks.values())
 
 
