@@ -31,13 +31,12 @@ import torch
 import triton
 import triton.language as tl
 
-from . import tune
+from . import launch, tune
 from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
 from .columns import hadjoint_moved, hmoments_masked, load_taps, push, push_moved, vadjoint_taps, vmoments_masked
 from .launch import (
     MAXNREG,
     SIZES,
-    cdiv,
     device_guard,
     fwd_maxnreg,
     geometry,
@@ -292,11 +291,11 @@ def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: flo
     BC = B * C
     maxnreg = fwd_maxnreg(K, reflect, both_maps=True)  # it sums both maps (SSIM and cs)
     geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=maxnreg)
-    n_strips = cdiv(Wo, geo.f)
+    n_strips = launch.cdiv(Wo, geo.f)
 
     def run(rows: int):
-        n_chunks = cdiv(Ho, rows)
-        n_prog = cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
+        n_chunks = launch.cdiv(Ho, rows)
+        n_prog = launch.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
         s = torch.empty((BC, n_chunks * n_strips), dtype=torch.float32, device=img1.device)
         cs = torch.empty_like(s)
         with device_guard(img1):
@@ -360,13 +359,13 @@ def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy
     need1, need2 = gx is not None, gy is not None
     wide, maxnreg = BWD_LAUNCH["heavy" if (need1 and need2) or reflect else "light"]
     geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=maxnreg, wide_halo=wide)
-    n_strips = cdiv(W, geo.f - (K - 1))
+    n_strips = launch.cdiv(W, geo.f - (K - 1))
     dev = img1.device
     out = gx if need1 else gy
 
     def run(rows: int):  # writes the gradients (never reads them): safe to run again
-        n_chunks = cdiv(H, rows)
-        n_prog = cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
+        n_chunks = launch.cdiv(H, rows)
+        n_prog = launch.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
         scratch = torch.empty((n_prog, 10 * geo.bw + 32), dtype=torch.float32, device=dev)
         # two sums per program and channel: the SSIM's and the L1's (the second written only with l1)
         sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
