@@ -89,7 +89,7 @@ def programs_per_sm(warps: int, maxnreg: int) -> int:
     """Programs of ``warps`` warps an SM holds at once with ``maxnreg`` registers per thread (sm_80 /
     sm_90: 64K registers, allocated per warp in multiples of 256, i.e. 8 per thread; 64 warps; 32
     programs), at least 1."""
-    regs = -(-min(maxnreg, 255) // 8) * 8
+    regs = cdiv(min(maxnreg, 255), 8) * 8
     return max(1, min(65536 // (regs * 32 * warps), 64 // warps, 32))
 
 
