@@ -198,3 +198,28 @@ def test_a_library_whose_loss_value_differs_is_marked():
     table = io.StringIO()
     bench.print_table([recs[0], off], "splatloss-torch", file=table)
     assert "pytorch_msssim ?" in table.getvalue()
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--sizes", "0x5"], "--sizes are HxW with H, W >= 1"),
+        (["--sizes", "axb"], "--sizes are HxW with H, W >= 1"),
+        (["--batch", "0"], "--batch is a comma-separated list of integers >= 1"),
+        (["--channels", "3,x"], "--channels is a comma-separated list of integers >= 1"),
+        (["--json", "{tmp}"], "is a folder; give a file name"),
+        (["--plot", "{file}/bench.png"], "is a file, not a folder"),
+    ],
+)
+def test_bad_arguments_and_unwritable_outputs_are_refused_before_anything_runs(tmp_path, args, message):
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import bench
+    finally:
+        sys.path.pop(0)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    args = [a.format(tmp=tmp_path, file=a_file) for a in args]
+    with pytest.raises(SystemExit, match=message):
+        bench.main(args + ["--libs", "splatloss-torch", "--ops", "ssim", "--repeats", "1", "--no-floor"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written, not even a probe

@@ -806,8 +806,36 @@ def _size(s):
     try:
         h, w = (int(v) for v in s.lower().split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"sizes are HxW, e.g. 720x1280, got {s!r}")
+        h = w = 0
+    if h < 1 or w < 1:
+        raise SystemExit(f"--sizes are HxW with H, W >= 1, e.g. 720x1280, got {s!r}")
     return h, w
+
+
+def _counts(flag, text):
+    """A comma-separated list of positive integers (``--batch``, ``--channels``), or exit naming the flag."""
+    try:
+        values = [int(v) for v in _csv(text)]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise SystemExit(f"{flag} is a comma-separated list of integers >= 1, got {text!r}")
+    return values
+
+
+def _check_outputs(args):
+    """Refuse, before anything runs, a --json or --plot path that cannot be written."""
+    from splatloss.lightning.runs import check_writable
+
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is None:
+            continue
+        if os.path.isdir(path):
+            raise SystemExit(f"{flag} {path!r} is a folder; give a file name")
+        try:
+            check_writable({f"{flag} file": os.path.dirname(os.path.abspath(path))}, instead=f"another {flag} path")
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
 
 
 def parse_args(argv=None):
@@ -887,6 +915,7 @@ def main(argv=None):
             json.dumps(memory_child(lib, op, mode, tuple(int(v) for v in shape.split("x")), getattr(torch, dt), device))
         )
         return 0
+    _check_outputs(args)
     if args.markdown:
         payload = json.loads(Path(args.markdown).read_text())
         print(markdown_table(payload["results"], payload.get("baseline", args.baseline)))
@@ -915,7 +944,8 @@ def main(argv=None):
     if any(m not in MODES for m in modes):
         raise SystemExit(f"--modes must be a subset of {MODES}, got {modes}")
     sizes = [_size(s) for s in _csv(args.sizes)]
-    shapes = [(b, c, h, w) for b in map(int, _csv(args.batch)) for c in map(int, _csv(args.channels)) for h, w in sizes]
+    batches, channels = _counts("--batch", args.batch), _counts("--channels", args.channels)
+    shapes = [(b, c, h, w) for b in batches for c in channels for h, w in sizes]
 
     PADDING["padding"] = args.padding
     peak = None

@@ -419,10 +419,10 @@ def check_fresh_run_folder(out_dir: str, ckpt_dir: Optional[str]) -> None:
         )
 
 
-def check_writable(folders: Dict[str, str]) -> None:
+def check_writable(folders: Dict[str, str], instead: str = "another run folder (hydra.run.dir=<folder>)") -> None:
     """Each ``{what: folder}`` can receive files: the folder, or the nearest folder above it that
     exists (where it would be created), takes a probe file. Nothing is created but the probe,
-    which is removed.
+    which is removed. ``instead``: what the message suggests choosing instead.
 
     Raises:
         ValueError: naming what the folder is for, the folder and the reason.
@@ -436,7 +436,7 @@ def check_writable(folders: Dict[str, str]) -> None:
         if not os.path.isdir(probe):
             raise ValueError(
                 f"cannot write the {what} to {folder!r}: {probe!r} is a file, not a folder; move it away or choose "
-                "another run folder (hydra.run.dir=<folder>)"
+                f"{instead}"
             )
         try:
             fd, tmp = tempfile.mkstemp(dir=probe, prefix=".splatloss-write-test-")
@@ -444,8 +444,7 @@ def check_writable(folders: Dict[str, str]) -> None:
             os.unlink(tmp)
         except OSError as e:
             raise ValueError(
-                f"cannot write the {what} to {folder!r}{where}: {e.strerror or e}. Make it writable or "
-                "choose another run folder (hydra.run.dir=<folder>)"
+                f"cannot write the {what} to {folder!r}{where}: {e.strerror or e}. Make it writable or choose {instead}"
             ) from None
 
 
