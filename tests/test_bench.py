@@ -1,6 +1,7 @@
 """tools/bench.py runs end to end at tiny sizes and writes its JSON and plot (no timing asserts:
 speed is measured by the script itself, never by a unit test)."""
 
+import importlib
 import io
 import json
 import os
@@ -13,6 +14,15 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "tools" / "bench.py"
+
+
+def _tool(name):
+    """A module of tools/ (bench, geometry_sweep), imported in this process."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
 
 
 @pytest.mark.slow
@@ -105,11 +115,7 @@ def test_dtypes_are_one_more_axis_and_the_gpu_table_is_one_command(tmp_path):
     bad = subprocess.run(cmd[:-2] + ["--dtype", "float8"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert bad.returncode != 0 and "--dtype must be a subset of" in bad.stderr
 
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        import bench
-    finally:
-        sys.path.pop(0)
+    bench = _tool("bench")
     args = bench.parse_args(["--gpu-table"])
     assert (args.sizes, args.batch, args.dtype) == ("1080x1920,2160x3840", "1,5", "float32,bfloat16")
     assert set(args.ops.split(",")) == {"ssim", "dssim_l1", "ms_ssim", "dssim_l1_masked"}
@@ -117,11 +123,7 @@ def test_dtypes_are_one_more_axis_and_the_gpu_table_is_one_command(tmp_path):
 
 
 def test_geometry_sweep_refuses_bad_arguments_and_a_machine_without_cuda():
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        import geometry_sweep
-    finally:
-        sys.path.pop(0)
+    geometry_sweep = _tool("geometry_sweep")
     for argv, message in (
         (["--ops", "ssim,foo"], "--ops must be a subset of"),
         (["--modes", ""], "--modes must be a subset of"),
@@ -141,11 +143,7 @@ def test_rows_timed_after_a_library_failed_on_cuda_are_marked(monkeypatch, capsy
     # A call that fails on CUDA can leave later work silently not running (one run timed fused-ssim
     # 2 to 4 times too fast after a failed graph capture): every later CUDA row says so. The device
     # is played by the CPU here (the harness's CUDA-only calls replaced); the libraries are real.
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        import bench
-    finally:
-        sys.path.pop(0)
+    bench = _tool("bench")
     import triton.testing
 
     real_make_loss, real_inputs = bench.make_loss, bench.make_inputs
@@ -180,11 +178,7 @@ def test_a_library_whose_loss_value_differs_is_marked():
     # Every library's first-call value against splatloss's, where both compute the same loss: the
     # real peers on CPU (pytorch-msssim's SSIM: the same "valid" Gaussian SSIM), and a copy of one
     # record given a value 1 % off. Peers with other conventions (kornia's SSIM pads) are not compared.
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        import bench
-    finally:
-        sys.path.pop(0)
+    bench = _tool("bench")
     libs = ["splatloss-torch", "splatloss-reference", "pytorch_msssim", "kornia"]
     recs = bench.time_config(libs, "ssim", "fwd", (1, 3, 48, 64), torch.float32, "cpu", 1, 0, "splatloss-torch")
     values = {r["lib"]: r["value"] for r in recs}
@@ -212,11 +206,7 @@ def test_a_library_whose_loss_value_differs_is_marked():
     ],
 )
 def test_bad_arguments_and_unwritable_outputs_are_refused_before_anything_runs(tmp_path, args, message):
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        import bench
-    finally:
-        sys.path.pop(0)
+    bench = _tool("bench")
     a_file = tmp_path / "a_file"
     a_file.write_text("")
     args = [a.format(tmp=tmp_path, file=a_file) for a in args]
