@@ -199,8 +199,8 @@ def test_a_library_whose_loss_value_differs_is_marked():
     [
         (["--sizes", "0x5"], "--sizes are HxW with H, W >= 1"),
         (["--sizes", "axb"], "--sizes are HxW with H, W >= 1"),
-        (["--batch", "0"], "--batch is a comma-separated list of integers >= 1"),
-        (["--channels", "3,x"], "--channels is a comma-separated list of integers >= 1"),
+        (["--batch", "0"], "--batch must list integers >= 1"),
+        (["--channels", "3,x"], "--channels takes integers"),
         (["--json", "{tmp}"], "is a folder; give a file name"),
         (["--plot", "{file}/bench.png"], "is a file, not a folder"),
     ],

@@ -812,14 +812,14 @@ def _size(s):
     return h, w
 
 
-def _counts(flag, text):
-    """A comma-separated list of positive integers (``--batch``, ``--channels``), or exit naming the flag."""
+def _ints(name, given):
+    """A comma-separated list of integers >= 1 given to option ``name``, or exit naming it."""
     try:
-        values = [int(v) for v in _csv(text)]
+        values = [int(v) for v in _csv(given)]
     except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise SystemExit(f"{flag} is a comma-separated list of integers >= 1, got {text!r}")
+        raise SystemExit(f"{name} takes integers, got {given!r}")
+    if not values or any(v < 1 for v in values):
+        raise SystemExit(f"{name} must list integers >= 1, got {given!r}")
     return values
 
 
@@ -944,7 +944,7 @@ def main(argv=None):
     if any(m not in MODES for m in modes):
         raise SystemExit(f"--modes must be a subset of {MODES}, got {modes}")
     sizes = [_size(s) for s in _csv(args.sizes)]
-    batches, channels = _counts("--batch", args.batch), _counts("--channels", args.channels)
+    batches, channels = _ints("--batch", args.batch), _ints("--channels", args.channels)
     shapes = [(b, c, h, w) for b in batches for c in channels for h, w in sizes]
 
     PADDING["padding"] = args.padding

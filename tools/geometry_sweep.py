@@ -42,16 +42,6 @@ def _csv(s):
     return [v for v in s.split(",") if v]
 
 
-def _ints(name, given):
-    try:
-        values = [int(v) for v in _csv(given)]
-    except ValueError:
-        raise SystemExit(f"{name} takes integers, got {given!r}")
-    if not values or any(v < 1 for v in values):
-        raise SystemExit(f"{name} must list integers >= 1, got {given!r}")
-    return values
-
-
 def compiled_kernels() -> dict:
     """``{id: (name, warps, registers, spilled bytes)}`` of every kernel of the Triton backend
     compiled so far in this process (registers and spills as the driver loaded them)."""
@@ -84,7 +74,7 @@ def sweep(args, dtype) -> list:
     from triton.testing import do_bench
 
     default_rows, default_lanes, default_nreg = launch.CUDA_ROWS, launch.cuda_lanes, launch.COLUMN_MAXNREG
-    rows_s, lanes_s, nreg_s = _ints("--rows", args.rows), _ints("--lanes", args.lanes), _ints("--maxnreg", args.maxnreg)
+    rows_s, lanes_s, nreg_s = (bench._ints(f"--{n}", getattr(args, n)) for n in ("rows", "lanes", "maxnreg"))
     lib = "splatloss-triton-graphed" if args.graphed else "splatloss-triton"
     records, seen = [], set(compiled_kernels())
     default_tune, tune.ENABLED = tune.ENABLED, False  # each geometry as given, not the measured rows
@@ -231,7 +221,7 @@ def main(argv=None):
     if args.dtype not in ("float32", "bfloat16", "float16"):
         raise SystemExit(f"--dtype must be float32, bfloat16 or float16, got {args.dtype!r}")
     for name in ("--rows", "--lanes", "--maxnreg"):
-        _ints(name, getattr(args, name[2:]))
+        bench._ints(name, getattr(args, name[2:]))
     if not torch.cuda.is_available():
         raise SystemExit("geometry_sweep.py times compiled kernels: it needs a CUDA device")
     dtype = getattr(torch, args.dtype)
