@@ -9,6 +9,7 @@ it saves. The Triton launches keep their planned rows per program (no timing on 
 
 import dataclasses
 import gc
+import math
 import os
 import sys
 
@@ -43,6 +44,11 @@ torch.set_num_threads(1)
 # - each binary operation's type checks (promotion, casts, broadcast: half of what remained): for
 #   two tensors of one element type that no operation promotes (float32, float64, integers) the
 #   casts are the identity, so only the broadcast is done.
+# - block types and tensors: every operation builds a new block_type for its result (validating the
+#   shape) and every tensor re-wraps its type's shape as a tuple of constexprs; about a fifth of what
+#   remained (test_flat_images.py's masked "reflect" case). The block types are made once per element
+#   type and shape, and a tensor takes its type's wrapped shape from a small table: the same objects
+#   the interpreter would build, shared, never mutated by it.
 # tests/test_interpreter_shim.py checks that the kernels' results are bitwise those of the plain
 # interpreter.
 _PLAIN_INTERPRETER: dict = {}  # the interpreter's own functions while the quicker ones are in place
@@ -57,6 +63,7 @@ def quicker_triton_interpreter(on: bool = True) -> bool:
         return False
     from triton.runtime import interpreter as interp
 
+    tl = interp.tl
     if not on:
         if _PLAIN_INTERPRETER:
             interp._patch_lang = _PLAIN_INTERPRETER.pop("patch_lang")
@@ -64,10 +71,12 @@ def quicker_triton_interpreter(on: bool = True) -> bool:
             interp.GridExecutor.__call__ = _PLAIN_INTERPRETER.pop("grid_call")
             interp.interpreter_builder.options = _PLAIN_INTERPRETER.pop("options")
             del interp.interpreter_semantic.binary_op_type_checking_impl  # the class's method again
+            del interp.interpreter_builder.get_block_ty  # the class's methods again
+            tl.block_type.with_element_ty = _PLAIN_INTERPRETER.pop("with_element_ty")
+            tl.tensor.__init__ = _PLAIN_INTERPRETER.pop("tensor_init")
         return False
     if _PLAIN_INTERPRETER:
         return True
-    tl = interp.tl
     patch_lang, np_dtype, grid_call = interp._patch_lang, interp._get_np_dtype, interp.GridExecutor.__call__
     patched: list = []  # [ids of the language modules the running launch patched]; [] between launches
 
@@ -106,14 +115,62 @@ def quicker_triton_interpreter(on: bool = True) -> bool:
     def quick_type_check(lhs, rhs, *args, **kwargs):
         # two tensors of one element type that no operation promotes: the casts are the identity
         # and only the broadcast remains (none for one block type)
+        if type(lhs) is semantic.tensor and type(rhs) is semantic.tensor and lhs.type is rhs.type:
+            scalar = lhs.type.scalar
+            if scalar.is_fp32() or scalar.is_fp64() or scalar.is_int():
+                return lhs, rhs
         if type(lhs) is semantic.tensor and type(rhs) is semantic.tensor and lhs.type.scalar == rhs.type.scalar:
             scalar = lhs.type.scalar
             if scalar.is_fp32() or scalar.is_fp64() or scalar.is_int():
                 return (lhs, rhs) if lhs.type == rhs.type else semantic.broadcast_impl_value(lhs, rhs)
         return type_check(lhs, rhs, *args, **kwargs)
 
+    block_types: dict = {}  # (id(element type), shape) -> (element type, its block_type)
+    block_type = tl.block_type
+
+    def quick_block_type(element_ty, shape):
+        key = tuple(shape)
+        if not all(type(s) is int for s in key):  # constexprs: built as the interpreter does
+            return block_type(element_ty, shape)
+        key = (id(element_ty), key)
+        found = block_types.get(key)
+        if found is None or found[0] is not element_ty:
+            if len(block_types) > 4096:
+                block_types.clear()
+            found = block_types[key] = (element_ty, block_type(element_ty, shape))
+        return found[1]
+
+    def quick_get_block_ty(dtype, shape):
+        return quick_block_type(dtype, shape)
+
+    def quick_with_element_ty(self, scalar_ty):
+        return quick_block_type(scalar_ty, self.shape)
+
+    tensor_init = tl.tensor.__init__
+    shapes: dict = {}  # id(block type) -> (block type, its shape as the tensor holds it, numel)
+    scalar_shape = (tl.tuple([]), tl.constexpr(1))
+
+    def quick_tensor_init(self, handle, type):
+        self.handle = handle
+        self.type = type
+        self.dtype = type.scalar
+        if not type.is_block():
+            self.shape, self.numel = scalar_shape
+            return
+        found = shapes.get(id(type))
+        if found is None or found[0] is not type:
+            if len(shapes) > 4096:
+                shapes.clear()
+            wrapped = tl.tuple([tl.constexpr(s) for s in type.shape])
+            found = shapes[id(type)] = (type, wrapped, tl.constexpr(math.prod(type.shape)))
+        self.shape, self.numel = found[1], found[2]
+
     options = interp.interpreter_builder.options
     _PLAIN_INTERPRETER.update(patch_lang=patch_lang, np_dtype=np_dtype, grid_call=grid_call, options=options)
+    _PLAIN_INTERPRETER.update(with_element_ty=tl.block_type.with_element_ty, tensor_init=tensor_init)
+    interp.interpreter_builder.get_block_ty = quick_get_block_ty
+    tl.block_type.with_element_ty = quick_with_element_ty
+    tl.tensor.__init__ = quick_tensor_init
     interp.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
     semantic.binary_op_type_checking_impl = quick_type_check
     interp._patch_lang = quick_patch_lang

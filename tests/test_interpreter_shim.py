@@ -47,14 +47,35 @@ def test_kernels_give_the_plain_interpreters_bits(request):
             interpreter.GridExecutor.__call__.__name__,
             interpreter.interpreter_builder.options.sanitize_overflow,
             "binary_op_type_checking_impl" in vars(interpreter.interpreter_semantic),
+            interpreter.interpreter_builder.get_block_ty.__name__,
+            interpreter.tl.block_type.with_element_ty.__name__,
+            interpreter.tl.tensor.__init__.__name__,
         )
 
     try:
-        assert in_place() == ("quick_patch_lang", "quick_np_dtype", "quick_grid_call", False, True)
+        assert in_place() == (
+            "quick_patch_lang",
+            "quick_np_dtype",
+            "quick_grid_call",
+            False,
+            True,
+            "quick_get_block_ty",
+            "quick_with_element_ty",
+            "quick_tensor_init",
+        )
         quick = _every_kernel_family()
         assert not switch(False)
         # the plain interpreter, its int32 overflow sanitiser on, runs every kernel family
-        assert in_place() == ("_patch_lang", "_get_np_dtype", "__call__", True, False)
+        assert in_place() == (
+            "_patch_lang",
+            "_get_np_dtype",
+            "__call__",
+            True,
+            False,
+            "get_block_ty",
+            "with_element_ty",
+            "__init__",
+        )
         plain = _every_kernel_family()
     finally:
         switch(True)
