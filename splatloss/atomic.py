@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from typing import Iterator
+from typing import Dict, Iterator
 
-__all__ = ["atomic_output"]
+__all__ = ["atomic_output", "check_writable"]
 
 
 def _umask() -> int:
@@ -66,3 +66,32 @@ def atomic_output(path) -> Iterator[str]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def check_writable(folders: Dict[str, str], instead: str) -> None:
+    """Each ``{what: folder}`` can receive files: the folder, or the nearest folder above it that
+    exists (where it would be created), takes a probe file. Nothing is created but the probe,
+    which is removed. ``instead``: what the message suggests choosing instead.
+
+    Raises:
+        ValueError: naming what the folder is for, the folder and the reason.
+    """
+    for what, folder in folders.items():
+        folder = os.path.abspath(folder)
+        probe = folder
+        while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+            probe = os.path.dirname(probe)
+        where = "" if probe == folder else f" (it would be created in {probe!r})"
+        if not os.path.isdir(probe):
+            raise ValueError(
+                f"cannot write the {what} to {folder!r}: {probe!r} is a file, not a folder; move it away or choose "
+                f"{instead}"
+            )
+        try:
+            fd, tmp = tempfile.mkstemp(dir=probe, prefix=".splatloss-write-test-")
+            os.close(fd)
+            os.unlink(tmp)
+        except OSError as e:
+            raise ValueError(
+                f"cannot write the {what} to {folder!r}{where}: {e.strerror or e}. Make it writable or choose {instead}"
+            ) from None

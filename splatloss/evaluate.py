@@ -26,6 +26,8 @@ import re
 import sys
 from typing import Any, Dict, List, Optional
 
+from .atomic import check_writable
+
 log = logging.getLogger(__name__)
 
 __all__ = ["evaluate", "find_run_dir", "load_run_config", "read_checkpoint", "check_checkpoint", "main"]
@@ -148,17 +150,6 @@ def check_checkpoint(module, ckpt: Dict[str, Any], ckpt_path: str) -> None:
         )
 
 
-def _check_writable(folder: str) -> None:
-    try:
-        os.makedirs(folder, exist_ok=True)
-        probe = os.path.join(folder, ".write_test")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as e:
-        raise ValueError(f"the evaluation folder {folder!r} is not writable ({e}); pass output_dir=<folder>") from None
-
-
 def evaluate(cfg) -> Dict[str, Any]:
     """Evaluate ``cfg.ckpt_path`` (an ``eval.yaml`` configuration); returns the metrics written to
     ``<output_dir>/metrics.json``."""
@@ -216,7 +207,7 @@ def evaluate(cfg) -> Dict[str, Any]:
         if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps < float("inf"):
             raise ValueError(f"traj.fps must be a number > 0, got {fps!r}")
         camera_path(scene.train, n_frames=traj["n_frames"], n_keyframes=traj["n_keyframes"])
-    _check_writable(out_dir)
+    check_writable({"evaluation (metrics.json, renders)": out_dir}, instead="another output_dir=<folder>")
 
     module.on_load_checkpoint(ckpt)
     module.load_state_dict(ckpt["state_dict"])

@@ -159,7 +159,7 @@ def train(cfg) -> Dict[str, Any]:
         if getattr(lg, "log_dir", None):
             outputs[f"{type(lg).__name__} log"] = lg.log_dir
     if trainer.is_global_zero:
-        runs.check_writable(outputs)
+        runs.check_writable(outputs, instead="another run folder (hydra.run.dir=<folder>)")
     dm = SceneDataModule(scene, seed=int(cfg.seed))
 
     stopper.install()  # from here a signal stops the run with the shell's status (130, 143)

@@ -213,3 +213,26 @@ def test_bad_arguments_and_unwritable_outputs_are_refused_before_anything_runs(t
     with pytest.raises(SystemExit, match=message):
         bench.main(args + ["--libs", "splatloss-torch", "--ops", "ssim", "--repeats", "1", "--no-floor"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written, not even a probe
+
+
+def test_the_benchmark_needs_no_training_extra(tmp_path):
+    """The benchmark imports the core package only: refusing an unwritable --json loads no Lightning."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import bench\n"
+        "try:\n"
+        "    bench.main(['--json', sys.argv[2], '--libs', 'splatloss-torch', '--no-floor'])\n"
+        "except SystemExit as e:\n"
+        "    print(e)\n"
+        "print(sorted(m for m in ('lightning', 'hydra', 'gsplat') if m in sys.modules))\n"
+    )
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "tools"), str(blocked / "bench.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "is a file, not a folder" in proc.stdout and proc.stdout.strip().endswith("[]"), proc.stdout

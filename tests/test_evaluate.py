@@ -164,6 +164,19 @@ def test_render_traj_writes_a_video(run_dir, tmp_path):
             assert im.n_frames == 6 and im.size == (32, 32)
 
 
+def test_an_evaluation_folder_that_cannot_be_written_stops_before_anything_runs(run_dir, tmp_path):
+    run = _copy(run_dir, tmp_path)
+    (tmp_path / "taken").write_text("a file where the evaluation would make its folder")
+    out = tmp_path / "taken" / "eval"
+    message = (
+        rf"cannot write the evaluation \(metrics.json, renders\) to '{out}': '{tmp_path / 'taken'}' is a file, not a "
+        r"folder; move it away or choose another output_dir=<folder>"
+    )
+    with pytest.raises(ValueError, match=message):
+        evaluate(compose_config([f"ckpt_path={run}/checkpoints/last.ckpt", f"output_dir={out}"]))
+    assert not (run / "eval").exists()
+
+
 def test_main_returns_none_for_the_console_script(run_dir, tmp_path, capsys):
     # The console script calls sys.exit(main()): anything but None (or an int) would be printed and exit 1.
     assert main([f"ckpt_path={run_dir}/checkpoints/last.ckpt", f"output_dir={tmp_path}"]) is None

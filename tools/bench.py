@@ -825,7 +825,7 @@ def _ints(name, given):
 
 def _check_outputs(args):
     """Refuse, before anything runs, a --json or --plot path that cannot be written."""
-    from splatloss.lightning.runs import check_writable
+    from splatloss.atomic import check_writable
 
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path is None:

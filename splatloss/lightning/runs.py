@@ -27,7 +27,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from ..atomic import atomic_output
+from ..atomic import atomic_output, check_writable
 
 __all__ = [
     "RESUME_KEYS",
@@ -417,35 +417,6 @@ def check_fresh_run_folder(out_dir: str, ckpt_dir: Optional[str]) -> None:
             "overwrite it. Continue that run with resume=true, start in another folder (hydra.run.dir=<new folder>), "
             "or move those files away first"
         )
-
-
-def check_writable(folders: Dict[str, str], instead: str = "another run folder (hydra.run.dir=<folder>)") -> None:
-    """Each ``{what: folder}`` can receive files: the folder, or the nearest folder above it that
-    exists (where it would be created), takes a probe file. Nothing is created but the probe,
-    which is removed. ``instead``: what the message suggests choosing instead.
-
-    Raises:
-        ValueError: naming what the folder is for, the folder and the reason.
-    """
-    for what, folder in folders.items():
-        folder = os.path.abspath(folder)
-        probe = folder
-        while not os.path.exists(probe) and os.path.dirname(probe) != probe:
-            probe = os.path.dirname(probe)
-        where = "" if probe == folder else f" (it would be created in {probe!r})"
-        if not os.path.isdir(probe):
-            raise ValueError(
-                f"cannot write the {what} to {folder!r}: {probe!r} is a file, not a folder; move it away or choose "
-                f"{instead}"
-            )
-        try:
-            fd, tmp = tempfile.mkstemp(dir=probe, prefix=".splatloss-write-test-")
-            os.close(fd)
-            os.unlink(tmp)
-        except OSError as e:
-            raise ValueError(
-                f"cannot write the {what} to {folder!r}{where}: {e.strerror or e}. Make it writable or choose {instead}"
-            ) from None
 
 
 class OutputNotWritten(OSError):
