@@ -4,7 +4,7 @@ Why a small C file compiled with the system compiler: the SSIM forward+backward 
 separable filters whose cost is memory traffic between passes. Written as one streaming pass over
 ring buffers a few rows high (``_ssim_cpu.c``), it reads the two images and writes the gradient,
 and nothing map-sized exists in between; inductor fuses the point-wise work but still materialises
-every filtered map. The C file compiles in about half a second, image sizes are run-time arguments
+every filtered map. The C file compiles in 2 to 3 s at first use (cached), image sizes are run-time arguments
 (no recompilation for new shapes or MS-SSIM scales), and it needs nothing beyond torch and a C
 compiler: the same compiler ``torch.compile`` itself needs on the CPU.
 
