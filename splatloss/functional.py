@@ -310,8 +310,9 @@ def dssim_with_gradient(
                 f"got shape {tuple(grad.shape)}, dtype {grad.dtype} on {grad.device}"
             )
     b, c = x.shape[:2]
-    # d(1 - mean_c ssim_bc) = -1/C per (B, C); "mean" over the batch divides by B as well.
-    scale = -1.0 / (c * (b if reduction == "mean" else 1))
+    # d(1 - mean_c ssim_bc) = -1/C per (B, C); "mean" over the batch divides by B as well (an empty
+    # batch has no upstream to scale: its value is NaN, torch's mean of nothing, and its gradient empty).
+    scale = -1.0 / (c * (max(b, 1) if reduction == "mean" else 1))
     upstream = torch.full((b, c), scale, dtype=accumulation_dtype(x.dtype), device=x.device)
     with torch.no_grad():
         s, g = impl.ssim_mean_and_grad(x.detach(), y.detach(), cfg, upstream, m)

@@ -152,6 +152,44 @@ def test_zero_channels_same_error_everywhere(backend):
         splatloss.ms_ssim(torch.rand(1, 0, 161, 161), torch.rand(1, 0, 161, 161), backend=backend)
 
 
+@pytest.mark.parametrize("backend", BACKENDS[:3])
+def test_an_empty_batch_gives_torchs_results(backend):
+    """No image in the batch: empty per-image results and maps, NaN for a mean over no image (torch's
+    mean of nothing), empty gradients, on every backend but Triton (which refuses it:
+    tests/test_triton_launchers.py). The "cpu" backend, on more than one thread, used to divide by
+    the plane count: two threads here, as users have them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _empty_batch_results(backend)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _empty_batch_results(backend):
+    z = torch.rand(0, 3, 180, 180)
+    m = torch.ones(0, 1, 180, 180)
+    zg = z.clone().requires_grad_(True)
+    for value in (
+        splatloss.ssim(z, z, backend=backend),
+        splatloss.ssim(z, z, padding="same", backend=backend),
+        splatloss.ssim(z, z, mask=m, backend=backend),
+        splatloss.dssim_l1(z, z, backend=backend),
+        splatloss.dssim_l1(z, z, mask=m, padding="same", backend=backend),
+        splatloss.ms_ssim(z, z, backend=backend),
+        splatloss.PhotometricLoss(l1=0.8, dssim=0.2, backend=backend)(z, z),
+        splatloss.dssim_with_gradient(z, z, backend=backend)[0],
+    ):
+        assert value.shape == () and value.isnan()
+    assert splatloss.ssim(z, z, reduction="none", backend=backend).shape == (0,)
+    assert splatloss.ms_ssim(z, z, reduction="none", backend=backend).shape == (0,)
+    assert splatloss.ssim_map(z, z, backend=backend).shape == (0, 3, 170, 170)
+    value, grad = splatloss.dssim_with_gradient(z, z, reduction="sum", backend=backend)
+    assert value == 0 and grad.shape == z.shape
+    (g,) = torch.autograd.grad(splatloss.dssim_l1(zg, z, backend=backend), zg)
+    assert g.shape == z.shape
+
+
 def test_empty_side_with_same_padding_says_why():
     z = torch.rand(1, 3, 0, 16)
     with pytest.raises(ValueError, match=r"padding='same' needs at least one row and one column, got 0x16") as e:

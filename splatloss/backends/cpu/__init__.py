@@ -59,8 +59,11 @@ def why_unavailable() -> Optional[str]:
 
 
 def _torch_ops_only(img1: torch.Tensor, img2: torch.Tensor) -> bool:
-    """Whether these inputs need the torch-ops path: a torch.func transform (no vmap rule) or a
-    forward-mode tangent (no jvp rule) on the inputs."""
+    """Whether these inputs need the torch-ops path: an empty batch (torch's results: empty, and
+    NaN for a mean over no image, as on the "torch" backend), a torch.func transform (no vmap rule)
+    or a forward-mode tangent (no jvp rule) on the inputs."""
+    if img1.shape[0] == 0:
+        return True
     if torch.compiler.is_compiling():
         return False
     if torch._C._are_functorch_transforms_active():
@@ -113,7 +116,7 @@ class CPUBackend(Backend):
         return functions.masked_ssim_stats(img1, img2, mask, cfg)
 
     def ssim_mean_and_grad(self, img1, img2, cfg: SSIMConfig, upstream, mask=None):
-        if mask is not None:
+        if mask is not None or img1.shape[0] == 0:
             return super().ssim_mean_and_grad(img1, img2, cfg, upstream, mask)
         s, g = functions.ssim_mean_and_grad(img1, img2, cfg, upstream)
         return s, g.to(img1.dtype)
