@@ -104,6 +104,14 @@ def test_non_positive_max_steps(tmp_path):
         train(make_cfg(tmp_path, ["trainer.max_steps=-1"]))
 
 
+@pytest.mark.parametrize("seed", ["-5", "1.5", "abc", "true", "null", "4294967296"])
+def test_a_seed_numpy_cannot_take_is_refused_by_name(tmp_path, seed):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"seed must be an integer from 0 to 4294967295 \(numpy's seed range\), got "):
+        train(make_cfg(out, [f"seed={seed}"]))
+    assert _nothing_trained(str(out))
+
+
 def test_evaluation_interval_longer_than_the_run(tmp_path):
     out = tmp_path / "run"
     with pytest.raises(ValueError, match=r"eval_every_n_steps=50 is more than trainer.max_steps=20"):

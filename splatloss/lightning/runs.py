@@ -122,6 +122,9 @@ def check_config(cfg) -> None:
             raise ValueError(f"data.path must be set for data={data.get('kind', 'this dataset')}, got {path!r}")
         if not os.path.isdir(str(path)):
             raise ValueError(f"data.path {str(path)!r} does not exist or is not a directory")
+    seed = cfg.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be an integer from 0 to {2**32 - 1} (numpy's seed range), got {seed!r}")
     steps = cfg.trainer.get("max_steps", -1)
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"trainer.max_steps must be an integer >= 1, got {steps!r}")
