@@ -60,6 +60,21 @@ def test_bad_loss_arguments_surface_the_loss_message(tmp_path):
     assert _nothing_trained(tmp_path)
 
 
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model.lr=-1", r"lr must map each parameter group to its learning rate \(keys \[.*\]\), got -1"),
+        ("model.lr.means=nan", r"lr\['means'\] must be a finite number >= 0, got nan"),
+        ("model.means_lr_final_factor=abc", r"means_lr_final_factor must be in \(0, 1\], got 'abc'"),
+        ("model.means_lr_final_factor=true", r"means_lr_final_factor must be in \(0, 1\], got True"),
+    ],
+)
+def test_bad_learning_rates_name_the_setting(tmp_path, override, message):
+    with pytest.raises((TypeError, ValueError), match=r"could not build the model .*" + message):
+        train(make_cfg(tmp_path, [override]))
+    assert _nothing_trained(tmp_path)
+
+
 def test_missing_dataset_path(tmp_path):
     with pytest.raises(ValueError, match=r"data.path must be set for data=blender, got '\?\?\?'"):
         train(make_cfg(tmp_path, ["data=blender"]))

@@ -151,6 +151,10 @@ class SplatModule(L.LightningModule):
             )
         if not callable(loss):
             raise TypeError(f"loss must be a callable nn.Module, got {type(loss).__name__}")
+        if not isinstance(lr, Mapping):
+            raise TypeError(
+                f"lr must map each parameter group to its learning rate (keys {sorted(_PARAM_NAMES)}), got {lr!r}"
+            )
         lr = dict(lr)
         if not set(_PARAM_NAMES) <= set(lr) <= set(_PARAM_NAMES) | {_SH_LR_KEY}:
             raise ValueError(
@@ -160,7 +164,11 @@ class SplatModule(L.LightningModule):
         for k, v in lr.items():
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or not math.isfinite(v):
                 raise ValueError(f"lr[{k!r}] must be a finite number >= 0, got {v!r}")
-        if not 0 < means_lr_final_factor <= 1:
+        if (
+            not isinstance(means_lr_final_factor, (int, float))
+            or isinstance(means_lr_final_factor, bool)
+            or not (0 < means_lr_final_factor <= 1)
+        ):
             raise ValueError(f"means_lr_final_factor must be in (0, 1], got {means_lr_final_factor!r}")
         if not isinstance(lr_decay_steps, int) or lr_decay_steps < 1:
             raise ValueError(f"lr_decay_steps must be an integer >= 1, got {lr_decay_steps!r}")
