@@ -114,8 +114,9 @@ def read_checkpoint(ckpt_path: str) -> Dict[str, Any]:
     or not a splatloss checkpoint."""
     import torch
 
-    if not os.path.isfile(ckpt_path):
-        raise ValueError(f"ckpt_path {ckpt_path!r} does not exist")
+    from .lightning.checkpoint_io import require_file
+
+    require_file(ckpt_path, "ckpt_path")
     try:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
     except Exception as e:

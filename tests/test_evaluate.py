@@ -82,6 +82,12 @@ def test_truncated_checkpoint_is_named_before_anything_is_written(run_dir, tmp_p
     assert not (run / "eval").exists()
     with pytest.raises(ValueError, match=rf"ckpt_path '{run}/checkpoints/none.ckpt' does not exist"):
         evaluate(compose_config([f"ckpt_path={run}/checkpoints/none.ckpt"]))
+    # a run folder where its checkpoint was meant: named as a folder, with the file it holds
+    with pytest.raises(
+        ValueError, match=rf"ckpt_path '{run}' is a folder, not a checkpoint file; .*'{run}/checkpoints/last.ckpt'"
+    ):
+        evaluate(compose_config([f"ckpt_path={run}"]))
+    assert not (run / "eval").exists()
 
 
 def test_checkpoint_of_another_sh_degree_is_refused(run_dir, tmp_path):

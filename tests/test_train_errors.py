@@ -75,6 +75,14 @@ def test_bad_learning_rates_name_the_setting(tmp_path, override, message):
     assert _nothing_trained(tmp_path)
 
 
+def test_a_folder_given_as_the_checkpoint_is_named_as_one(tmp_path):
+    run = tmp_path / "old_run"
+    run.mkdir()
+    with pytest.raises(ValueError, match=rf"ckpt_path '{run}' is a folder, not a checkpoint file; name the file"):
+        train(make_cfg(tmp_path / "run", [f"ckpt_path={run}"]))
+    assert _nothing_trained(tmp_path / "run")
+
+
 def test_missing_dataset_path(tmp_path):
     with pytest.raises(ValueError, match=r"data.path must be set for data=blender, got '\?\?\?'"):
         train(make_cfg(tmp_path, ["data=blender"]))

@@ -27,7 +27,7 @@ from ..atomic import atomic_output
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AtomicCheckpointIO", "read_checkpoint", "check_checkpoint", "check_state_shapes"]
+__all__ = ["AtomicCheckpointIO", "read_checkpoint", "check_checkpoint", "check_state_shapes", "require_file"]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -84,6 +84,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 _RESIZABLE_PREFIX = "gaussians."
 
 
+def require_file(path: Union[str, os.PathLike], what: str = "checkpoint") -> str:
+    """``path`` as a string when it is a file; else a ``ValueError`` naming ``what``, the path and,
+    for a folder, the file a run keeps there."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(
+            f"{what} {path!r} is a folder, not a checkpoint file; name the file (a run's is "
+            f"{os.path.join(path, 'checkpoints', 'last.ckpt')!r} for run folder {path!r})"
+        )
+    if not os.path.isfile(path):
+        raise ValueError(f"{what} {path!r} does not exist")
+    return path
+
+
 def read_checkpoint(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     """Load a Lightning checkpoint on the CPU (tensors and plain containers only:
     ``torch.load(weights_only=True)``) and check that it is one.
@@ -92,9 +106,7 @@ def read_checkpoint(path: Union[str, os.PathLike]) -> Dict[str, Any]:
         ValueError: the file is missing, unreadable or truncated, or is not a Lightning checkpoint
             (no ``state_dict`` / ``global_step``); the message names the file.
     """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise ValueError(f"checkpoint {path!r} does not exist or is not a file")
+    path = require_file(path)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:

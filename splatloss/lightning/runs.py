@@ -28,6 +28,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from ..atomic import atomic_output, check_writable
+from .checkpoint_io import require_file
 
 __all__ = [
     "RESUME_KEYS",
@@ -219,9 +220,7 @@ def resolve_checkpoint(cfg) -> Optional[str]:
                     "Resume in the interrupted run's folder (hydra.run.dir=<that folder>) or pass ckpt_path=<file>"
                 )
             ckpt = last
-    if ckpt is not None and not os.path.isfile(str(ckpt)):
-        raise ValueError(f"ckpt_path {str(ckpt)!r} does not exist")
-    return None if ckpt is None else str(ckpt)
+    return None if ckpt is None else require_file(str(ckpt), "ckpt_path")
 
 
 def hydra_value(value: str) -> str:
