@@ -114,7 +114,21 @@ def _config(data_range, win_size, win_sigma, win, K) -> SSIMConfig:
         )
     K = _pair(K)
     data_range = _number("data_range", data_range)
-    return conventions.get("pytorch_msssim").config(data_range, window_size=win_size, sigma=win_sigma, k1=K[0], k2=K[1])
+    try:
+        return conventions.get("pytorch_msssim").config(
+            data_range, window_size=win_size, sigma=win_sigma, k1=K[0], k2=K[1]
+        )
+    except (TypeError, ValueError) as e:  # named as the caller named them (pytorch_msssim's arguments)
+        message = str(e)
+        for ours, theirs in _ARGUMENT_NAMES.items():
+            if message.startswith(ours + " "):
+                message = theirs + message[len(ours) :]
+                break
+        raise type(e)(message) from None
+
+
+#: SSIMConfig's fields by the names pytorch_msssim's functions give them.
+_ARGUMENT_NAMES = {"window_size": "win_size", "sigma": "win_sigma", "k1": "K[0]", "k2": "K[1]"}
 
 
 def _check_4d(X, Y):

@@ -142,7 +142,10 @@ X = torch.rand(1, 3, 32, 32)
             "win \\(a custom window tensor\\) is not supported by splatloss.compat",
         ),
         (lambda: compat.ssim(X, X, K=(0.01,)), ValueError, r"K must be a pair \(K1, K2\), got \(0.01,\)"),
-        (lambda: compat.ssim(X, X, win_size=10), ValueError, "window_size must be an odd integer >= 3, got 10"),
+        (lambda: compat.ssim(X, X, win_size=10), ValueError, "^win_size must be an odd integer >= 3, got 10"),
+        (lambda: compat.ssim(X, X, win_size=2.5), TypeError, r"^win_size must be an odd integer >= 3, got 2.5"),
+        (lambda: compat.ssim(X, X, win_sigma=-1.0), ValueError, "^win_sigma must be a finite number > 0, got -1.0"),
+        (lambda: compat.SSIM(K=(0.01, float("nan"))), ValueError, r"^K\[1\] must be a finite number > 0, got nan"),
         (
             lambda: compat.ssim(X[None], X[None]),
             ValueError,
