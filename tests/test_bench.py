@@ -203,7 +203,20 @@ def test_a_library_whose_loss_value_differs_is_marked():
         (["--channels", "3,x"], "--channels takes integers"),
         (["--json", "{tmp}"], "is a folder; give a file name"),
         (["--plot", "{file}/bench.png"], "is a file, not a folder"),
-    ],
+        (["--threads", "0"], "--threads must be an integer >= 1, got 0"),
+        (["--repeats", "0"], "--repeats must be an integer >= 1, got 0"),
+        (["--warmup", "-1"], "--warmup must be an integer >= 0, got -1"),
+        (["--device", "gpu"], "--device must be cpu or cuda, got 'gpu'"),
+        (["--baseline", "pytorch-msssim"], "--baseline must be one of"),
+    ]
+    + (
+        []
+        if torch.cuda.is_available()
+        else [
+            (["--device", "cuda"], "--device cuda needs a CUDA GPU, but torch sees none here"),
+            (["--gpu-table"], "--gpu-table is the GPU check's table"),
+        ]
+    ),
 )
 def test_bad_arguments_and_unwritable_outputs_are_refused_before_anything_runs(tmp_path, args, message):
     bench = _tool("bench")
@@ -211,7 +224,7 @@ def test_bad_arguments_and_unwritable_outputs_are_refused_before_anything_runs(t
     a_file.write_text("")
     args = [a.format(tmp=tmp_path, file=a_file) for a in args]
     with pytest.raises(SystemExit, match=message):
-        bench.main(args + ["--libs", "splatloss-torch", "--ops", "ssim", "--repeats", "1", "--no-floor"])
+        bench.main(["--libs", "splatloss-torch", "--ops", "ssim", "--repeats", "1", "--no-floor"] + args)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written, not even a probe
 
 

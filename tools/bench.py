@@ -903,8 +903,28 @@ def parse_args(argv=None):
     return args
 
 
+def _check_counts_and_device(args):
+    """Refuse, before anything runs, counts and a device the run cannot use."""
+    for flag, value, least in (
+        ("--threads", args.threads, 1),
+        ("--repeats", args.repeats, 1),
+        ("--warmup", args.warmup, 0),
+    ):
+        if value is not None and value < least:
+            raise SystemExit(f"{flag} must be an integer >= {least}, got {value}")
+    if args.device not in ("cpu", "cuda"):
+        raise SystemExit(f"--device must be cpu or cuda, got {args.device!r}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda needs a CUDA GPU, but torch sees none here; use --device cpu")
+    if args.gpu_table and args.device != "cuda":
+        raise SystemExit("--gpu-table is the GPU check's table (1080p and 4K on CUDA); run it on a CUDA machine")
+    if args.baseline not in ALL_LIBS:
+        raise SystemExit(f"--baseline must be one of {ALL_LIBS}, got {args.baseline!r}")
+
+
 def main(argv=None):
     args = parse_args(argv)
+    _check_counts_and_device(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     # Fresh processes (memory, cold start) run with the count this one uses, whoever chose it.
