@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -479,6 +480,7 @@ def test_launches_recorded_with_tritons_specialisation():
 
 NESTED = """
 import json
+import re
 import sys
 sys.path.insert(0, "tools")
 import triton, triton.language as tl
@@ -566,3 +568,20 @@ def test_launch_tables_propose_full_waves(tmp_path):
     assert call["proposed"]["model_s"] <= call["current"]["model_s"]
     assert call["current"]["issue_s"] <= call["current"]["latency_s"] <= call["current"]["wave_s"]
     assert call["fused_ssim"]["model_s"] > 0
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--shapes", "0x3x5x5"], "--shapes takes BxCxHxW with positive sizes, got '0x3x5x5'"),
+        (["--dtypes", "int8"], "argument --dtypes: invalid choice: 'int8'"),
+        (["--rows", "0"], r"--rows takes rows per program >= 1, got \[0\]"),
+        (["--maxnreg", "300"], r"--maxnreg takes register ceilings from 1 to 255, got \[300\]"),
+        (["--cycles-per-issue", "nan"], "--cycles-per-issue must be > 0 and --launch-floor-us >= 0, got nan"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_is_compiled(args, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        sass_cost.main(args)
+    assert e.value.code == 2
+    assert re.search(message, capsys.readouterr().err)

@@ -1337,7 +1337,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Launch model of the loss calls: issue, latency, waves, DRAM (modelled)")
     ap.add_argument("--arch", type=int, default=90, choices=sorted(GPUS))
     ap.add_argument("--shapes", nargs="+", default=[_shape_label(s) for s in TABLE_SHAPES], help="BxCxHxW ...")
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     ap.add_argument("--ops", nargs="+", default=list(TABLE_OPS), choices=list(TABLE_OPS))
     ap.add_argument("--modes", nargs="+", default=list(TABLE_MODES), choices=list(TABLE_MODES))
     ap.add_argument("--rows", type=int, nargs="*", default=list(SEARCH_ROWS), help="rows per program to try")
@@ -1357,6 +1357,15 @@ def main(argv=None) -> int:
         if len(shape) != 4 or min(shape) < 1:
             ap.error(f"--shapes takes BxCxHxW with positive sizes, got {s!r}")
         shapes.append(shape)
+    if any(r < 1 for r in args.rows):
+        ap.error(f"--rows takes rows per program >= 1, got {args.rows}")
+    if any(not 1 <= r <= 255 for r in args.maxnreg):
+        ap.error(f"--maxnreg takes register ceilings from 1 to 255, got {args.maxnreg}")
+    if not args.cycles_per_issue > 0 or not args.launch_floor_us >= 0:
+        ap.error(
+            f"--cycles-per-issue must be > 0 and --launch-floor-us >= 0, got {args.cycles_per_issue} and "
+            f"{args.launch_floor_us}"
+        )
     gpu = GPUS[args.arch]
     calls = table_calls(ck, shapes, args.dtypes, args.ops, args.modes)
     import importlib
