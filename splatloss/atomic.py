@@ -14,7 +14,7 @@ import os
 import tempfile
 from typing import Dict, Iterator
 
-__all__ = ["atomic_output", "check_writable"]
+__all__ = ["atomic_output", "check_output_file", "check_writable"]
 
 
 def _umask() -> int:
@@ -95,3 +95,15 @@ def check_writable(folders: Dict[str, str], instead: str) -> None:
             raise ValueError(
                 f"cannot write the {what} to {folder!r}{where}: {e.strerror or e}. Make it writable or choose {instead}"
             ) from None
+
+
+def check_output_file(flag: str, path: str) -> None:
+    """The file a command-line tool was asked to write (``flag``: its option, e.g. ``--json``) can be
+    written: ``path`` is not a folder and its folder can receive files (:func:`check_writable`).
+
+    Raises:
+        ValueError: naming the option, the path and the reason.
+    """
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r} is a folder; give a file name")
+    check_writable({f"{flag} file": os.path.dirname(os.path.abspath(path))}, instead=f"another {flag} path")

@@ -578,10 +578,38 @@ def test_launch_tables_propose_full_waves(tmp_path):
         (["--rows", "0"], r"--rows takes rows per program >= 1, got \[0\]"),
         (["--maxnreg", "300"], r"--maxnreg takes register ceilings from 1 to 255, got \[300\]"),
         (["--cycles-per-issue", "nan"], "--cycles-per-issue must be > 0 and --launch-floor-us >= 0, got nan"),
+        (["--json", "{tmp}"], "--json '.*' is a folder; give a file name"),
+        (["--json", "{file}/cost.json"], "cannot write the --json file to '.*': '.*' is a file, not a folder"),
     ],
 )
-def test_bad_arguments_are_refused_before_anything_is_compiled(args, message, capsys):
+def test_bad_arguments_are_refused_before_anything_is_compiled(args, message, capsys, tmp_path):
+    (tmp_path / "a_file").write_text("")
+    args = [a.format(tmp=tmp_path, file=tmp_path / "a_file") for a in args]
     with pytest.raises(SystemExit) as e:
         sass_cost.main(args)
+    assert e.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--arch", "70"], "argument --arch: invalid choice: 70"),
+        (["--only", "["], r"--only '\[' is not a regular expression"),
+        (["--json", "x.json"], "--json needs --cost"),
+        (["--cost", "--json", "{tmp}"], "--json '.*' is a folder; give a file name"),
+        (
+            ["--cost", "--json", "{file}/cost.json"],
+            "cannot write the --json file to '.*': '.*' is a file, not a folder",
+        ),
+    ],
+)
+def test_check_kernels_refuses_bad_arguments_before_compiling(args, message, capsys, tmp_path):
+    import check_kernels
+
+    (tmp_path / "a_file").write_text("")
+    args = [a.format(tmp=tmp_path, file=tmp_path / "a_file") for a in args]
+    with pytest.raises(SystemExit) as e:
+        check_kernels.main(args)
     assert e.value.code == 2
     assert re.search(message, capsys.readouterr().err)

@@ -825,17 +825,14 @@ def _ints(name, given):
 
 def _check_outputs(args):
     """Refuse, before anything runs, a --json or --plot path that cannot be written."""
-    from splatloss.atomic import check_writable
+    from splatloss.atomic import check_output_file
 
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path is None:
-            continue
-        if os.path.isdir(path):
-            raise SystemExit(f"{flag} {path!r} is a folder; give a file name")
-        try:
-            check_writable({f"{flag} file": os.path.dirname(os.path.abspath(path))}, instead=f"another {flag} path")
-        except ValueError as exc:
-            raise SystemExit(str(exc)) from None
+        if path is not None:
+            try:
+                check_output_file(flag, path)
+            except ValueError as exc:
+                raise SystemExit(str(exc)) from None
 
 
 def parse_args(argv=None):

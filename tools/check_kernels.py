@@ -581,10 +581,10 @@ def cost_main(archs, json_path=None) -> int:
         + f"; total spills {total_spill} B"
     )
     if json_path:
-        tmp = json_path + ".tmp"
-        with open(tmp, "w") as fh:
+        from splatloss.atomic import atomic_output
+
+        with atomic_output(json_path) as tmp, open(tmp, "w") as fh:
             json.dump(report, fh, indent=1)
-        os.replace(tmp, json_path)
     if failures:
         print(f"\n{len(failures)} problem(s):")
         for f in failures:
@@ -595,7 +595,9 @@ def cost_main(archs, json_path=None) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", type=int, nargs="+", default=[80, 90], help="SM versions (default 80 90)")
+    ap.add_argument(
+        "--arch", type=int, nargs="+", default=[80, 90], choices=[80, 90], help="SM versions (default 80 90)"
+    )
     ap.add_argument("--quick", action="store_true", help="default window only")
     ap.add_argument("--only", metavar="REGEX", help="only the calls whose label matches REGEX")
     ap.add_argument(
@@ -603,10 +605,22 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--json", metavar="FILE", help="with --cost: write the figures to FILE")
     args = ap.parse_args(argv)
+    if args.only is not None:
+        try:
+            re.compile(args.only)
+        except re.error as e:
+            ap.error(f"--only {args.only!r} is not a regular expression ({e})")
+    if args.json and not args.cost:
+        ap.error("--json needs --cost")
+    if args.json:  # checked before the minutes of compiling, not after
+        from splatloss.atomic import check_output_file
+
+        try:
+            check_output_file("--json", args.json)
+        except ValueError as e:
+            ap.error(str(e))
     if args.cost:
         return cost_main(args.arch, args.json)
-    if args.json:
-        ap.error("--json needs --cost")
 
     failures = []
     header = (

@@ -1334,6 +1334,8 @@ def main(argv=None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import check_kernels as ck
 
+    from splatloss.atomic import atomic_output, check_output_file
+
     ap = argparse.ArgumentParser(description="Launch model of the loss calls: issue, latency, waves, DRAM (modelled)")
     ap.add_argument("--arch", type=int, default=90, choices=sorted(GPUS))
     ap.add_argument("--shapes", nargs="+", default=[_shape_label(s) for s in TABLE_SHAPES], help="BxCxHxW ...")
@@ -1347,7 +1349,6 @@ def main(argv=None) -> int:
     ap.add_argument("--cycles-per-issue", type=float, default=WARP_CYCLES_PER_ISSUE, help="assumption L (A2)")
     ap.add_argument("--launch-floor-us", type=float, default=LAUNCH_FLOOR_S * 1e6, help="assumption A7")
     args = ap.parse_args(argv)
-    WARP_CYCLES_PER_ISSUE, LAUNCH_FLOOR_S = args.cycles_per_issue, args.launch_floor_us * 1e-6
     shapes = []
     for s in args.shapes:
         try:
@@ -1366,6 +1367,12 @@ def main(argv=None) -> int:
             f"--cycles-per-issue must be > 0 and --launch-floor-us >= 0, got {args.cycles_per_issue} and "
             f"{args.launch_floor_us}"
         )
+    if args.json:  # checked before the minutes of compiling, not after
+        try:
+            check_output_file("--json", args.json)
+        except ValueError as e:
+            ap.error(str(e))
+    WARP_CYCLES_PER_ISSUE, LAUNCH_FLOOR_S = args.cycles_per_issue, args.launch_floor_us * 1e-6
     gpu = GPUS[args.arch]
     calls = table_calls(ck, shapes, args.dtypes, args.ops, args.modes)
     import importlib
@@ -1487,10 +1494,8 @@ def main(argv=None) -> int:
         for rest, a, b, c in ratios:
             print(f"{'':<31}{rest:<33} {a:>8.2f} {b:>8.2f} {c:>8.2f}")
     if args.json:
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as fh:
+        with atomic_output(args.json) as tmp, open(tmp, "w") as fh:
             json.dump(report, fh, indent=1)
-        os.replace(tmp, args.json)
     return 0
 
 
