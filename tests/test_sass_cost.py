@@ -1,6 +1,7 @@
 """The static cost model: the SASS parser on a listing written here, the Triton-IR trip counts, and
 ``tools/check_kernels.py --cost --json`` on the kernels the loss calls launch (no GPU needed)."""
 
+import importlib
 import json
 import os
 import re
@@ -571,45 +572,31 @@ def test_launch_tables_propose_full_waves(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "args,message",
+    "tool,args,message",
     [
-        (["--shapes", "0x3x5x5"], "--shapes takes BxCxHxW with positive sizes, got '0x3x5x5'"),
-        (["--dtypes", "int8"], "argument --dtypes: invalid choice: 'int8'"),
-        (["--rows", "0"], r"--rows takes rows per program >= 1, got \[0\]"),
-        (["--maxnreg", "300"], r"--maxnreg takes register ceilings from 1 to 255, got \[300\]"),
-        (["--cycles-per-issue", "nan"], "--cycles-per-issue must be > 0 and --launch-floor-us >= 0, got nan"),
-        (["--json", "{tmp}"], "--json '.*' is a folder; give a file name"),
-        (["--json", "{file}/cost.json"], "cannot write the --json file to '.*': '.*' is a file, not a folder"),
-    ],
-)
-def test_bad_arguments_are_refused_before_anything_is_compiled(args, message, capsys, tmp_path):
-    (tmp_path / "a_file").write_text("")
-    args = [a.format(tmp=tmp_path, file=tmp_path / "a_file") for a in args]
-    with pytest.raises(SystemExit) as e:
-        sass_cost.main(args)
-    assert e.value.code == 2
-    assert re.search(message, capsys.readouterr().err)
-
-
-@pytest.mark.parametrize(
-    "args,message",
-    [
-        (["--arch", "70"], "argument --arch: invalid choice: 70"),
-        (["--only", "["], r"--only '\[' is not a regular expression"),
-        (["--json", "x.json"], "--json needs --cost"),
-        (["--cost", "--json", "{tmp}"], "--json '.*' is a folder; give a file name"),
+        ("sass_cost", ["--shapes", "0x3x5x5"], "--shapes takes BxCxHxW with positive sizes, got '0x3x5x5'"),
+        ("sass_cost", ["--dtypes", "int8"], "argument --dtypes: invalid choice: 'int8'"),
+        ("sass_cost", ["--rows", "0"], r"--rows takes rows per program >= 1, got \[0\]"),
+        ("sass_cost", ["--maxnreg", "300"], r"--maxnreg takes register ceilings from 1 to 255, got \[300\]"),
+        ("sass_cost", ["--cycles-per-issue", "nan"], "--cycles-per-issue must be > 0 and --launch-floor-us >= 0"),
+        ("sass_cost", ["--json", "{tmp}"], "--json '.*' is a folder; give a file name"),
+        ("sass_cost", ["--json", "{file}/cost.json"], "cannot write the --json file to '.*': '.*' is a file"),
+        ("check_kernels", ["--arch", "70"], "argument --arch: invalid choice: 70"),
+        ("check_kernels", ["--only", "["], r"--only '\[' is not a regular expression"),
+        ("check_kernels", ["--json", "x.json"], "--json needs --cost"),
+        ("check_kernels", ["--cost", "--json", "{tmp}"], "--json '.*' is a folder; give a file name"),
         (
-            ["--cost", "--json", "{file}/cost.json"],
-            "cannot write the --json file to '.*': '.*' is a file, not a folder",
+            "check_kernels",
+            ["--cost", "--json", "{file}/c.json"],
+            "cannot write the --json file to '.*': '.*' is a file",
         ),
     ],
 )
-def test_check_kernels_refuses_bad_arguments_before_compiling(args, message, capsys, tmp_path):
-    import check_kernels
-
+def test_bad_arguments_are_refused_before_anything_is_compiled(tool, args, message, capsys, tmp_path):
+    main = sass_cost.main if tool == "sass_cost" else importlib.import_module("check_kernels").main
     (tmp_path / "a_file").write_text("")
     args = [a.format(tmp=tmp_path, file=tmp_path / "a_file") for a in args]
     with pytest.raises(SystemExit) as e:
-        check_kernels.main(args)
+        main(args)
     assert e.value.code == 2
     assert re.search(message, capsys.readouterr().err)
