@@ -1,7 +1,6 @@
 """The static cost model: the SASS parser on a listing written here, the Triton-IR trip counts, and
 ``tools/check_kernels.py --cost --json`` on the kernels the loss calls launch (no GPU needed)."""
 
-import importlib
 import json
 import os
 import re
@@ -571,32 +570,49 @@ def test_launch_tables_propose_full_waves(tmp_path):
     assert call["fused_ssim"]["model_s"] > 0
 
 
-@pytest.mark.parametrize(
-    "tool,args,message",
-    [
-        ("sass_cost", ["--shapes", "0x3x5x5"], "--shapes takes BxCxHxW with positive sizes, got '0x3x5x5'"),
-        ("sass_cost", ["--dtypes", "int8"], "argument --dtypes: invalid choice: 'int8'"),
-        ("sass_cost", ["--rows", "0"], r"--rows takes rows per program >= 1, got \[0\]"),
-        ("sass_cost", ["--maxnreg", "300"], r"--maxnreg takes register ceilings from 1 to 255, got \[300\]"),
-        ("sass_cost", ["--cycles-per-issue", "nan"], "--cycles-per-issue must be > 0 and --launch-floor-us >= 0"),
-        ("sass_cost", ["--json", "{tmp}"], "--json '.*' is a folder; give a file name"),
-        ("sass_cost", ["--json", "{file}/cost.json"], "cannot write the --json file to '.*': '.*' is a file"),
-        ("check_kernels", ["--arch", "70"], "argument --arch: invalid choice: 70"),
-        ("check_kernels", ["--only", "["], r"--only '\[' is not a regular expression"),
-        ("check_kernels", ["--json", "x.json"], "--json needs --cost"),
-        ("check_kernels", ["--cost", "--json", "{tmp}"], "--json '.*' is a folder; give a file name"),
-        (
-            "check_kernels",
-            ["--cost", "--json", "{file}/c.json"],
-            "cannot write the --json file to '.*': '.*' is a file",
-        ),
-    ],
-)
-def test_bad_arguments_are_refused_before_anything_is_compiled(tool, args, message, capsys, tmp_path):
-    main = sass_cost.main if tool == "sass_cost" else importlib.import_module("check_kernels").main
+REFUSALS = [
+    ("sass_cost", ["--shapes", "0x3x5x5"], "--shapes takes BxCxHxW with positive sizes, got '0x3x5x5'"),
+    ("sass_cost", ["--dtypes", "int8"], "argument --dtypes: invalid choice: 'int8'"),
+    ("sass_cost", ["--rows", "0"], r"--rows takes rows per program >= 1, got \[0\]"),
+    ("sass_cost", ["--maxnreg", "300"], r"--maxnreg takes register ceilings from 1 to 255, got \[300\]"),
+    ("sass_cost", ["--cycles-per-issue", "nan"], "--cycles-per-issue must be > 0 and --launch-floor-us >= 0"),
+    ("sass_cost", ["--json", "{tmp}"], "--json '.*' is a folder; give a file name"),
+    ("sass_cost", ["--json", "{file}/cost.json"], "cannot write the --json file to '.*': '.*' is a file"),
+    ("check_kernels", ["--arch", "70"], "argument --arch: invalid choice: 70"),
+    ("check_kernels", ["--only", "["], r"--only '\[' is not a regular expression"),
+    ("check_kernels", ["--json", "x.json"], "--json needs --cost"),
+    ("check_kernels", ["--cost", "--json", "{tmp}"], "--json '.*' is a folder; give a file name"),
+    ("check_kernels", ["--cost", "--json", "{file}/c.json"], "cannot write the --json file to '.*': '.*' is a file"),
+]
+
+
+def test_bad_arguments_are_refused_before_anything_is_compiled(tmp_path):
+    # In a fresh process: importing check_kernels (sass_cost does) turns the Triton interpreter off
+    # for the process, which a test worker must keep on.
     (tmp_path / "a_file").write_text("")
-    args = [a.format(tmp=tmp_path, file=tmp_path / "a_file") for a in args]
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    assert e.value.code == 2
-    assert re.search(message, capsys.readouterr().err)
+    cases = [(tool, [a.format(tmp=tmp_path, file=tmp_path / "a_file") for a in args]) for tool, args, _ in REFUSALS]
+    code = (
+        "import contextlib, importlib, io, json, sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "out = []\n"
+        "for tool, args in json.loads(sys.argv[2]):\n"
+        "    err = io.StringIO()\n"
+        "    try:\n"
+        "        with contextlib.redirect_stderr(err):\n"
+        "            importlib.import_module(tool).main(args)\n"
+        "        out.append([None, err.getvalue()])\n"
+        "    except SystemExit as e:\n"
+        "        out.append([e.code, err.getvalue()])\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "tools"), json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for (tool, args, message), (code_, err) in zip(REFUSALS, results):
+        assert code_ == 2 and re.search(message, err), (tool, args, code_, err[-500:])

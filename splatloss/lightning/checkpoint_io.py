@@ -90,8 +90,8 @@ def require_file(path: Union[str, os.PathLike], what: str = "checkpoint") -> str
     path = os.fspath(path)
     if os.path.isdir(path):
         raise ValueError(
-            f"{what} {path!r} is a folder, not a checkpoint file; name the file (a run's is "
-            f"{os.path.join(path, 'checkpoints', 'last.ckpt')!r} for run folder {path!r})"
+            f"{what} {path!r} is a folder, not a checkpoint file; name the file (in a run folder: "
+            f"{os.path.join(path, 'checkpoints', 'last.ckpt')!r})"
         )
     if not os.path.isfile(path):
         raise ValueError(f"{what} {path!r} does not exist")
