@@ -228,6 +228,7 @@ def test_bad_arguments_and_unwritable_outputs_are_refused_before_anything_runs(t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written, not even a probe
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_the_benchmark_needs_no_training_extra(tmp_path):
     """The benchmark imports the core package only: refusing an unwritable --json loads no Lightning."""
     code = (

@@ -586,6 +586,7 @@ REFUSALS = [
 ]
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_bad_arguments_are_refused_before_anything_is_compiled(tmp_path):
     # In a fresh process: importing check_kernels (sass_cost does) turns the Triton interpreter off
     # for the process, which a test worker must keep on.
