@@ -173,13 +173,15 @@ def _check_mask_values(m: torch.Tensor) -> None:
     # One pass over the mask: the smallest and largest weight (both NaN where any weight is NaN);
     # ``hi <= max`` is False for NaN and +inf, ``lo >= 0`` for negatives and NaN.
     lo, hi = torch.aminmax(m)
-    ok = (lo >= 0) & (hi <= torch.finfo(m.dtype).max)
+    top = torch.finfo(m.dtype).max
     if torch.compiler.is_compiling() or (m.is_cuda and torch.cuda.is_current_stream_capturing()):
         # No Python branch on a tensor inside a traced graph or a CUDA graph being captured (reading
         # the answer would synchronise): the check runs as an assertion op on the device.
-        torch._assert_async(ok, "mask weights must be finite and >= 0")
+        torch._assert_async((lo >= 0) & (hi <= top), "mask weights must be finite and >= 0")
         return
-    if not bool(ok):
+    # both bounds in one read (one synchronisation on a GPU); NaN fails both comparisons
+    lo, hi = torch.stack((lo, hi)).tolist()
+    if not (lo >= 0 and hi <= top):
         valid = (m >= 0) & (m <= torch.finfo(m.dtype).max)
         bad = m[~valid]
         n_nan = int(torch.isnan(bad).sum())

@@ -20,7 +20,7 @@ The kernels and their launchers are :mod:`.masked_kernels`'s.
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -88,14 +88,16 @@ def centre_weights(mask: Tensor, img: Tensor, window: Tensor, padding: str) -> T
 
 def _inverse_weights(z: Tensor) -> Tensor:
     """``1 / z`` where the channel has weight, else 0 (an empty channel's mean is the constant 1)."""
-    return torch.where(z > 0, 1.0 / torch.where(z > 0, z, torch.ones_like(z)), torch.zeros_like(z))
+    return torch.where(z > 0, z.reciprocal(), 0.0)
 
 
-def _means(deficits: Tensor, z: Tensor) -> Tensor:
+def _means(deficits: Tensor, z: Tensor, inv_z: Optional[Tensor] = None) -> Tensor:
     """Masked means from the kernels' centre-weighted sums of ``1 - value``: ``1 - deficits / z``,
     exactly 1 where every value is 1 (a sum of values and the weights' sum ``z`` would round
-    differently), within [-1, 1]; the constant 1 for an empty channel."""
-    return torch.where(z > 0, (1.0 - deficits * _inverse_weights(z)).clamp(-1.0, 1.0), torch.ones_like(deficits))
+    differently), within [-1, 1]; the constant 1 for an empty channel. ``inv_z``:
+    :func:`_inverse_weights` of ``z``, if the caller has it."""
+    inv_z = _inverse_weights(z) if inv_z is None else inv_z
+    return torch.where(z > 0, (1.0 - deficits * inv_z).clamp_(-1.0, 1.0), 1.0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -186,10 +188,11 @@ def _term_op(
     if not (need1 or need2):
         s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
         return _means(s, z), empty, empty.clone()
+    inv_z = _inverse_weights(z)
     gx, gy, s = launch_masked_bwd(
-        img1, img2, m, window, padding, c1, c2, _inverse_weights(z), None, need1, need2, True, torch.float32
+        img1, img2, m, window, padding, c1, c2, inv_z, None, need1, need2, True, torch.float32
     )
-    return _means(s, z), (gx if need1 else empty), (gy if need2 else empty.clone())
+    return _means(s, z, inv_z), (gx if need1 else empty), (gy if need2 else empty.clone())
 
 
 @_term_op.register_fake
@@ -214,15 +217,17 @@ def _term_backward(ctx, g_t, _gx, _gy):
 _term_op.register_autograd(_term_backward, setup_context=_term_save)
 
 
-def _loss_weights(mask: Tensor, z: Tensor, img: Tensor, padding: str, lam: float) -> Tuple[Tensor, Tensor]:
+def _loss_weights(
+    mask: Tensor, z: Tensor, inv_z: Tensor, img: Tensor, padding: str, lam: float
+) -> Tuple[Tensor, Tensor]:
     """``[B, C]`` weights of the fused masked loss for a unit upstream per image: the SSIM sums'
-    ``-lam / C / z`` (``z`` the centre weights) and the L1 term's ``(1 - lam) / sum M`` over the
-    image's channels and pixels (0 for an empty mask; ``z`` are the whole planes' sums except under
-    "valid")."""
+    ``-lam / C / z`` (``z`` the centre weights, ``inv_z`` :func:`_inverse_weights` of them) and the
+    L1 term's ``(1 - lam) / sum M`` over the image's channels and pixels (0 for an empty mask; ``z``
+    are the whole planes' sums except under "valid")."""
     B, C = img.shape[:2]
     planes = mask.to(torch.float32).sum(dim=(-2, -1)).expand(B, C) if padding == "valid" else z
     den = planes.sum(dim=1, keepdim=True).expand(B, C)
-    return (-lam / C) * _inverse_weights(z), (1.0 - lam) * _inverse_weights(den)
+    return (-lam / C) * inv_z, (1.0 - lam) * _inverse_weights(den)
 
 
 def _masked_dssim_l1_impl(
@@ -246,11 +251,12 @@ def _masked_dssim_l1_impl(
         s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
         loss = (1.0 - lam) * masked_l1(img1, img2, mask) + lam * (1.0 - _means(s, z).mean(dim=1))
         return loss, empty, empty.clone()
-    g_s, w_l1 = _loss_weights(mask, z, img1, padding, lam)
+    inv_z = _inverse_weights(z)
+    g_s, w_l1 = _loss_weights(mask, z, inv_z, img1, padding, lam)
     gx, gy, s, l1 = launch_masked_bwd(
         img1, img2, m, window, padding, c1, c2, g_s, None, need1, need2, True, torch.float32, l1=w_l1
     )
-    loss = (w_l1 * l1).sum(dim=1) + lam * (1.0 - _means(s, z).mean(dim=1))
+    loss = (w_l1 * l1).sum(dim=1) + lam * (1.0 - _means(s, z, inv_z).mean(dim=1))
     return loss, (gx if need1 else empty), (gy if need2 else empty.clone())
 
 
@@ -278,7 +284,8 @@ def _dssim_l1_bwd_op(
     need2: bool,
 ) -> Tuple[Tensor, Tensor]:
     m = _float_mask(mask, img1)
-    g_s, w_l1 = _loss_weights(mask, centre_weights(mask, img1, window, padding), img1, padding, lam)
+    z = centre_weights(mask, img1, window, padding)
+    g_s, w_l1 = _loss_weights(mask, z, _inverse_weights(z), img1, padding, lam)
     g = g.to(torch.float32)[:, None]  # one upstream scalar per image
     gx, gy = launch_masked_bwd(img1, img2, m, window, padding, c1, c2, g * g_s, None, need1, need2, l1=g * w_l1)
     return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
