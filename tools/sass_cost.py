@@ -1018,8 +1018,16 @@ def estimate_cuda_kernel(gpu: GPU, k: CudaKernel, shape: Sequence[int], **kw) ->
 
 #: Shapes of the launch tables: one and five 1080p RGB frames, one 4K frame.
 TABLE_SHAPES = ((1, 3, 1080, 1920), (5, 3, 1080, 1920), (1, 3, 2160, 3840))
-#: The ops of the tables, by the name of their call in ``check_kernels.cost_calls``.
-TABLE_OPS = {"ssim": "ssim_loss_fwd_bwd", "dssim_l1": "dssim_l1_fwd_bwd", "ms_ssim": "ms_ssim_loss_fwd_bwd"}
+#: The ops of the tables, by the name of their call in ``check_kernels.cost_calls`` ("dssim_l1_masked":
+#: D-SSIM + L1 under a soft ``(1, 1, H, W)`` mask; not in the default run).
+TABLE_OPS = {
+    "ssim": "ssim_loss_fwd_bwd",
+    "dssim_l1": "dssim_l1_fwd_bwd",
+    "ms_ssim": "ms_ssim_loss_fwd_bwd",
+    "dssim_l1_masked": "dssim_l1_masked_fwd_bwd",
+}
+#: The ops of the default run.
+DEFAULT_OPS = ("ssim", "dssim_l1", "ms_ssim")
 #: Forward alone (no input requires a gradient) and forward + backward (gradient of x).
 TABLE_MODES = {"fwd": (False, False), "fwd+bwd": (True, False)}
 #: Rows per program the geometry search tries (launch argument ``ROWS``: no recompile); 99 and 50
@@ -1340,7 +1348,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90, choices=sorted(GPUS))
     ap.add_argument("--shapes", nargs="+", default=[_shape_label(s) for s in TABLE_SHAPES], help="BxCxHxW ...")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
-    ap.add_argument("--ops", nargs="+", default=list(TABLE_OPS), choices=list(TABLE_OPS))
+    ap.add_argument("--ops", nargs="+", default=list(DEFAULT_OPS), choices=list(TABLE_OPS))
     ap.add_argument("--modes", nargs="+", default=list(TABLE_MODES), choices=list(TABLE_MODES))
     ap.add_argument("--rows", type=int, nargs="*", default=list(SEARCH_ROWS), help="rows per program to try")
     ap.add_argument("--maxnreg", type=int, nargs="*", default=list(SEARCH_MAXNREG), help="register ceilings to try")
@@ -1469,8 +1477,9 @@ def main(argv=None) -> int:
         f"of a lone warp; launch floor {LAUNCH_FLOOR_S * 1e6:g} us. Times in us; 'model' = sum over launches of "
         "max(wave-quantised, DRAM, floor)."
     )
+    width = max([42] + [len(name) for name, _ in summary])
     hdr = (
-        f"{'call':<42} {'issue':>7} {'latency':>7} {'waved':>7} {'DRAM':>7} {'model':>7} | {'proposed':>8} "
+        f"{'call':<{width}} {'issue':>7} {'latency':>7} {'waved':>7} {'DRAM':>7} {'model':>7} | {'proposed':>8} "
         f"{'plan':>7} | {'fused-ssim':>10} {'launches':>8}"
     )
     print(hdr)
@@ -1479,20 +1488,25 @@ def main(argv=None) -> int:
         c, p, b = e["current"], e["proposed"], e["plan"]
         fs = e.get("fused_ssim")
         print(
-            f"{name:<42} {_us(c['issue_s']):>7} {_us(c['latency_s']):>7} {_us(c['wave_s']):>7} {_us(c['dram_s']):>7} "
+            f"{name:<{width}} {_us(c['issue_s']):>7} {_us(c['latency_s']):>7} {_us(c['wave_s']):>7} "
+            f"{_us(c['dram_s']):>7} "
             f"{_us(c['model_s']):>7} | {_us(p['model_s']):>8} {(_us(b['model_s']) if b else '-'):>7} | "
             f"{(_us(fs['model_s']) if fs else '-'):>10} {e['launches']:>8}"
         )
-    ratios = []
-    for name, e in summary:
-        op, rest = name.split(" ", 1)
-        ref = report["calls"].get("ssim " + rest)
-        if op == "ms_ssim" and ref is not None:
-            ratios.append((rest, *(e[k]["model_s"] / ref[k]["model_s"] for k in ("current", "proposed", "plan"))))
-    if ratios:
-        print(f"\nMS-SSIM / SSIM loss, modelled: {'call':<32} {'launched':>8} {'proposed':>8} {'plan':>8}")
-        for rest, a, b, c in ratios:
-            print(f"{'':<31}{rest:<33} {a:>8.2f} {b:>8.2f} {c:>8.2f}")
+    for op, base, title in (
+        ("ms_ssim", "ssim", "MS-SSIM / SSIM loss"),
+        ("dssim_l1_masked", "dssim_l1", "masked / unmasked D-SSIM + L1"),
+    ):
+        ratios = []
+        for name, e in summary:
+            this, rest = name.split(" ", 1)
+            ref = report["calls"].get(f"{base} {rest}")
+            if this == op and ref is not None:
+                ratios.append((rest, *(e[k]["model_s"] / ref[k]["model_s"] for k in ("current", "proposed", "plan"))))
+        if ratios:
+            print(f"\n{title}, modelled: {'call':<32} {'launched':>8} {'proposed':>8} {'plan':>8}")
+            for rest, a, b, c in ratios:
+                print(f"{'':<{len(title) + 12}}{rest:<33} {a:>8.2f} {b:>8.2f} {c:>8.2f}")
     if args.json:
         with atomic_output(args.json) as tmp, open(tmp, "w") as fh:
             json.dump(report, fh, indent=1)
