@@ -166,12 +166,14 @@ def _oracle_dssim_l1(x, y, m, lam, padding, window_size):
         pytest.param("reflect", (2, 2), "both", marks=pytest.mark.slow),  # composed: one launch per gradient
         pytest.param("same", (1, 2), "y", marks=pytest.mark.slow),
         pytest.param("valid", (2, 1), "none", marks=pytest.mark.slow),
+        ("same", (2, 2), "none"),  # the forward kernel sums the masked |x - y| at the map's centres
     ],
 )
 def test_fused_masked_dssim_l1_equals_the_float64_oracle(launches, padding, mask_shape, grads):
     # one pass of the masked backward kernel: the masked L1 and its gradient w m sign(x - y) inside it
     # ("same", "valid"; "reflect": the composition); per-image upstream weights, masks per image /
-    # channel, both images' gradients, one or none
+    # channel, both images' gradients, one or none (the forward kernel alone: under "same" with the
+    # masked L1 in it, under "valid" beside it in torch ops)
     dev = device_for(T)
     lam, K = 0.3, 5
     x, y = make_pair((2, 2, 13, 16), seed=21, device=dev)

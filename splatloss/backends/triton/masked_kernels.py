@@ -25,8 +25,6 @@ it broadcasts over channels and stays in cache), a fifth filtered sum and a mult
 
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 import triton
 import triton.language as tl
@@ -49,20 +47,13 @@ __all__ = ["launch_masked_bwd", "launch_masked_fwd", "masked_bwd_kernel", "maske
 
 Tensor = torch.Tensor
 
-#: The masked backward's launch: (256 lanes and 8 warps per program, else 128 and 4; the register
-#: ceiling), for the light variants (one gradient, "same" / "valid") and the heavy ones (both
-#: gradients, or "reflect" with its mirrored taps). The fifth sum's ring and pending windows beside
-#: the rows' shifts need more than 128 registers (one gradient at 128: 96 B of spills, sm_80 and
-#: sm_90; the heavy variants at 168: 88 to 160 B; tools/check_kernels.py): at 168 an SM holds three
-#: 4-warp programs (12 warps), at 255 one 8-warp program.
-BWD_LAUNCH = {"light": (False, 168), "heavy": (True, MAXNREG)}
-
 
 @triton.jit
 def _masked_fwd_columns(
-    x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+    x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
+    HAS_L1: tl.constexpr,
     EDGE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -87,6 +78,7 @@ def _masked_fwd_columns(
     state = (ring, ring, ring, ring, ring, (zero,) * (K - 1), ring, ring, ring, ring, ring)
     acc_s = zero
     acc_c = zero
+    acc_l = zero  # HAS_L1 ("same" padding, CEN = 0): every pixel is one map position's centre
     for i in tl.range(0, n_rows + K - 1, num_stages=1):
         r_in = p_r0 - PAD + i
         h0, h1, h2, h11, h12, s = hmoments_masked(
@@ -105,28 +97,36 @@ def _masked_fwd_columns(
         mc = tl.load(m_ptr + mc_lane + (p + CEN).to(tl.int64) * sm_h, mask=ok, other=0.0)
         acc_s += tl.where(ok, mc * (1.0 - ssim), 0.0)  # deficits: exactly 0 where SSIM is exactly 1
         acc_c += tl.where(ok, mc * (1.0 - cs), 0.0)
+        if HAS_L1:  # the masked |x - y| at the centre pixel (column p_c: tap PAD of the lane's window)
+            p64 = p.to(tl.int64)
+            xc = tl.load(x_ptr + x_lane + PAD * sx_w + p64 * sx_h, mask=ok, other=0.0).to(tl.float32)
+            yc = tl.load(y_ptr + y_lane + PAD * sy_w + p64 * sy_h, mask=ok, other=0.0).to(tl.float32)
+            acc_l += tl.where(ok, mc * tl.abs(xc - yc), 0.0)
     store_sums(s_ptr, acc_s, BC, n_chunks * n_strips, 1, F, BW)
     store_sums(cs_ptr, acc_c, BC, n_chunks * n_strips, 1, F, BW)
+    if HAS_L1:
+        store_sums(l1_ptr, acc_l, BC, n_chunks * n_strips, 1, F, BW)
 
 
 @triton.jit(do_not_specialize=SIZES)
 def masked_fwd_kernel(
-    x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+    x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
+    HAS_L1: tl.constexpr,
 ):  # fmt: skip
     strip = tl.program_id(0) % n_strips
     if interior(strip * F - PAD, W, K, F, BW):
         _masked_fwd_columns(
-            x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+            x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
             sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, c1, c2, K, PAD, REFLECT, F, BW,
-            False,
+            HAS_L1, False,
         )  # fmt: skip
     else:
         _masked_fwd_columns(
-            x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+            x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
             sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, c1, c2, K, PAD, REFLECT, F, BW,
-            True,
+            HAS_L1, True,
         )  # fmt: skip
 
 
@@ -283,10 +283,22 @@ def masked_bwd_kernel(
         )  # fmt: skip
 
 
-def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: float) -> Tuple[Tensor, Tensor]:
+#: The masked backward's launch: (256 lanes and 8 warps per program, else 128 and 4; the register
+#: ceiling), for the light variants (one gradient, "same" / "valid") and the heavy ones (both
+#: gradients, or "reflect" with its mirrored taps). The fifth sum's ring and pending windows beside
+#: the rows' shifts need more than 128 registers (one gradient at 128: 96 B of spills, sm_80 and
+#: sm_90; the heavy variants at 168: 88 to 160 B; tools/check_kernels.py): at 168 an SM holds three
+#: 4-warp programs (12 warps), at 255 one 8-warp program.
+BWD_LAUNCH = {"light": (False, 168), "heavy": (True, MAXNREG)}
+
+
+def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: float, l1: bool = False):
     """``(ssim_deficit, cs_deficit)``, each ``[B, C]``: ``1 - map`` summed with the centre mask as
     weight (the mean is ``1 - deficit / sum of the weights``: exactly 1 where every value is, however
-    the sums round)."""
+    the sums round). ``l1`` ("same" padding, where every pixel is one map position's centre): also
+    the ``[B, C]`` sums of ``mask * |x - y|``, last (the fused loss without a gradient)."""
+    if l1 and padding != "same":
+        raise ValueError(f'launch_masked_fwd sums the masked |x - y| under "same" padding only, got {padding!r}')
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
     maxnreg = fwd_maxnreg(K, reflect, both_maps=True)  # it sums both maps (SSIM and cs)
@@ -298,18 +310,20 @@ def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: flo
         n_prog = launch.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
         s = torch.empty((BC, n_chunks * n_strips), dtype=torch.float32, device=img1.device)
         cs = torch.empty_like(s)
+        l1_sums = torch.empty_like(s) if l1 else s
         with device_guard(img1):
             masked_fwd_kernel[(n_prog,)](
-                img1, img2, mask, window, s, cs, BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows,
+                img1, img2, mask, window, s, cs, l1_sums, BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows,
                 *img1.stride(), *img2.stride(), *mask.stride(), float(c1), float(c2),
-                K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
+                K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, HAS_L1=l1,
                 **launch_options(geo.warps, maxnreg=maxnreg),
             )  # fmt: skip
-        return s, cs
+        return s, cs, l1_sums
 
     key = ("masked_fwd", K, pad, reflect, geo, BC, C, H, W, img1.stride(), img2.stride(), mask.stride(), img1.dtype)
-    s, cs = tune.run(key + (mask.dtype, img1.device), geo.rows, Ho, run, img1.device)
-    return s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C)
+    s, cs, l1_sums = tune.run(key + (mask.dtype, img1.device, l1), geo.rows, Ho, run, img1.device)
+    out = (s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C))
+    return out + (l1_sums.sum(dim=1).view(B, C),) if l1 else out
 
 
 def launch_masked_bwd(

@@ -14,6 +14,9 @@ backend's composition, :func:`splatloss.backends.base.masked_l1`), is fused as t
 is (:mod:`.dssim_l1`): with a gradient to compute, one pass of the masked backward kernel sums the
 centre-weighted SSIM and the masked ``|x - y|`` and adds ``w M sign(x - y)`` to the gradients in
 registers, ``w = (1 - lam) / sum M`` per image ("same" and "valid" padding: :func:`fits_fused_loss`).
+Without a gradient the forward kernel runs instead; under "same", where every pixel is one map
+position's centre, it sums the masked ``|x - y|`` at the centres on the way (under "valid" the L1
+term is torch ops).
 
 The kernels and their launchers are :mod:`.masked_kernels`'s.
 """
@@ -247,11 +250,17 @@ def _masked_dssim_l1_impl(
     m = _float_mask(mask, img1)
     z = centre_weights(mask, img1, window, padding)
     empty = img1.new_empty(0, dtype=torch.float32)
-    if not (need1 or need2):
-        s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
-        loss = (1.0 - lam) * masked_l1(img1, img2, mask) + lam * (1.0 - _means(s, z).mean(dim=1))
-        return loss, empty, empty.clone()
     inv_z = _inverse_weights(z)
+    if not (need1 or need2):
+        if padding != "same":  # "valid": the map's centres do not cover the image; the L1 term in torch ops
+            s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
+            loss = (1.0 - lam) * masked_l1(img1, img2, mask) + lam * (1.0 - _means(s, z, inv_z).mean(dim=1))
+            return loss, empty, empty.clone()
+        # every pixel is one map position's centre: the forward kernel sums the masked |x - y| too
+        s, _, l1 = launch_masked_fwd(img1, img2, m, window, padding, c1, c2, l1=True)
+        _, w_l1 = _loss_weights(mask, z, inv_z, img1, padding, lam)
+        loss = (w_l1 * l1).sum(dim=1) + lam * (1.0 - _means(s, z, inv_z).mean(dim=1))
+        return loss, empty, empty.clone()
     g_s, w_l1 = _loss_weights(mask, z, inv_z, img1, padding, lam)
     gx, gy, s, l1 = launch_masked_bwd(
         img1, img2, m, window, padding, c1, c2, g_s, None, need1, need2, True, torch.float32, l1=w_l1
