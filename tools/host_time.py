@@ -21,6 +21,7 @@ import triton.runtime.interpreter as I  # noqa: E402
 from splatloss import functional as SF  # noqa: E402
 from splatloss.backends.triton import combine as C  # noqa: E402
 from splatloss.backends.triton import dssim_l1 as D  # noqa: E402
+from splatloss.backends.triton import masked_ssim as MD  # noqa: E402
 from splatloss.backends.triton import ms_ssim as M  # noqa: E402
 from splatloss.backends.triton import ssim as S  # noqa: E402
 
@@ -28,6 +29,7 @@ x = torch.rand(1, 3, 32, 32)
 y = torch.rand(1, 3, 32, 32)
 x2 = torch.rand(1, 3, 180, 180)
 y2 = torch.rand(1, 3, 180, 180)
+m = torch.rand(1, 1, 32, 32)  # a soft alpha shared by the channels
 
 
 def run(mode):
@@ -40,6 +42,12 @@ def run(mode):
     elif mode == "dssim_l1 fwd+bwd":
         xg = x.clone().requires_grad_()
         SF.dssim_l1(xg, y, 0.2, padding="same", backend="triton").backward()
+    elif mode == "masked dssim_l1 fwd":
+        with torch.no_grad():
+            SF.dssim_l1(x, y, 0.2, padding="same", mask=m, backend="triton")
+    elif mode == "masked dssim_l1 fwd+bwd":
+        xg = x.clone().requires_grad_()
+        SF.dssim_l1(xg, y, 0.2, padding="same", mask=m, backend="triton").backward()
     elif mode == "ms_ssim fwd":
         with torch.no_grad():
             SF.ms_ssim(x2, y2, backend="triton")
@@ -48,17 +56,25 @@ def run(mode):
         (1 - SF.ms_ssim(xg, y2, backend="triton")).backward()
 
 
-eager = (S._term_call, D._dssim_l1_call, M._terms_call, C._combine_call)
-ops = (S._term_op, D._dssim_l1_op, M._terms_op, C._combine_op)
+eager = (S._term_call, D._dssim_l1_call, M._terms_call, C._combine_call, MD._dssim_l1_call)
+ops = (S._term_op, D._dssim_l1_op, M._terms_op, C._combine_op, MD._dssim_l1_op)
 
 
 def use(fns):
-    S._term_call, D._dssim_l1_call, M._terms_call, C._combine_call = fns
+    S._term_call, D._dssim_l1_call, M._terms_call, C._combine_call, MD._dssim_l1_call = fns
 
 
 def main():
     # once with the real kernels (caches, windows), then the launches stubbed out
-    modes = ["ssim fwd", "ssim fwd+bwd", "dssim_l1 fwd+bwd", "ms_ssim fwd", "ms_ssim fwd+bwd"]
+    modes = [
+        "ssim fwd",
+        "ssim fwd+bwd",
+        "dssim_l1 fwd+bwd",
+        "masked dssim_l1 fwd",
+        "masked dssim_l1 fwd+bwd",
+        "ms_ssim fwd",
+        "ms_ssim fwd+bwd",
+    ]
     for m in modes:
         run(m)
     I.InterpretedFunction.__getitem__ = lambda self, grid: lambda *a, **k: None
@@ -76,7 +92,7 @@ def main():
                     run(m)
                 res[name].append((time.perf_counter() - t) / 40 * 1e6)
         a, b = statistics.median(res["custom op"]), statistics.median(res["eager"])
-        print(f"{m:18s} custom op {a:6.0f} us   eager {b:6.0f} us   ({a / b:.2f}x)")
+        print(f"{m:24s} custom op {a:6.0f} us   eager {b:6.0f} us   ({a / b:.2f}x)")
 
 
 if __name__ == "__main__":
