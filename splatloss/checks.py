@@ -182,7 +182,7 @@ def _check_mask_values(m: torch.Tensor) -> None:
     # both bounds in one read (one synchronisation on a GPU); NaN fails both comparisons
     lo, hi = torch.stack((lo, hi)).tolist()
     if not (lo >= 0 and hi <= top):
-        valid = (m >= 0) & (m <= torch.finfo(m.dtype).max)
+        valid = (m >= 0) & (m <= top)
         bad = m[~valid]
         n_nan = int(torch.isnan(bad).sum())
         n_inf = int(torch.isinf(bad).sum())
