@@ -539,19 +539,14 @@ def test_trip_counts_on_real_ptxas_output(tmp_path):
         assert 0 < sum(inner) <= inner_total
 
 
-@pytest.mark.triton
-@pytest.mark.slow
-def test_launch_tables_propose_full_waves(tmp_path):
-    """The launch tables on the 1080p SSIM loss: 128 rows per program would make the backward
-    kernel's 216 programs (2 per SM on 132 SMs) fill 82 % of one wave; the launchers step down to
-    99 rows, 264 programs, one full wave (launch.ROW_STEPS), and the search finds nothing better.
-    The masked D-SSIM + L1 beside the unmasked one gets its own ratio line and costs more."""
+def _launch_tables(tmp_path, *ops):
+    """``tools/sass_cost.py`` on one 1080p float32 frame, forward + backward, at 99 rows and the
+    launched register ceilings: the finished process and its JSON's calls."""
     out = tmp_path / "launches.json"
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     env["OMP_NUM_THREADS"] = "1"
-    ops = ["--ops", "ssim", "dssim_l1", "dssim_l1_masked"]
-    args = ["--shapes", "1x3x1080x1920", "--dtypes", "float32", *ops, "--modes", "fwd+bwd"]
+    args = ["--shapes", "1x3x1080x1920", "--dtypes", "float32", "--ops", *ops, "--modes", "fwd+bwd"]
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "sass_cost.py"), *args, "--rows", "99", "--maxnreg", "--json", str(out)],
         cwd=ROOT,
@@ -561,8 +556,17 @@ def test_launch_tables_propose_full_waves(tmp_path):
         timeout=1200,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc, json.loads(out.read_text())["calls"]
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_launch_tables_propose_full_waves(tmp_path):
+    """The launch tables on the 1080p SSIM loss: 128 rows per program would make the backward
+    kernel's 216 programs (2 per SM on 132 SMs) fill 82 % of one wave; the launchers step down to
+    99 rows, 264 programs, one full wave (launch.ROW_STEPS), and the search finds nothing better."""
+    proc, calls = _launch_tables(tmp_path, "ssim")
     assert "Modelled, not measured" in proc.stdout
-    calls = json.loads(out.read_text())["calls"]
     call = calls["ssim fwd+bwd 1x3x1080x1920 float32"]
     (cur,) = [k for k in call["current_launches"] if not k["glue"]]
     (new,) = [k for k in call["proposed_launches"] if not k["glue"]]
@@ -571,6 +575,13 @@ def test_launch_tables_propose_full_waves(tmp_path):
     assert call["proposed"]["model_s"] <= call["current"]["model_s"]
     assert call["current"]["issue_s"] <= call["current"]["latency_s"] <= call["current"]["wave_s"]
     assert call["fused_ssim"]["model_s"] > 0
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_launch_tables_put_the_masked_loss_beside_the_unmasked_one(tmp_path):
+    """The masked D-SSIM + L1 beside the unmasked one gets its own ratio line and costs more."""
+    proc, calls = _launch_tables(tmp_path, "dssim_l1", "dssim_l1_masked")
     masked, plain = (calls[f"{op} fwd+bwd 1x3x1080x1920 float32"] for op in ("dssim_l1_masked", "dssim_l1"))
     ratio = masked["current"]["model_s"] / plain["current"]["model_s"]
     assert ratio > 1 and "fused_ssim" not in masked
