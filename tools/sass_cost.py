@@ -297,7 +297,8 @@ _FOR = re.compile(
     r"(?:\s+iter_args\((.*?)\))?"
 )
 _OP = re.compile(r"^\s*(%[\w.]+)(?::\d+)?\s*=\s*([\w.]+)\s*(.*)$")
-_SCALAR_TYPE = re.compile(r":\s*(i1|i8|i16|i32|i64|index)\s+loc\(|:\s*(i1|i8|i16|i32|i64|index)\s*$")
+# a scalar integer result; casts (``%a = arith.extui %b : i1 to i32``) name both types
+_SCALAR_TYPE = re.compile(r":\s*(?:(?:i1|i8|i16|i32|i64|index)\s+to\s+)?(i1|i8|i16|i32|i64|index)(?:\s+loc\(|\s*$)")
 _FUNC_ARGS = re.compile(r"%([\w.]+):\s*(?:!tt\.ptr<[^>]*>|i\d+|f\d+|bf16|index)")
 
 

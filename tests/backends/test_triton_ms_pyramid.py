@@ -105,3 +105,47 @@ def test_the_backward_is_one_launch_per_scale(monkeypatch):
     terms = M.ms_terms(xa, y, cfg, 3)
     terms.sum().backward()
     assert calls == ["_up_kernel"] * 3
+
+
+@pytest.mark.slow
+def test_the_coarser_scales_in_one_launch_equal_their_own_launches(monkeypatch):
+    # The CUDA geometry in 8-row chunks: the second scale in two column strips and three row
+    # chunks, the third in one strip of two chunks, the fourth in 256-lane frames where its own
+    # launch packs two channels per program. The one launch gives every gradient bit for bit as the scale's own
+    # launch (the terms' sums group their lanes by the frame: to rounding).
+    from splatloss.backends.triton import backward as BW
+    from splatloss.backends.triton import launch as L
+
+    monkeypatch.setattr(L, "FORCE_CUDA_GEOMETRY", True)
+    monkeypatch.setattr(L, "CUDA_ROWS", 8)
+    monkeypatch.setattr(L, "ROW_STEPS", ())
+    dev = device_for("triton")
+    padding, need = "reflect", (True, True)
+    cfg = SSIMConfig(padding=padding)
+    w = window_taps(cfg, dev)
+    B, C, dims = 1, 2, [(24, 300), (12, 150), (6, 75)]  # "reflect" mirrors 5 rows: at least 6
+    xs = [make_pair((B, C, h, wd), seed=30 + j, device=dev) for j, (h, wd) in enumerate(dims)]
+    flat = [torch.cat([p[i].reshape(-1) for p in xs]) for i in (0, 1)]
+    calls = []
+    for kernel in (BW.ssim_bwd_kernel, BW.ssim_bwd_scales_kernel):
+        name = kernel.fn.__name__
+        monkeypatch.setattr(kernel, "run", lambda *a, _n=name, _run=kernel.run, **k: calls.append(_n) or _run(*a, **k))
+    gx, gy, terms = BW.launch_bwd_scales(*flat, B, C, dims, w, padding, float(cfg.C1), float(cfg.C2), *need)
+    assert calls == ["ssim_bwd_scales_kernel"]
+    at = 0
+    for j, ((x, y), (h, wd)) in enumerate(zip(xs, dims)):
+        last = j == len(dims) - 1
+        n = h * wd
+        unit = torch.full((B, C), 1.0 / n, dtype=torch.float32, device=dev)
+        ox, oy, t, _ = BW.launch_bwd(
+            x, y, w, padding, float(cfg.C1), float(cfg.C2), unit, None if last else unit, *need,
+            sums=True, grad_dtype=torch.float32, cs_only=not last,
+        )  # fmt: skip
+        assert_rel(terms[j], t / n, 1e-6, f"scale {j} term")
+        for got, want, wanted in ((gx, ox, need[0]), (gy, oy, need[1])):
+            if wanted:
+                _same(got[at : at + x.numel()].view_as(x), want, f"scale {j} gradient")
+            else:
+                assert got is None
+        at += x.numel()
+    assert calls.count("ssim_bwd_kernel") == len(dims)

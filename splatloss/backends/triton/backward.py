@@ -25,24 +25,34 @@ import triton.language as tl
 from . import tune
 from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
 from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, vadjoint_taps, vmoments
-from .launch import COLUMN_TAPS, SIZES, bwd_maxnreg, cdiv, device_guard, geometry, launch_options, problem
+from .launch import (
+    COLUMN_TAPS,
+    SIZES,
+    batched_rows,
+    bwd_maxnreg,
+    cdiv,
+    device_guard,
+    geometry,
+    launch_options,
+    out_size,
+    problem,
+)
 from .moments import partials
 from .ring import hadjoint_moved as hadjoint_moved_ring
 from .ring import ring_vsum, row_moments, window_taus
 
-__all__ = ["ssim_bwd_kernel", "launch_bwd"]
+__all__ = ["ssim_bwd_kernel", "launch_bwd", "ssim_bwd_scales_kernel", "launch_bwd_scales"]
 
 
 @triton.jit
 def _bwd_columns(
-    x_ptr, y_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
+    pid, x_ptr, y_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
     BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sg_b, sg_c, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
     UPSTREAM_MAP: tl.constexpr, HAS_CS: tl.constexpr, HAS_L1: tl.constexpr, NEED1: tl.constexpr,
     NEED2: tl.constexpr, WRITE_SUMS: tl.constexpr, EDGE: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
     group, chunk, strip, f, bc, lane_ok, b, ch = lanes(pid, BC, C, n_chunks, n_strips, F, BW)
     x_base = b * sx_b + ch * sx_c
     y_base = b * sy_b + ch * sy_c
@@ -156,9 +166,9 @@ def _bwd_columns(
             store_grad(gy_ptr, o_offs, out, gy, yq, xq, None, None, l1_term, -1, HAS_L1)
     if WRITE_SUMS:
         # per program and channel: the SSIM (cs) and, with HAS_L1, |x - y| sums of the pixels it owns
-        store_sums(sum_ptr, acc_s, BC, n_chunks * n_strips, 2, F, BW)
+        store_sums(sum_ptr, acc_s, BC, n_chunks * n_strips, 2, F, BW, pid)
         if HAS_L1:
-            store_sums(sum_ptr + 1, acc_l, BC, n_chunks * n_strips, 2, F, BW)
+            store_sums(sum_ptr + 1, acc_l, BC, n_chunks * n_strips, 2, F, BW, pid)
 
 
 @triton.jit
@@ -321,17 +331,17 @@ def ssim_bwd_kernel(
         strip = tl.program_id(0) % n_strips
         if interior(strip * (F - (K - 1)) - (K - 1), W, K, F, BW):
             _bwd_columns(
-                x_ptr, y_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H, W, Ho, Wo,
-                n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sg_b, sg_c, sg_h, sg_w, so_b,
-                so_c, so_h, so_w, c1, c2, K, PAD, REFLECT, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1, NEED1, NEED2,
-                WRITE_SUMS, False
+                tl.program_id(0), x_ptr, y_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C,
+                H, W, Ho, Wo, n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sg_b, sg_c,
+                sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2, K, PAD, REFLECT, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1,
+                NEED1, NEED2, WRITE_SUMS, False
             )  # fmt: skip
         else:
             _bwd_columns(
-                x_ptr, y_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H, W, Ho, Wo,
-                n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sg_b, sg_c, sg_h, sg_w, so_b,
-                so_c, so_h, so_w, c1, c2, K, PAD, REFLECT, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1, NEED1, NEED2,
-                WRITE_SUMS, True
+                tl.program_id(0), x_ptr, y_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C,
+                H, W, Ho, Wo, n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sg_b, sg_c,
+                sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2, K, PAD, REFLECT, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1,
+                NEED1, NEED2, WRITE_SUMS, True
             )  # fmt: skip
     else:
         _bwd_ring(
@@ -358,15 +368,17 @@ def launch_bwd(
     sums: bool = False,
     grad_dtype=None,
     cs_only: bool = False,
+    grad2=None,
 ):
     """Run the backward kernel.
 
     ``g_s`` / ``g_cs``: ``[B, C]`` scalars (already divided by the map size) or ``[B, C, H', W']``
     maps; ``g_cs`` may be None. ``l1``: optional ``[B, C]`` weight of ``sign(x - y)`` added to
-    the gradient of img1 (subtracted from img2's). ``grad1``: optional preallocated output for
-    img1's gradient (any strides). ``sums``: also return the ``[B, C]`` sums of the SSIM map (of
-    the cs map with ``cs_only``), and with ``l1`` of ``|x - y|`` over the image (else None),
-    computed in the same pass.
+    the gradient of img1 (subtracted from img2's). ``grad1`` / ``grad2``: optional preallocated
+    outputs for the images' gradients (any strides; ``grad2`` in ``grad1``'s when both are
+    given). ``sums``: also return the ``[B, C]`` sums of the SSIM map (of the cs map with
+    ``cs_only``), and with ``l1`` of ``|x - y|`` over the image (else None), computed in the same
+    pass.
     ``grad_dtype``: the gradients' dtype (default: each input's). ``cs_only``: ``g_s`` is ignored
     (the kernel forms no luminance term). Returns ``(grad1 or None, grad2 or None[, map_sum,
     abs_diff_sum])``, the gradients in img1's memory layout
@@ -393,7 +405,9 @@ def launch_bwd(
     gy = None
     if need2:
         gy = (
-            torch.empty_like(img2, dtype=grad_dtype)
+            grad2
+            if grad2 is not None
+            else torch.empty_like(img2, dtype=grad_dtype)
             if gx is None
             else torch.empty_strided(gx.shape, gx.stride(), dtype=grad_dtype or img2.dtype, device=dev)
         )
@@ -433,3 +447,122 @@ def launch_bwd(
         abs_sum = per_bc[:, 1].view(B, C) if l1 is not None else None
         return gx, gy, per_bc[:, 0].view(B, C), abs_sum
     return gx, gy
+
+
+# ------------------------------------------------------------------------------------------------
+# MS-SSIM's coarser scales in one launch.
+#
+# Each coarser scale is a small grid (at one 1080p image: 264, 102, 27 and 15 programs) whose time
+# is one program's serial walk over its rows and the window's halo rows, whatever the grid's size:
+# launched one after the other, four such walks. Here the scales' pairs lie one after the other in
+# one flat buffer (each contiguous, (B, C, H_s, W_s), H_s and W_s TF's ceil halves of the scale
+# before), and one launch holds every scale's programs: each program walks the scales' sizes to
+# find its own, then runs the column body on it with the scale's unit upstream (cs at every scale
+# but the last, SSIM there), its place among the scale's programs, and the scale's offsets in the
+# gradient, scratch and partial-sum buffers. The arithmetic per pixel is the per-scale launch's
+# (the masked edge pass for every program: the interior pass's unmasked reads give the same values).
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=("BC", "C", "H1", "W1", "DH", "ROWS"))
+def ssim_bwd_scales_kernel(
+    x_ptr, y_ptr, w_ptr, u_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H1, W1, DH, ROWS, c1, c2,
+    NS: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr,
+    BW: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    STEP: tl.constexpr = F - (K - 1)
+    G: tl.constexpr = BW // F
+    n_groups = (BC + G - 1) // G
+    # walk the scales up to this program's: sizes, first program, offsets of pair and sums
+    h = H1
+    w = W1
+    first = pid * 0
+    off = first.to(tl.int64)
+    soff = off
+    scale, H, W, start, o, so, n_chunks, n_strips = first, h, w, first, off, off, first, first
+    for s in tl.static_range(NS):
+        n_st = (w + STEP - 1) // STEP
+        n_ck = (h + ROWS - 1) // ROWS
+        take = pid >= first
+        scale = tl.where(take, s, scale)
+        H = tl.where(take, h, H)
+        W = tl.where(take, w, W)
+        start = tl.where(take, first, start)
+        o = tl.where(take, off, o)
+        so = tl.where(take, soff, so)
+        n_chunks = tl.where(take, n_ck, n_chunks)
+        n_strips = tl.where(take, n_st, n_strips)
+        first += n_groups * n_ck * n_st
+        off += BC.to(tl.int64) * h.to(tl.int64) * w
+        soff += 2 * BC.to(tl.int64) * (n_ck * n_st)
+        h = (h + 1) // 2
+        w = (w + 1) // 2
+    hw = H.to(tl.int64) * W
+    chw = hw * C
+    lp = pid - start
+    scr = scr_ptr + start.to(tl.int64) * (10 * BW + 32)
+    u = u_ptr + scale * BC
+    if scale == NS - 1:  # the last scale: the SSIM map's mean
+        _bwd_columns(
+            lp, x_ptr + o, y_ptr + o, w_ptr, u, u, u, gx_ptr + o, gy_ptr + o, scr, sum_ptr + so, BC, C, H, W,
+            H + DH, W + DH, n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, 0, 0, 0, 0, chw, hw, W, 1, c1, c2,
+            K, PAD, REFLECT, F, BW, False, 0, False, NEED1, NEED2, True, True,
+        )  # fmt: skip
+    else:  # the cs map's mean
+        _bwd_columns(
+            lp, x_ptr + o, y_ptr + o, w_ptr, u, u, u, gx_ptr + o, gy_ptr + o, scr, sum_ptr + so, BC, C, H, W,
+            H + DH, W + DH, n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, 0, 0, 0, 0, chw, hw, W, 1, c1, c2,
+            K, PAD, REFLECT, F, BW, False, 2, False, NEED1, NEED2, True, True,
+        )  # fmt: skip
+
+
+def launch_bwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: float, c2: float, need1: bool, need2: bool):
+    """MS-SSIM's coarser scales' terms and unit gradients in one launch (:func:`ssim_bwd_scales_kernel`).
+
+    ``x``, ``y``: flat float32 buffers holding the scales' pairs one after the other, each
+    ``(B, C, H_s, W_s)`` contiguous; ``dims``: their ``(H_s, W_s)``, each TF's ceil half of the one
+    before. The last scale's term is its SSIM mean, the others' their cs means. Returns ``(gx, gy,
+    terms)``: each image's gradients of the scales' terms for a unit upstream, flat in the pairs'
+    layout (None where not asked for), and the terms, one ``[B, C]`` float32 tensor per scale.
+    Windows up to ``COLUMN_TAPS`` taps (the column body) only."""
+    K = window.shape[0]
+    if K > COLUMN_TAPS.value:
+        raise ValueError(f"the batched scales run the column body: window_size <= {COLUMN_TAPS.value}, got {K}")
+    for (h, w), (h2, w2) in zip(dims, dims[1:]):
+        if (h2, w2) != ((h + 1) // 2, (w + 1) // 2):
+            raise ValueError(f"dims must halve scale after scale (TF's ceil halves), got {list(dims)}")
+    _, _, _, _, _, pad, reflect, _, _ = problem(x.new_empty((1, 1, K, K)), window, padding)
+    BC = B * C
+    dev = x.device
+    maxnreg = bwd_maxnreg(K, reflect, need1 and need2, False)
+    H1, W1 = dims[0]
+    geo = geometry(W1 + K - 1, H1, K, BC, dev, halo=True, maxnreg=maxnreg)
+    step = geo.f - (K - 1)
+    n_groups = cdiv(BC, geo.bw // geo.f)
+    per_chunk = [n_groups * cdiv(w, step) for _, w in dims]
+    heights = [h for h, _ in dims]
+    rows = batched_rows(per_chunk, heights, K, geo.warps, maxnreg, dev)
+    slots = [p // n_groups * cdiv(h, rows) for p, h in zip(per_chunk, heights)]  # programs per channel group
+    n_prog = sum(n_groups * s for s in slots)
+    dh = out_size(H1, K, padding) - H1  # map side - image side: 0, or 1 - K ("valid")
+    sizes = [out_size(h, K, padding) * out_size(w, K, padding) for h, w in dims]
+    u = torch.empty((len(dims), BC), dtype=torch.float32, device=dev)
+    for j, n in enumerate(sizes):
+        u[j].fill_(1.0 / n)
+    gx = torch.empty_like(x) if need1 else None
+    gy = torch.empty_like(y) if need2 else None
+    scratch = torch.empty((n_prog, 10 * geo.bw + 32), dtype=torch.float32, device=dev)
+    sum_buf = torch.empty(2 * BC * sum(slots), dtype=torch.float32, device=dev)
+    with device_guard(x):
+        ssim_bwd_scales_kernel[(n_prog,)](
+            x, y, window, u, gx if gx is not None else scratch, gy if gy is not None else scratch, scratch, sum_buf,
+            BC, C, H1, W1, dh, rows, float(c1), float(c2), NS=len(dims), K=K, PAD=pad, REFLECT=reflect, F=geo.f,
+            BW=geo.bw, NEED1=need1, NEED2=need2, **launch_options(geo.warps, maxnreg=maxnreg),
+        )  # fmt: skip
+    terms, at = [], 0
+    for s, n in zip(slots, sizes):
+        per_bc = sum_buf[at : at + 2 * BC * s].view(BC, s, 2).sum(dim=1)  # fixed order: deterministic
+        terms.append(per_bc[:, 0].view(B, C) / n)
+        at += 2 * BC * s
+    return gx, gy, terms

@@ -80,14 +80,16 @@ def store_grad(ptr, o_offs, out, g, own, other, g_sq, g_xy, l1_term, SIGN: tl.co
 
 
 @triton.jit
-def store_sums(ptr, acc, BC, n_slots, STRIDE: tl.constexpr, F: tl.constexpr, BW: tl.constexpr):
+def store_sums(ptr, acc, BC, n_slots, STRIDE: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, prog=None):
     """The sums epilogue: reduce a program's per-lane sums ``acc`` [BW] to one per channel it holds
     and store them at ``ptr + STRIDE * (bc * n_slots + slot)``, where ``n_slots`` programs cover
     one channel group and ``slot`` is this program's place among them (from its id again, so
     that its group, chunk and strip need not stay live). Torch adds the ``n_slots`` values in a
-    fixed order: no atomics, bitwise reproducible."""
+    fixed order: no atomics, bitwise reproducible. ``prog``: the program's place in its launch
+    (default: its id; a launch of several problems passes its place among its problem's)."""
     G: tl.constexpr = BW // F
-    prog = tl.program_id(0)
+    if prog is None:
+        prog = tl.program_id(0)
     gbc = (prog // n_slots) * G + tl.arange(0, G)
     offs = STRIDE * (gbc.to(tl.int64) * n_slots + prog % n_slots)
     tl.store(ptr + offs, tl.sum(tl.reshape(acc, [G, F]), axis=1), mask=gbc < BC)

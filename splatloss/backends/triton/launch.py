@@ -11,7 +11,7 @@ import only :data:`COLUMN_TAPS` (which body a window size compiles).
 from __future__ import annotations
 
 import contextlib
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 import triton.language as tl
@@ -195,6 +195,32 @@ def geometry(
     f = min(need, 2048)
     bw = f * min(next_power_of_2(bc), max(1, 2048 // f))
     return Geometry(bw=bw, f=f, rows=max(rows, 1), kp=kp, warps=4)
+
+
+def batched_rows(
+    per_chunk: Sequence[int], heights: Sequence[int], window_size: int, warps: int, maxnreg: int, device: torch.device
+) -> int:
+    """Rows per program of a backward launch holding several problems (MS-SSIM's coarser scales):
+    ``per_chunk[s]`` programs per row chunk of problem ``s``, ``heights[s]`` its rows. On CUDA the
+    rule of :func:`geometry` over the launch's programs together: ``CUDA_ROWS`` where that makes at
+    least :data:`FULL_WAVES` waves, else of it and :data:`ROW_STEPS` those of least wave-quantised
+    time (a program's time: its rows, at most the tallest problem's, plus the halo's). In the
+    interpreter: the tallest problem's rows (one chunk per problem)."""
+    top = max(heights)
+    if device.type != "cuda" and not FORCE_CUDA_GEOMETRY:
+        return max(top, 1)
+    slots = sm_count(device) * programs_per_sm(warps, maxnreg)
+    halo_rows = 2 * (window_size - 1)
+
+    def programs(r: int) -> int:
+        return sum(p * cdiv(h, r) for p, h in zip(per_chunk, heights))
+
+    def waved(r: int) -> tuple:
+        return (cdiv(programs(r), slots) * (min(r, top) + halo_rows), -r)
+
+    if programs(CUDA_ROWS) >= FULL_WAVES * slots:
+        return CUDA_ROWS
+    return min([CUDA_ROWS] + [r for r in ROW_STEPS if r < CUDA_ROWS], key=waved)
 
 
 def bwd_maxnreg(K: int, reflect: bool, both: bool = False, strided: bool = False) -> int:

@@ -20,15 +20,16 @@ tests/backends/test_triton_ms_combine.py, special values included.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
 from . import combine, glue, launch
-from .glue import check_inputs, eager, functorch_guard, refuse_double_backward, with_autograd
-from .launch import cdiv, device_guard, launch_options, next_power_of_2
+from .backward import launch_bwd, launch_bwd_scales
+from .glue import check_inputs, eager, functorch_guard, map_numel, refuse_double_backward, with_autograd
+from .launch import COLUMN_TAPS, cdiv, device_guard, launch_options, next_power_of_2
 from .ssim import _term_impl
 
 __all__ = ["downsample2x", "ms_ssim"]
@@ -95,8 +96,13 @@ def _down_bwd_kernel(
 
 def _down_impl(x: Tensor) -> Tensor:
     B, C, H, W = x.shape
+    return _down_into(x, torch.empty((B, C, (H + 1) // 2, (W + 1) // 2), dtype=torch.float32, device=x.device))
+
+
+def _down_into(x: Tensor, out: Tensor) -> Tensor:
+    """The 2x2 step of ``x`` written into ``out`` (contiguous float32 ``(B, C, ceil(H/2), ceil(W/2))``)."""
+    B, C, H, W = x.shape
     Ho, Wo = (H + 1) // 2, (W + 1) // 2
-    out = torch.empty((B, C, Ho, Wo), dtype=torch.float32, device=x.device)
     n_rows = B * C * Ho
     rb, block = _tile(Wo, n_rows, x.device)
     with device_guard(x):
@@ -176,7 +182,10 @@ def downsample2x(x: Tensor) -> Tensor:
 #
 # The op keeps what the scale-by-scale terms kept (every scale's float32 unit gradient, for each
 # image that needs one); an input that needs a gradient its forward did not compute gets the whole
-# forward again, with that gradient.
+# forward again, with that gradient. With a gradient, the coarser scales' terms are one launch
+# (backward.launch_bwd_scales): their pairs are made into one flat buffer per image, so that their
+# short grids (at one 1080p image 60, 18, 6 and 3 programs of 128 rows) run side by side, not one
+# after the other; their kept gradients are one flat buffer per image too (_split views it).
 # ------------------------------------------------------------------------------------------------
 
 _UP_SIZES = ("C", "H", "W", "N_ROWS", "M", "J")
@@ -280,6 +289,24 @@ def _(d, grads):
     return torch.empty_like(grads[0], dtype=torch.float32)
 
 
+def _coarse_dims(H: int, W: int, scales: int) -> List[Tuple[int, int]]:
+    """``(H_s, W_s)`` of scales ``1 .. scales - 1``: TF's pyramid halves each side, rounding up."""
+    dims = []
+    for _ in range(scales - 1):
+        H, W = (H + 1) // 2, (W + 1) // 2
+        dims.append((H, W))
+    return dims
+
+
+def _split(flat: Tensor, B: int, C: int, dims) -> List[Tensor]:
+    """The coarser scales' ``(B, C, H_s, W_s)`` views of a flat buffer laid out scale after scale."""
+    out, at = [], 0
+    for h, w in dims:
+        out.append(flat[at : at + B * C * h * w].view(B, C, h, w))
+        at += B * C * h * w
+    return out
+
+
 def _terms_impl(
     img1: Tensor,
     img2: Tensor,
@@ -291,19 +318,54 @@ def _terms_impl(
     need1: bool,
     need2: bool,
 ) -> List[Tensor]:
-    """``[terms [B, C, M], G1_0 .. G1_(M-1), G2_0 .. G2_(M-1)]``: the mean cs at scales ``1..M-1``
-    and the mean SSIM at scale ``M``, and each scale's unit gradient for each image that needs one
-    (float32; empty where not computed)."""
-    terms, g1, g2 = [], [], []
-    x, y = img1, img2
-    for j in range(scales):
-        if j:
-            x, y = _down_impl(x), _down_impl(y)
-        t, gx, gy = _term_impl(x, y, window, padding, c1, c2, j < scales - 1, need1, need2)
-        terms.append(t)
-        g1.append(gx)
-        g2.append(gy)
-    return [torch.stack(terms, dim=-1), *g1, *g2]
+    """``[terms [B, C, M], G1_0, G1_c, G2_0, G2_c]``: the mean cs at scales ``1..M-1`` and the mean
+    SSIM at scale ``M``; for each image that needs one, scale 0's unit gradient (``G*_0``) and the
+    coarser scales' (``G*_c``, flat, scale after scale: :func:`_split`), float32; empty where not
+    computed. The coarser scales' pairs are made into one flat buffer each, and with a gradient
+    their terms run as one launch (:func:`.backward.launch_bwd_scales`; windows up to
+    ``COLUMN_TAPS`` taps, else one launch per scale into the same buffers)."""
+    B, C, H, W = img1.shape
+    dims = _coarse_dims(H, W, scales)
+    dev = img1.device
+    empty = img1.new_empty(0, dtype=torch.float32)
+    t0, g1_0, g2_0 = _term_impl(img1, img2, window, padding, c1, c2, scales > 1, need1, need2)
+    if not dims:
+        return [t0.unsqueeze(-1), g1_0, empty, g2_0, empty.clone()]
+    total = sum(B * C * h * w for h, w in dims)
+    xf = torch.empty(total, dtype=torch.float32, device=dev)
+    yf = torch.empty(total, dtype=torch.float32, device=dev)
+    xs, ys = _split(xf, B, C, dims), _split(yf, B, C, dims)
+    for j in range(len(dims)):
+        _down_into(img1 if j == 0 else xs[j - 1], xs[j])
+        _down_into(img2 if j == 0 else ys[j - 1], ys[j])
+    K = window.shape[0]
+    if (need1 or need2) and K <= COLUMN_TAPS.value:
+        g1_c, g2_c, terms = launch_bwd_scales(xf, yf, B, C, dims, window, padding, c1, c2, need1, need2)
+    else:
+        g1_c = torch.empty_like(xf) if need1 else None
+        g2_c = torch.empty_like(yf) if need2 else None
+        g1s = _split(g1_c, B, C, dims) if need1 else [None] * len(dims)
+        g2s = _split(g2_c, B, C, dims) if need2 else [None] * len(dims)
+        terms = []
+        for j in range(len(dims)):
+            last = j == len(dims) - 1
+            if need1 or need2:
+                n = map_numel(xs[j], window, padding)
+                unit = torch.full((B, C), 1.0 / n, dtype=torch.float32, device=dev)
+                *_, t_sum, _ = launch_bwd(
+                    xs[j], ys[j], window, padding, c1, c2, unit, None if last else unit, need1, need2,
+                    grad1=g1s[j], grad2=g2s[j], sums=True, grad_dtype=torch.float32, cs_only=not last,
+                )  # fmt: skip
+                terms.append(t_sum / n)
+            else:
+                terms.append(_term_impl(xs[j], ys[j], window, padding, c1, c2, not last, False, False)[0])
+    return [
+        torch.stack([t0, *terms], dim=-1),
+        g1_0,
+        g1_c if g1_c is not None else empty,
+        g2_0,
+        g2_c if g2_c is not None else empty.clone(),
+    ]
 
 
 _terms_op = torch.library.custom_op("splatloss::triton_ms_terms", _terms_impl, mutates_args=())
@@ -312,16 +374,11 @@ _terms_op = torch.library.custom_op("splatloss::triton_ms_terms", _terms_impl, m
 @_terms_op.register_fake
 def _(img1, img2, window, padding, c1, c2, scales, need1, need2):
     B, C, H, W = img1.shape
-    g1, g2 = [], []
-    x, y = img1, img2
-    for j in range(scales):
-        if j:
-            H, W = (H + 1) // 2, (W + 1) // 2
-            x = y = img1.new_empty((B, C, H, W), dtype=torch.float32)  # the 2x2 step writes contiguous
-        gx, gy = glue.fake_unit_grads(x, y, need1, need2)
-        g1.append(gx)
-        g2.append(gy)
-    return [img1.new_empty((B, C, scales), dtype=torch.float32), *g1, *g2]
+    total = sum(B * C * h * w for h, w in _coarse_dims(H, W, scales))
+    g1_0, g2_0 = glue.fake_unit_grads(img1, img2, need1, need2)
+    g1_c = img1.new_empty(total if need1 else 0, dtype=torch.float32)
+    g2_c = img1.new_empty(total if need2 else 0, dtype=torch.float32)
+    return [img1.new_empty((B, C, scales), dtype=torch.float32), g1_0, g1_c, g2_0, g2_c]
 
 
 def _terms_save(ctx, inputs, output):
@@ -342,16 +399,17 @@ def _terms_backward(ctx, *grads):
     if not (need1 or need2) or g_terms is None:
         return (None, None) + rest
     padding, c1, c2, scales = ctx.cfg
-    img1, img2, window, *kept = ctx.saved_tensors
-    g1, g2 = kept[:scales], kept[scales:]
-    if (need1 and g1[0].numel() == 0) or (need2 and g2[0].numel() == 0):
+    img1, img2, window, g1_0, g1_c, g2_0, g2_c = ctx.saved_tensors
+    if (need1 and g1_0.numel() == 0) or (need2 and g2_0.numel() == 0):
         again = (_terms_impl if eager(img1, img2) else _terms_op)(
             img1, img2, window, padding, c1, c2, scales, need1, need2
         )
-        g1, g2 = again[1 : scales + 1], again[scales + 1 :]
+        g1_0, g1_c, g2_0, g2_c = again[1:]
+    B, C, H, W = img1.shape
+    dims = _coarse_dims(H, W, scales)
     chain = _chain_impl if eager(g_terms, img1, img2) else _chain_op
-    gx = chain(g_terms, list(g1)).to(img1.dtype) if need1 else None
-    gy = chain(g_terms, list(g2)).to(img2.dtype) if need2 else None
+    gx = chain(g_terms, [g1_0, *_split(g1_c, B, C, dims)]).to(img1.dtype) if need1 else None
+    gy = chain(g_terms, [g2_0, *_split(g2_c, B, C, dims)]).to(img2.dtype) if need2 else None
     return (gx, gy) + rest
 
 
