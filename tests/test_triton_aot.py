@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {
     "ssim_bwd_kernel",
     "ssim_fwd_kernel",
+    "ssim_bwd_scales_kernel",
+    "ssim_fwd_scales_kernel",
     "down_fwd_kernel",
     "down_bwd_kernel",
     "up_kernel",

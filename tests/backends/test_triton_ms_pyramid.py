@@ -111,8 +111,9 @@ def test_the_backward_is_one_launch_per_scale(monkeypatch):
 def test_the_coarser_scales_in_one_launch_equal_their_own_launches(monkeypatch):
     # The CUDA geometry in 8-row chunks: the second scale in two column strips and three row
     # chunks, the third in one strip of two chunks, the fourth in 256-lane frames where its own
-    # launch packs two channels per program. The one launch gives every gradient bit for bit as the scale's own
-    # launch (the terms' sums group their lanes by the frame: to rounding).
+    # launch packs two channels per program. The one launch gives every gradient bit for bit as
+    # the scale's own launch (the terms' sums group their lanes by the frame: to rounding); so does
+    # the forward's one launch its SSIM and cs sums.
     from splatloss.backends.triton import backward as BW
     from splatloss.backends.triton import launch as L
 
@@ -121,9 +122,9 @@ def test_the_coarser_scales_in_one_launch_equal_their_own_launches(monkeypatch):
     monkeypatch.setattr(L, "ROW_STEPS", ())
     dev = device_for("triton")
     padding, need = "reflect", (True, True)
-    cfg = SSIMConfig(padding=padding)
+    cfg = SSIMConfig(padding=padding, window_size=5)  # 5 taps: short halos, a quicker interpreter
     w = window_taps(cfg, dev)
-    B, C, dims = 1, 2, [(24, 300), (12, 150), (6, 75)]  # "reflect" mirrors 5 rows: at least 6
+    B, C, dims = 1, 2, [(24, 300), (12, 150), (6, 75)]
     xs = [make_pair((B, C, h, wd), seed=30 + j, device=dev) for j, (h, wd) in enumerate(dims)]
     flat = [torch.cat([p[i].reshape(-1) for p in xs]) for i in (0, 1)]
     calls = []
@@ -149,3 +150,15 @@ def test_the_coarser_scales_in_one_launch_equal_their_own_launches(monkeypatch):
                 assert got is None
         at += x.numel()
     assert calls.count("ssim_bwd_kernel") == len(dims)
+    # without a gradient: the forward's stats pass, SSIM and cs sums per scale
+    from splatloss.backends.triton import forward as FW
+
+    fwd_calls = []
+    kernel = FW.ssim_fwd_scales_kernel
+    monkeypatch.setattr(kernel, "run", lambda *a, _run=kernel.run, **k: fwd_calls.append(1) or _run(*a, **k))
+    sums = FW.launch_fwd_scales(*flat, B, C, dims, w, padding, float(cfg.C1), float(cfg.C2))
+    assert len(fwd_calls) == 1 and len(sums) == len(dims)
+    for j, ((x, y), (s, c)) in enumerate(zip(xs, sums)):
+        s_own, c_own = FW.launch_fwd(x, y, w, padding, float(cfg.C1), float(cfg.C2), "stats")
+        assert_rel(s, s_own, 1e-6, f"scale {j} SSIM sum")
+        assert_rel(c, c_own, 1e-6, f"scale {j} cs sum")

@@ -24,11 +24,22 @@ import triton.language as tl
 from . import tune
 from .bodies import interior, lanes, store_sums
 from .columns import hmoments, load_taps, vmoments
-from .launch import COLUMN_TAPS, SIZES, cdiv, device_guard, fwd_maxnreg, geometry, launch_options, problem
+from .launch import (
+    COLUMN_TAPS,
+    SIZES,
+    batched_rows,
+    cdiv,
+    device_guard,
+    fwd_maxnreg,
+    geometry,
+    launch_options,
+    out_size,
+    problem,
+)
 from .moments import ssim_cs
 from .ring import ring_vsum, row_moments, window_taus
 
-__all__ = ["ssim_fwd_kernel", "launch_fwd"]
+__all__ = ["ssim_fwd_kernel", "launch_fwd", "ssim_fwd_scales_kernel", "launch_fwd_scales"]
 
 
 @triton.jit
@@ -49,12 +60,11 @@ def _store_row(
 
 @triton.jit
 def _fwd_columns(
-    x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+    pid, x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
     WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr, HAS_L1: tl.constexpr, EDGE: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
     group, chunk, strip, f, bc, lane_ok, b, ch = lanes(pid, BC, C, n_chunks, n_strips, F, BW)
     x_base = b * sx_b + ch * sx_c
     y_base = b * sy_b + ch * sy_c
@@ -96,10 +106,10 @@ def _fwd_columns(
         acc_s, acc_c = _store_row(s_ptr, cs_ptr, bc, p, p_c, Ho, Wo, ok, ssim, cs, acc_s, acc_c, WRITE_MAP, WRITE_CS)
     if not WRITE_MAP:
         # one partial sum per (channel, chunk, strip): [BC, n_chunks * n_strips]
-        store_sums(s_ptr, acc_s, BC, n_chunks * n_strips, 1, F, BW)
-        store_sums(cs_ptr, acc_c, BC, n_chunks * n_strips, 1, F, BW)
+        store_sums(s_ptr, acc_s, BC, n_chunks * n_strips, 1, F, BW, pid)
+        store_sums(cs_ptr, acc_c, BC, n_chunks * n_strips, 1, F, BW, pid)
         if HAS_L1:
-            store_sums(l1_ptr, acc_l1, BC, n_chunks * n_strips, 1, F, BW)
+            store_sums(l1_ptr, acc_l1, BC, n_chunks * n_strips, 1, F, BW, pid)
 
 
 @triton.jit
@@ -184,15 +194,15 @@ def ssim_fwd_kernel(
         strip = tl.program_id(0) % n_strips
         if interior(strip * F - PAD, W, K, F, BW):
             _fwd_columns(
-                x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
-                sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2, K, PAD, REFLECT, F, BW, WRITE_MAP, WRITE_CS,
-                HAS_L1, False
+                tl.program_id(0), x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks,
+                n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2, K, PAD, REFLECT, F, BW,
+                WRITE_MAP, WRITE_CS, HAS_L1, False
             )  # fmt: skip
         else:
             _fwd_columns(
-                x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
-                sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2, K, PAD, REFLECT, F, BW, WRITE_MAP, WRITE_CS,
-                HAS_L1, True
+                tl.program_id(0), x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks,
+                n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2, K, PAD, REFLECT, F, BW,
+                WRITE_MAP, WRITE_CS, HAS_L1, True
             )  # fmt: skip
     else:
         _fwd_ring(
@@ -247,3 +257,93 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
         out = (s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C))
         return out + (l1.sum(dim=1).view(B, C),) if l1 is not None else out
     return s, cs
+
+
+# ------------------------------------------------------------------------------------------------
+# MS-SSIM's coarser scales in one launch, without a gradient: as .backward's ssim_bwd_scales_kernel
+# (the scales' pairs one after the other in one flat buffer, each program finding its scale), the
+# forward's stats pass at every scale (its SSIM and cs sums; the caller keeps cs at every scale but
+# the last, SSIM there).
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=("BC", "C", "H1", "W1", "DH", "ROWS"))
+def ssim_fwd_scales_kernel(
+    x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, BC, C, H1, W1, DH, ROWS, c1, c2,
+    NS: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr,
+    BW: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    G: tl.constexpr = BW // F
+    n_groups = (BC + G - 1) // G
+    # walk the scales up to this program's: sizes, first program, offsets of pair and sums
+    h = H1
+    w = W1
+    first = pid * 0
+    off = first.to(tl.int64)
+    soff = off
+    H, W, start, o, so, n_chunks, n_strips = h, w, first, off, off, first, first
+    for s in tl.static_range(NS):
+        n_st = (w + DH + F - 1) // F
+        n_ck = (h + DH + ROWS - 1) // ROWS
+        take = pid >= first
+        H = tl.where(take, h, H)
+        W = tl.where(take, w, W)
+        start = tl.where(take, first, start)
+        o = tl.where(take, off, o)
+        so = tl.where(take, soff, so)
+        n_chunks = tl.where(take, n_ck, n_chunks)
+        n_strips = tl.where(take, n_st, n_strips)
+        first += n_groups * n_ck * n_st
+        off += BC.to(tl.int64) * h.to(tl.int64) * w
+        soff += BC.to(tl.int64) * (n_ck * n_st)
+        h = (h + 1) // 2
+        w = (w + 1) // 2
+    hw = H.to(tl.int64) * W
+    chw = hw * C
+    _fwd_columns(
+        pid - start, x_ptr + o, y_ptr + o, w_ptr, s_ptr + so, cs_ptr + so, s_ptr, BC, C, H, W, H + DH, W + DH,
+        n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, c1, c2, K, PAD, REFLECT, F, BW, False, False, False,
+        True,
+    )  # fmt: skip
+
+
+def launch_fwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: float, c2: float):
+    """MS-SSIM's coarser scales' SSIM and cs sums in one launch (:func:`ssim_fwd_scales_kernel`).
+
+    ``x``, ``y``, ``dims``: as :func:`.backward.launch_bwd_scales`'s. Returns one ``(ssim_sum,
+    cs_sum)`` pair of ``[B, C]`` float32 sums over the map per scale. Windows up to
+    ``COLUMN_TAPS`` taps (the column body) only."""
+    K = window.shape[0]
+    if K > COLUMN_TAPS.value:
+        raise ValueError(f"the batched scales run the column body: window_size <= {COLUMN_TAPS.value}, got {K}")
+    for (h, w), (h2, w2) in zip(dims, dims[1:]):
+        if (h2, w2) != ((h + 1) // 2, (w + 1) // 2):
+            raise ValueError(f"dims must halve scale after scale (TF's ceil halves), got {list(dims)}")
+    _, _, _, _, _, pad, reflect, _, _ = problem(x.new_empty((1, 1, K, K)), window, padding)
+    BC = B * C
+    dev = x.device
+    maxnreg = fwd_maxnreg(K, reflect, False)
+    maps = [(out_size(h, K, padding), out_size(w, K, padding)) for h, w in dims]
+    geo = geometry(maps[0][1], maps[0][0], K, BC, dev, maxnreg=maxnreg)
+    n_groups = cdiv(BC, geo.bw // geo.f)
+    per_chunk = [n_groups * cdiv(wo, geo.f) for _, wo in maps]
+    heights = [ho for ho, _ in maps]
+    rows = batched_rows(per_chunk, heights, K, geo.warps, maxnreg, dev, halo=False)
+    slots = [p // n_groups * cdiv(ho, rows) for p, ho in zip(per_chunk, heights)]  # programs per channel group
+    n_prog = sum(n_groups * s for s in slots)
+    s_buf = torch.empty(BC * sum(slots), dtype=torch.float32, device=dev)
+    cs_buf = torch.empty_like(s_buf)
+    with device_guard(x):
+        ssim_fwd_scales_kernel[(n_prog,)](
+            x, y, window, s_buf, cs_buf, BC, C, dims[0][0], dims[0][1], maps[0][0] - dims[0][0], rows, float(c1),
+            float(c2), NS=len(dims), K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
+            **launch_options(geo.warps, maxnreg=maxnreg),
+        )  # fmt: skip
+    out, at = [], 0
+    for s in slots:
+        # fixed-order reduction of the per-program partial sums: deterministic, no atomics
+        seg = slice(at, at + BC * s)
+        out.append((s_buf[seg].view(BC, s).sum(dim=1).view(B, C), cs_buf[seg].view(BC, s).sum(dim=1).view(B, C)))
+        at += BC * s
+    return out

@@ -198,19 +198,26 @@ def geometry(
 
 
 def batched_rows(
-    per_chunk: Sequence[int], heights: Sequence[int], window_size: int, warps: int, maxnreg: int, device: torch.device
+    per_chunk: Sequence[int],
+    heights: Sequence[int],
+    window_size: int,
+    warps: int,
+    maxnreg: int,
+    device: torch.device,
+    halo: bool = True,
 ) -> int:
-    """Rows per program of a backward launch holding several problems (MS-SSIM's coarser scales):
-    ``per_chunk[s]`` programs per row chunk of problem ``s``, ``heights[s]`` its rows. On CUDA the
-    rule of :func:`geometry` over the launch's programs together: ``CUDA_ROWS`` where that makes at
-    least :data:`FULL_WAVES` waves, else of it and :data:`ROW_STEPS` those of least wave-quantised
-    time (a program's time: its rows, at most the tallest problem's, plus the halo's). In the
-    interpreter: the tallest problem's rows (one chunk per problem)."""
+    """Rows per program of a launch holding several problems (MS-SSIM's coarser scales):
+    ``per_chunk[s]`` programs per row chunk of problem ``s``, ``heights[s]`` its rows (the
+    backward's: image rows; ``halo`` False, the forward's: map rows). On CUDA the rule of
+    :func:`geometry` over the launch's programs together: ``CUDA_ROWS`` where that makes at least
+    :data:`FULL_WAVES` waves, else of it and :data:`ROW_STEPS` those of least wave-quantised time (a
+    program's time: its rows, at most the tallest problem's, plus the halo's). In the interpreter:
+    the tallest problem's rows (one chunk per problem)."""
     top = max(heights)
     if device.type != "cuda" and not FORCE_CUDA_GEOMETRY:
         return max(top, 1)
     slots = sm_count(device) * programs_per_sm(warps, maxnreg)
-    halo_rows = 2 * (window_size - 1)
+    halo_rows = (2 if halo else 1) * (window_size - 1)
 
     def programs(r: int) -> int:
         return sum(p * cdiv(h, r) for p, h in zip(per_chunk, heights))

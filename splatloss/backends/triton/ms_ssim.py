@@ -28,6 +28,7 @@ import triton.language as tl
 
 from . import combine, glue, launch
 from .backward import launch_bwd, launch_bwd_scales
+from .forward import launch_fwd_scales
 from .glue import check_inputs, eager, functorch_guard, map_numel, refuse_double_backward, with_autograd
 from .launch import COLUMN_TAPS, cdiv, device_guard, launch_options, next_power_of_2
 from .ssim import _term_impl
@@ -182,10 +183,11 @@ def downsample2x(x: Tensor) -> Tensor:
 #
 # The op keeps what the scale-by-scale terms kept (every scale's float32 unit gradient, for each
 # image that needs one); an input that needs a gradient its forward did not compute gets the whole
-# forward again, with that gradient. With a gradient, the coarser scales' terms are one launch
-# (backward.launch_bwd_scales): their pairs are made into one flat buffer per image, so that their
-# short grids (at one 1080p image 60, 18, 6 and 3 programs of 128 rows) run side by side, not one
-# after the other; their kept gradients are one flat buffer per image too (_split views it).
+# forward again, with that gradient. The coarser scales' terms are one launch (with a gradient
+# backward.launch_bwd_scales, without forward.launch_fwd_scales): their pairs are made into one
+# flat buffer per image, so that their short grids (at one 1080p image 60, 18, 6 and 3 programs of
+# 128 rows) run side by side, not one after the other; their kept gradients are one flat buffer
+# per image too (_split views it).
 # ------------------------------------------------------------------------------------------------
 
 _UP_SIZES = ("C", "H", "W", "N_ROWS", "M", "J")
@@ -321,9 +323,9 @@ def _terms_impl(
     """``[terms [B, C, M], G1_0, G1_c, G2_0, G2_c]``: the mean cs at scales ``1..M-1`` and the mean
     SSIM at scale ``M``; for each image that needs one, scale 0's unit gradient (``G*_0``) and the
     coarser scales' (``G*_c``, flat, scale after scale: :func:`_split`), float32; empty where not
-    computed. The coarser scales' pairs are made into one flat buffer each, and with a gradient
-    their terms run as one launch (:func:`.backward.launch_bwd_scales`; windows up to
-    ``COLUMN_TAPS`` taps, else one launch per scale into the same buffers)."""
+    computed. The coarser scales' pairs are made into one flat buffer each, and their terms run as
+    one launch (:func:`.backward.launch_bwd_scales` with a gradient, :func:`.forward.launch_fwd_scales`
+    without; windows up to ``COLUMN_TAPS`` taps, else one launch per scale)."""
     B, C, H, W = img1.shape
     dims = _coarse_dims(H, W, scales)
     dev = img1.device
@@ -339,8 +341,12 @@ def _terms_impl(
         _down_into(img1 if j == 0 else xs[j - 1], xs[j])
         _down_into(img2 if j == 0 else ys[j - 1], ys[j])
     K = window.shape[0]
+    g1_c = g2_c = None
     if (need1 or need2) and K <= COLUMN_TAPS.value:
         g1_c, g2_c, terms = launch_bwd_scales(xf, yf, B, C, dims, window, padding, c1, c2, need1, need2)
+    elif K <= COLUMN_TAPS.value:
+        sums = launch_fwd_scales(xf, yf, B, C, dims, window, padding, c1, c2)
+        terms = [(s if j == len(dims) - 1 else c) / map_numel(xs[j], window, padding) for j, (s, c) in enumerate(sums)]
     else:
         g1_c = torch.empty_like(xf) if need1 else None
         g2_c = torch.empty_like(yf) if need2 else None
