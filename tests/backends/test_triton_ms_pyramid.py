@@ -113,7 +113,7 @@ def test_the_coarser_scales_in_one_launch_equal_their_own_launches(monkeypatch):
     # chunks, the third in one strip of two chunks, the fourth in 256-lane frames where its own
     # launch packs two channels per program. The one launch gives every gradient bit for bit as
     # the scale's own launch (the terms' sums group their lanes by the frame: to rounding); so does
-    # the forward's one launch its SSIM and cs sums.
+    # the forward's one launch its terms' sums.
     from splatloss.backends.triton import backward as BW
     from splatloss.backends.triton import launch as L
 
@@ -150,7 +150,7 @@ def test_the_coarser_scales_in_one_launch_equal_their_own_launches(monkeypatch):
                 assert got is None
         at += x.numel()
     assert calls.count("ssim_bwd_kernel") == len(dims)
-    # without a gradient: the forward's stats pass, SSIM and cs sums per scale
+    # without a gradient: the forward's stats pass, the cs sums and the last scale's SSIM sum
     from splatloss.backends.triton import forward as FW
 
     fwd_calls = []
@@ -158,7 +158,6 @@ def test_the_coarser_scales_in_one_launch_equal_their_own_launches(monkeypatch):
     monkeypatch.setattr(kernel, "run", lambda *a, _run=kernel.run, **k: fwd_calls.append(1) or _run(*a, **k))
     sums = FW.launch_fwd_scales(*flat, B, C, dims, w, padding, float(cfg.C1), float(cfg.C2))
     assert len(fwd_calls) == 1 and len(sums) == len(dims)
-    for j, ((x, y), (s, c)) in enumerate(zip(xs, sums)):
+    for j, ((x, y), t) in enumerate(zip(xs, sums)):
         s_own, c_own = FW.launch_fwd(x, y, w, padding, float(cfg.C1), float(cfg.C2), "stats")
-        assert_rel(s, s_own, 1e-6, f"scale {j} SSIM sum")
-        assert_rel(c, c_own, 1e-6, f"scale {j} cs sum")
+        assert_rel(t, s_own if j == len(dims) - 1 else c_own, 1e-6, f"scale {j} sum")

@@ -309,10 +309,11 @@ def ssim_fwd_scales_kernel(
 
 
 def launch_fwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: float, c2: float):
-    """MS-SSIM's coarser scales' SSIM and cs sums in one launch (:func:`ssim_fwd_scales_kernel`).
+    """MS-SSIM's coarser scales' map sums in one launch (:func:`ssim_fwd_scales_kernel`).
 
-    ``x``, ``y``, ``dims``: as :func:`.backward.launch_bwd_scales`'s. Returns one ``(ssim_sum,
-    cs_sum)`` pair of ``[B, C]`` float32 sums over the map per scale. Windows up to
+    ``x``, ``y``, ``dims``: as :func:`.backward.launch_bwd_scales`'s. Returns one ``[B, C]``
+    float32 sum over the map per scale: of the cs map at every scale but the last, of the SSIM map
+    there (the terms' sums; the kernel forms both, only these are reduced). Windows up to
     ``COLUMN_TAPS`` taps (the column body) only."""
     K = window.shape[0]
     if K > COLUMN_TAPS.value:
@@ -341,9 +342,9 @@ def launch_fwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
             **launch_options(geo.warps, maxnreg=maxnreg),
         )  # fmt: skip
     out, at = [], 0
-    for s in slots:
+    for j, s in enumerate(slots):
         # fixed-order reduction of the per-program partial sums: deterministic, no atomics
-        seg = slice(at, at + BC * s)
-        out.append((s_buf[seg].view(BC, s).sum(dim=1).view(B, C), cs_buf[seg].view(BC, s).sum(dim=1).view(B, C)))
+        buf = s_buf if j == len(slots) - 1 else cs_buf
+        out.append(buf[at : at + BC * s].view(BC, s).sum(dim=1).view(B, C))
         at += BC * s
     return out

@@ -346,7 +346,7 @@ def _terms_impl(
         g1_c, g2_c, terms = launch_bwd_scales(xf, yf, B, C, dims, window, padding, c1, c2, need1, need2)
     elif K <= COLUMN_TAPS.value:
         sums = launch_fwd_scales(xf, yf, B, C, dims, window, padding, c1, c2)
-        terms = [(s if j == len(dims) - 1 else c) / map_numel(xs[j], window, padding) for j, (s, c) in enumerate(sums)]
+        terms = [t / map_numel(x, window, padding) for t, x in zip(sums, xs)]
     else:
         g1_c = torch.empty_like(xf) if need1 else None
         g2_c = torch.empty_like(yf) if need2 else None
