@@ -403,16 +403,16 @@ def test_cost_json_structure_no_spills(tmp_path):
         assert one["bar_per_pixel"] <= 0.05 and one["min_warps_per_sm"] >= 16, (arch, one)
         assert one["dram_bytes_per_pixel"] <= 32, (arch, one)
         ratio = {n: calls[n]["warp_instructions_per_pixel"] / one["warp_instructions_per_pixel"] for n in calls}
-        # MS-SSIM: the coarse scales' grids are under one wave, so their programs stream 16 to 25
-        # rows and re-stream the window's halo more often (1.63x the SSIM loss's instructions per
-        # pixel here, at most 1.5x with 128-row programs): more instructions, less time on an idle GPU
-        # (docs/cost_model.md: 815 against 1351 us at 1080p)
-        assert ratio["dssim_l1_fwd_bwd"] <= 1.1 and ratio["ms_ssim_loss_fwd_bwd"] <= 1.7, (arch, ratio)
-        # MS-SSIM's scales as one op: one backward launch per scale and the product in one launch
-        # each way, 41 launches and 41.3 B per pixel-channel at 1080p (the scale-by-scale
-        # composition: 89 launches, 62.5 B, its per-scale multiply, adjoint and add 25 B a scale)
+        # MS-SSIM: the coarser scales' one launch is under one wave, so its programs stream 50 rows
+        # and re-stream the window's halo more often than 128-row programs (1.43x the SSIM loss's
+        # instructions per pixel here): more instructions, less time on an idle GPU
+        assert ratio["dssim_l1_fwd_bwd"] <= 1.1 and ratio["ms_ssim_loss_fwd_bwd"] <= 1.5, (arch, ratio)
+        # MS-SSIM's scales as one op: one backward launch per scale, the coarser scales' terms in
+        # one launch and the product in one launch each way, 38 launches and 41.3 B per
+        # pixel-channel at 1080p (the scale-by-scale composition: 89 launches, 62.5 B, its
+        # per-scale multiply, adjoint and add 25 B a scale)
         ms = calls["ms_ssim_loss_fwd_bwd"]
-        assert ms["launches"] <= 45 and ms["dram_bytes_per_pixel"] <= 45, (arch, ms)
+        assert ms["launches"] <= 40 and ms["dram_bytes_per_pixel"] <= 45, (arch, ms)
         # the masked 3DGS loss, its L1 fused in the masked kernel's pass. The target is 1.15x the
         # unmasked loss, not met: with the moments around each row's own shift (exact in flat
         # windows) and its 4-warp backward programs streaming 50 rows at 1080p (launch.FULL_WAVES;

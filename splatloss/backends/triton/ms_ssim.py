@@ -185,9 +185,9 @@ def downsample2x(x: Tensor) -> Tensor:
 # image that needs one); an input that needs a gradient its forward did not compute gets the whole
 # forward again, with that gradient. The coarser scales' terms are one launch (with a gradient
 # backward.launch_bwd_scales, without forward.launch_fwd_scales): their pairs are made into one
-# flat buffer per image, so that their short grids (at one 1080p image 60, 18, 6 and 3 programs of
-# 128 rows) run side by side, not one after the other; their kept gradients are one flat buffer
-# per image too (_split views it).
+# flat buffer per image, so that their short grids (at one 1080p image 264, 102, 27 and 15
+# programs of 25 and 16 rows, each grid's time one program's walk) run side by side, not one after
+# the other; their kept gradients are one flat buffer per image too (_split views it).
 # ------------------------------------------------------------------------------------------------
 
 _UP_SIZES = ("C", "H", "W", "N_ROWS", "M", "J")
