@@ -624,7 +624,7 @@ def main(argv=None) -> int:
 
     failures = []
     header = (
-        f"{'call':<40} {'kernel':<20} {'sm':>3} {'warps':>5} {'regs':>5} {'spill B':>7} {'smem B':>7} "
+        f"{'call':<40} {'kernel':<22} {'sm':>3} {'warps':>5} {'regs':>5} {'spill B':>7} {'smem B':>7} "
         f"{'limit':>7} {'s':>5}"
     )
     print(header)
@@ -645,7 +645,7 @@ def main(argv=None) -> int:
                 if key in seen:
                     continue
                 seen.add(key)
-                name = it.fn.fn.__name__.strip("_")[:20]
+                name = it.fn.fn.__name__.strip("_")[:22]
                 t0 = time.perf_counter()
                 if key not in compiled:
                     sig, const, attrs, opts = it.compile[arch]
@@ -661,7 +661,7 @@ def main(argv=None) -> int:
                 k, use = compiled[key]
                 if k is None:
                     failures.append(f"{label} {name} sm_{arch}: compile failed: {use}")
-                    print(f"{label:<40} {name:<20} {arch:>3}  COMPILE FAILED")
+                    print(f"{label:<40} {name:<22} {arch:>3}  COMPILE FAILED")
                     continue
                 warps = k.metadata.num_warps
                 spill = use.get("STACK", 0) + use.get("LOCAL", 0)
@@ -675,7 +675,7 @@ def main(argv=None) -> int:
                     failures.append(f"{label} {name} sm_{arch}: {smem} B shared > {SHARED_LIMIT[arch]}")
                     flag += "  SMEM"
                 print(
-                    f"{label:<40} {name:<20} {arch:>3} {warps:>5} {use['REG']:>5} {spill:>7} {smem:>7} "
+                    f"{label:<40} {name:<22} {arch:>3} {warps:>5} {use['REG']:>5} {spill:>7} {smem:>7} "
                     f"{SHARED_LIMIT[arch]:>7} {dt:>5.1f}{flag}",
                     flush=True,
                 )

@@ -542,9 +542,6 @@ def launch_bwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
     n_groups = cdiv(BC, geo.bw // geo.f)
     per_chunk = [n_groups * cdiv(w, step) for _, w in dims]
     heights = [h for h, _ in dims]
-    rows = batched_rows(per_chunk, heights, K, geo.warps, maxnreg, dev)
-    slots = [p // n_groups * cdiv(h, rows) for p, h in zip(per_chunk, heights)]  # programs per channel group
-    n_prog = sum(n_groups * s for s in slots)
     dh = out_size(H1, K, padding) - H1  # map side - image side: 0, or 1 - K ("valid")
     sizes = [out_size(h, K, padding) * out_size(w, K, padding) for h, w in dims]
     u = torch.empty((len(dims), BC), dtype=torch.float32, device=dev)
@@ -552,14 +549,22 @@ def launch_bwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
         u[j].fill_(1.0 / n)
     gx = torch.empty_like(x) if need1 else None
     gy = torch.empty_like(y) if need2 else None
-    scratch = torch.empty((n_prog, 10 * geo.bw + 32), dtype=torch.float32, device=dev)
-    sum_buf = torch.empty(2 * BC * sum(slots), dtype=torch.float32, device=dev)
-    with device_guard(x):
-        ssim_bwd_scales_kernel[(n_prog,)](
-            x, y, window, u, gx if gx is not None else scratch, gy if gy is not None else scratch, scratch, sum_buf,
-            BC, C, H1, W1, dh, rows, float(c1), float(c2), NS=len(dims), K=K, PAD=pad, REFLECT=reflect, F=geo.f,
-            BW=geo.bw, NEED1=need1, NEED2=need2, **launch_options(geo.warps, maxnreg=maxnreg),
-        )  # fmt: skip
+
+    def run(rows: int):  # writes the gradients (never reads them): safe to run again
+        slots = [p // n_groups * cdiv(h, rows) for p, h in zip(per_chunk, heights)]  # programs per channel group
+        n_prog = sum(n_groups * s for s in slots)
+        scratch = torch.empty((n_prog, 10 * geo.bw + 32), dtype=torch.float32, device=dev)
+        sum_buf = torch.empty(2 * BC * sum(slots), dtype=torch.float32, device=dev)
+        with device_guard(x):
+            ssim_bwd_scales_kernel[(n_prog,)](
+                x, y, window, u, gx if gx is not None else scratch, gy if gy is not None else scratch, scratch,
+                sum_buf, BC, C, H1, W1, dh, rows, float(c1), float(c2), NS=len(dims), K=K, PAD=pad, REFLECT=reflect,
+                F=geo.f, BW=geo.bw, NEED1=need1, NEED2=need2, **launch_options(geo.warps, maxnreg=maxnreg),
+            )  # fmt: skip
+        return slots, sum_buf
+
+    key = ("bwd_scales", K, pad, reflect, geo, BC, C, tuple(dims), need1, need2, dev)
+    slots, sum_buf = tune.run(key, batched_rows(per_chunk, heights, K, geo.warps, maxnreg, dev), H1, run, dev)
     terms, at = [], 0
     for s, n in zip(slots, sizes):
         per_bc = sum_buf[at : at + 2 * BC * s].view(BC, s, 2).sum(dim=1)  # fixed order: deterministic

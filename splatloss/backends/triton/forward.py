@@ -330,17 +330,23 @@ def launch_fwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
     n_groups = cdiv(BC, geo.bw // geo.f)
     per_chunk = [n_groups * cdiv(wo, geo.f) for _, wo in maps]
     heights = [ho for ho, _ in maps]
-    rows = batched_rows(per_chunk, heights, K, geo.warps, maxnreg, dev, halo=False)
-    slots = [p // n_groups * cdiv(ho, rows) for p, ho in zip(per_chunk, heights)]  # programs per channel group
-    n_prog = sum(n_groups * s for s in slots)
-    s_buf = torch.empty(BC * sum(slots), dtype=torch.float32, device=dev)
-    cs_buf = torch.empty_like(s_buf)
-    with device_guard(x):
-        ssim_fwd_scales_kernel[(n_prog,)](
-            x, y, window, s_buf, cs_buf, BC, C, dims[0][0], dims[0][1], maps[0][0] - dims[0][0], rows, float(c1),
-            float(c2), NS=len(dims), K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
-            **launch_options(geo.warps, maxnreg=maxnreg),
-        )  # fmt: skip
+
+    def run(rows: int):
+        slots = [p // n_groups * cdiv(ho, rows) for p, ho in zip(per_chunk, heights)]  # programs per channel group
+        n_prog = sum(n_groups * s for s in slots)
+        s_buf = torch.empty(BC * sum(slots), dtype=torch.float32, device=dev)
+        cs_buf = torch.empty_like(s_buf)
+        with device_guard(x):
+            ssim_fwd_scales_kernel[(n_prog,)](
+                x, y, window, s_buf, cs_buf, BC, C, dims[0][0], dims[0][1], maps[0][0] - dims[0][0], rows, float(c1),
+                float(c2), NS=len(dims), K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
+                **launch_options(geo.warps, maxnreg=maxnreg),
+            )  # fmt: skip
+        return slots, s_buf, cs_buf
+
+    key = ("fwd_scales", K, pad, reflect, geo, BC, C, tuple(dims), dev)
+    planned = batched_rows(per_chunk, heights, K, geo.warps, maxnreg, dev, halo=False)
+    slots, s_buf, cs_buf = tune.run(key, planned, heights[0], run, dev)
     out, at = [], 0
     for j, s in enumerate(slots):
         # fixed-order reduction of the per-program partial sums: deterministic, no atomics
