@@ -287,3 +287,23 @@ def test_rows_per_program_step_down_until_the_grid_makes_full_waves(monkeypatch)
     assert launch.programs_per_sm(8, 255) == 1 and launch.programs_per_sm(1, 32) == 32
     monkeypatch.setattr(launch, "ROW_STEPS", ())  # the steps off: CUDA_ROWS everywhere
     assert rows(1, 540, 960, True) == launch.CUDA_ROWS
+
+
+def test_the_coarser_scales_launch_takes_the_rows_of_least_wave_time(monkeypatch):
+    # MS-SSIM's coarser scales as one launch at one 1080p image (540x960 .. 68x120, 3 channels):
+    # the backward's 256-lane programs (4, 2, 1, 1 column strips a channel; 2 per SM) and the
+    # forward's 128-lane ones (8, 4, 2, 1 strips; 4 per SM) both take 50 rows, under one wave
+    # (183 and 360 programs on 264 and 528 slots); in the interpreter, one chunk per scale.
+    monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
+    cpu = torch.device("cpu")
+    heights = [540, 270, 135, 68]
+    bwd = launch.batched_rows([12, 6, 3, 3], heights, 11, 8, 128, cpu)
+    fwd = launch.batched_rows([24, 12, 6, 3], heights, 11, 4, 128, cpu, halo=False)
+    assert (bwd, fwd) == (50, 50)
+    assert sum(p * launch.cdiv(h, bwd) for p, h in zip([12, 6, 3, 3], heights)) == 183
+    # five frames: 128-row programs would make under four waves, so the rows step down again
+    assert launch.batched_rows([60, 30, 15, 15], heights, 11, 8, 128, cpu) < launch.CUDA_ROWS
+    # a launch of four or more full waves keeps CUDA_ROWS
+    assert launch.batched_rows([600, 300], [2160, 1080], 11, 8, 128, cpu) == launch.CUDA_ROWS
+    monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", False)
+    assert launch.batched_rows([12, 6, 3, 3], heights, 11, 8, 128, cpu) == 540

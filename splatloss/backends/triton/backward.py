@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from . import tune
-from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
+from .bodies import interior, l1_sign_term, lanes, scale_of, store_grad, store_sums
 from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, vadjoint_taps, vmoments
 from .launch import (
     COLUMN_TAPS,
@@ -31,6 +31,7 @@ from .launch import (
     batched_rows,
     bwd_maxnreg,
     cdiv,
+    check_scales,
     device_guard,
     geometry,
     launch_options,
@@ -472,32 +473,7 @@ def ssim_bwd_scales_kernel(
 ):  # fmt: skip
     pid = tl.program_id(0)
     STEP: tl.constexpr = F - (K - 1)
-    G: tl.constexpr = BW // F
-    n_groups = (BC + G - 1) // G
-    # walk the scales up to this program's: sizes, first program, offsets of pair and sums
-    h = H1
-    w = W1
-    first = pid * 0
-    off = first.to(tl.int64)
-    soff = off
-    scale, H, W, start, o, so, n_chunks, n_strips = first, h, w, first, off, off, first, first
-    for s in tl.static_range(NS):
-        n_st = (w + STEP - 1) // STEP
-        n_ck = (h + ROWS - 1) // ROWS
-        take = pid >= first
-        scale = tl.where(take, s, scale)
-        H = tl.where(take, h, H)
-        W = tl.where(take, w, W)
-        start = tl.where(take, first, start)
-        o = tl.where(take, off, o)
-        so = tl.where(take, soff, so)
-        n_chunks = tl.where(take, n_ck, n_chunks)
-        n_strips = tl.where(take, n_st, n_strips)
-        first += n_groups * n_ck * n_st
-        off += BC.to(tl.int64) * h.to(tl.int64) * w
-        soff += 2 * BC.to(tl.int64) * (n_ck * n_st)
-        h = (h + 1) // 2
-        w = (w + 1) // 2
+    scale, H, W, start, o, so, n_chunks, n_strips = scale_of(pid, BC, H1, W1, ROWS, 0, 0, NS, STEP, BW // F, 2)
     hw = H.to(tl.int64) * W
     chw = hw * C
     lp = pid - start
@@ -527,11 +503,7 @@ def launch_bwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
     layout (None where not asked for), and the terms, one ``[B, C]`` float32 tensor per scale.
     Windows up to ``COLUMN_TAPS`` taps (the column body) only."""
     K = window.shape[0]
-    if K > COLUMN_TAPS.value:
-        raise ValueError(f"the batched scales run the column body: window_size <= {COLUMN_TAPS.value}, got {K}")
-    for (h, w), (h2, w2) in zip(dims, dims[1:]):
-        if (h2, w2) != ((h + 1) // 2, (w + 1) // 2):
-            raise ValueError(f"dims must halve scale after scale (TF's ceil halves), got {list(dims)}")
+    check_scales(K, dims)
     _, _, _, _, _, pad, reflect, _, _ = problem(x.new_empty((1, 1, K, K)), window, padding)
     BC = B * C
     dev = x.device

@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["interior", "l1_sign_term", "lanes", "store_grad", "store_sums"]
+__all__ = ["interior", "l1_sign_term", "lanes", "scale_of", "store_grad", "store_sums"]
 
 
 @triton.jit
@@ -93,3 +93,40 @@ def store_sums(ptr, acc, BC, n_slots, STRIDE: tl.constexpr, F: tl.constexpr, BW:
     gbc = (prog // n_slots) * G + tl.arange(0, G)
     offs = STRIDE * (gbc.to(tl.int64) * n_slots + prog % n_slots)
     tl.store(ptr + offs, tl.sum(tl.reshape(acc, [G, F]), axis=1), mask=gbc < BC)
+
+
+@triton.jit
+def scale_of(
+    pid, BC, H1, W1, ROWS, DROWS, DCOLS, NS: tl.constexpr, COLS: tl.constexpr, G: tl.constexpr, SUMS: tl.constexpr
+):
+    """Program ``pid`` of a launch over MS-SSIM's coarser scales (their pairs one after the other,
+    each contiguous ``(B, C, H_s, W_s)``, each side TF's ceil half of the scale's before, ``H1 x
+    W1`` the first): its scale, that scale's ``H, W``, its first program ``start``, the element
+    offset of its pair (and gradients) and of its partial sums (``SUMS`` per channel and program),
+    its row chunks and column strips. A scale's programs: ``ceil(BC / G)`` channel groups x chunks
+    of ``ROWS`` of its ``H + DROWS`` rows x strips of ``COLS`` of its ``W + DCOLS`` columns."""
+    n_groups = (BC + G - 1) // G
+    h = H1
+    w = W1
+    first = pid * 0
+    off = first.to(tl.int64)
+    soff = off
+    scale, H, W, start, o, so, n_chunks, n_strips = first, h, w, first, off, off, first, first
+    for s in tl.static_range(NS):
+        n_st = (w + DCOLS + COLS - 1) // COLS
+        n_ck = (h + DROWS + ROWS - 1) // ROWS
+        take = pid >= first
+        scale = tl.where(take, s, scale)
+        H = tl.where(take, h, H)
+        W = tl.where(take, w, W)
+        start = tl.where(take, first, start)
+        o = tl.where(take, off, o)
+        so = tl.where(take, soff, so)
+        n_chunks = tl.where(take, n_ck, n_chunks)
+        n_strips = tl.where(take, n_st, n_strips)
+        first += n_groups * n_ck * n_st
+        off += BC.to(tl.int64) * h.to(tl.int64) * w
+        soff += SUMS * BC.to(tl.int64) * (n_ck * n_st)
+        h = (h + 1) // 2
+        w = (w + 1) // 2
+    return scale, H, W, start, o, so, n_chunks, n_strips

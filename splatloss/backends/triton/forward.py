@@ -22,13 +22,14 @@ import triton
 import triton.language as tl
 
 from . import tune
-from .bodies import interior, lanes, store_sums
+from .bodies import interior, lanes, scale_of, store_sums
 from .columns import hmoments, load_taps, vmoments
 from .launch import (
     COLUMN_TAPS,
     SIZES,
     batched_rows,
     cdiv,
+    check_scales,
     device_guard,
     fwd_maxnreg,
     geometry,
@@ -274,31 +275,7 @@ def ssim_fwd_scales_kernel(
     BW: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
-    G: tl.constexpr = BW // F
-    n_groups = (BC + G - 1) // G
-    # walk the scales up to this program's: sizes, first program, offsets of pair and sums
-    h = H1
-    w = W1
-    first = pid * 0
-    off = first.to(tl.int64)
-    soff = off
-    H, W, start, o, so, n_chunks, n_strips = h, w, first, off, off, first, first
-    for s in tl.static_range(NS):
-        n_st = (w + DH + F - 1) // F
-        n_ck = (h + DH + ROWS - 1) // ROWS
-        take = pid >= first
-        H = tl.where(take, h, H)
-        W = tl.where(take, w, W)
-        start = tl.where(take, first, start)
-        o = tl.where(take, off, o)
-        so = tl.where(take, soff, so)
-        n_chunks = tl.where(take, n_ck, n_chunks)
-        n_strips = tl.where(take, n_st, n_strips)
-        first += n_groups * n_ck * n_st
-        off += BC.to(tl.int64) * h.to(tl.int64) * w
-        soff += BC.to(tl.int64) * (n_ck * n_st)
-        h = (h + 1) // 2
-        w = (w + 1) // 2
+    _, H, W, start, o, so, n_chunks, n_strips = scale_of(pid, BC, H1, W1, ROWS, DH, DH, NS, F, BW // F, 1)
     hw = H.to(tl.int64) * W
     chw = hw * C
     _fwd_columns(
@@ -316,11 +293,7 @@ def launch_fwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
     there (the terms' sums; the kernel forms both, only these are reduced). Windows up to
     ``COLUMN_TAPS`` taps (the column body) only."""
     K = window.shape[0]
-    if K > COLUMN_TAPS.value:
-        raise ValueError(f"the batched scales run the column body: window_size <= {COLUMN_TAPS.value}, got {K}")
-    for (h, w), (h2, w2) in zip(dims, dims[1:]):
-        if (h2, w2) != ((h + 1) // 2, (w + 1) // 2):
-            raise ValueError(f"dims must halve scale after scale (TF's ceil halves), got {list(dims)}")
+    check_scales(K, dims)
     _, _, _, _, _, pad, reflect, _, _ = problem(x.new_empty((1, 1, K, K)), window, padding)
     BC = B * C
     dev = x.device

@@ -197,6 +197,19 @@ def geometry(
     return Geometry(bw=bw, f=f, rows=max(rows, 1), kp=kp, warps=4)
 
 
+def check_scales(window_size: int, dims: Sequence[tuple]) -> None:
+    """What a launch over MS-SSIM's coarser scales (``dims``: their ``(H, W)``) needs: the column
+    body (windows up to :data:`COLUMN_TAPS` taps) and each scale TF's ceil half of the one before
+    (the kernels derive every scale's sizes from the first's)."""
+    if window_size > COLUMN_TAPS.value:
+        raise ValueError(
+            f"the batched scales run the column body: window_size <= {COLUMN_TAPS.value}, got {window_size}"
+        )
+    for (h, w), (h2, w2) in zip(dims, dims[1:]):
+        if (h2, w2) != ((h + 1) // 2, (w + 1) // 2):
+            raise ValueError(f"dims must halve scale after scale (TF's ceil halves), got {list(dims)}")
+
+
 def batched_rows(
     per_chunk: Sequence[int],
     heights: Sequence[int],
