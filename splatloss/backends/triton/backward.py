@@ -36,6 +36,7 @@ from .launch import (
     geometry,
     launch_options,
     out_size,
+    padding_shape,
     problem,
 )
 from .moments import partials
@@ -504,7 +505,7 @@ def launch_bwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
     Windows up to ``COLUMN_TAPS`` taps (the column body) only."""
     K = window.shape[0]
     check_scales(K, dims)
-    _, _, _, _, _, pad, reflect, _, _ = problem(x.new_empty((1, 1, K, K)), window, padding)
+    pad, reflect = padding_shape(K, padding)
     BC = B * C
     dev = x.device
     maxnreg = bwd_maxnreg(K, reflect, need1 and need2, False)

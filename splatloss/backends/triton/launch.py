@@ -273,6 +273,13 @@ def padding_code(padding: str) -> int:
     return _PADDING_CODE[padding]
 
 
+def padding_shape(window_size: int, padding: str) -> tuple:
+    """``(pad, reflect)`` of a padding: taps left of the centre (0 for "valid"), and whether the
+    border mirrors (:class:`Problem`'s ``pad`` and ``reflect``)."""
+    code = padding_code(padding)
+    return (0 if code == 0 else window_size // 2), code == 2
+
+
 def out_size(n: int, window_size: int, padding: str) -> int:
     """Side of the SSIM map: shrinks by ``window_size - 1`` with "valid", unchanged otherwise."""
     return n - window_size + 1 if padding == "valid" else n
@@ -296,6 +303,5 @@ class Problem(NamedTuple):
 def problem(img1: torch.Tensor, window: torch.Tensor, padding: str) -> Problem:
     B, C, H, W = img1.shape
     K = window.shape[0]
-    code = padding_code(padding)
-    pad = 0 if code == 0 else K // 2
-    return Problem(B, C, H, W, K, pad, code == 2, out_size(H, K, padding), out_size(W, K, padding))
+    pad, reflect = padding_shape(K, padding)
+    return Problem(B, C, H, W, K, pad, reflect, out_size(H, K, padding), out_size(W, K, padding))
