@@ -112,8 +112,8 @@ def test_the_coarser_scales_in_one_launch_equal_their_own_launches(monkeypatch):
     # The CUDA geometry in 8-row chunks: the second scale in two column strips and three row
     # chunks, the third in one strip of two chunks, the fourth in 256-lane frames where its own
     # launch packs two channels per program. The one launch gives every gradient bit for bit as
-    # the scale's own launch (the terms' sums group their lanes by the frame: to rounding); so does
-    # the forward's one launch its terms' sums.
+    # the scale's own launch (the terms' sums group their lanes by the frame: to rounding), in
+    # its wide programs and its narrow ones; so does the forward's one launch its terms' sums.
     from splatloss.backends.triton import backward as BW
     from splatloss.backends.triton import launch as L
 
@@ -150,6 +150,15 @@ def test_the_coarser_scales_in_one_launch_equal_their_own_launches(monkeypatch):
                 assert got is None
         at += x.numel()
     assert calls.count("ssim_bwd_kernel") == len(dims)
+    # the narrow programs (128 lanes of 4 warps, which the GPU measures beside the wide ones): three,
+    # two and one column strips where the wide ones take two, one and one; the same gradients
+    assert L.geometry(dims[0][1] + 2, dims[0][0], 3, B * C, dev, halo=True, wide_halo=False).bw == 128
+    consts = (float(cfg.C1), float(cfg.C2))
+    nx, ny, n_terms = BW.launch_bwd_scales(*flat, B, C, dims, w, padding, *consts, *need, wide=False)
+    _same(nx, gx, "narrow programs' gradient of x")
+    _same(ny, gy, "narrow programs' gradient of y")
+    for j, (t, t_wide) in enumerate(zip(n_terms, terms)):
+        assert_rel(t, t_wide, 1e-6, f"narrow programs' scale {j} term")
     # without a gradient: the forward's stats pass, the cs sums and the last scale's SSIM sum
     from splatloss.backends.triton import forward as FW
 

@@ -7,6 +7,7 @@ those of any other rows, the values those of float64.
 """
 
 import importlib
+import time
 
 import pytest
 import torch
@@ -28,6 +29,32 @@ def test_candidates_are_balanced_one_per_chunk_count():
     # a short map: 40 rows in 1, 2 or 3 chunks (the plan's 16 rows make 3 chunks: kept as planned)
     assert tune.candidates(16, 40) == [16, 20, 40]
     assert tune.candidates(128, 1) == [128]  # one row: one chunk whatever the rows
+
+
+def test_a_launchers_alternatives_are_measured_with_the_rows_and_kept(monkeypatch):
+    # another geometry of the same launch (MS-SSIM's coarser scales at half the lanes) joins the
+    # rows' list: launched, timed, kept where fastest, then reused without measuring again
+    monkeypatch.setattr(tune, "FORCE", True)
+    monkeypatch.setattr(tune, "ENABLED", True)
+    monkeypatch.setattr(tune, "REPEATS", 1)
+    monkeypatch.setattr(tune, "LAUNCHES", 1)
+    tune.clear()
+    seen = []
+    narrow = (False, 20)
+
+    def fn(cand):
+        seen.append(cand)
+        time.sleep(0.0 if cand == narrow else 0.02)
+        return cand
+
+    try:
+        assert tune.run("scales", 16, 40, fn, torch.device("cpu"), alternatives=[narrow]) == narrow
+        assert set(seen) == {16, 20, 40, narrow} and tune.chosen() == {"scales": narrow}
+        seen.clear()
+        assert tune.run("scales", 16, 40, fn, torch.device("cpu"), alternatives=[narrow]) == narrow
+        assert seen == [narrow]
+    finally:
+        tune.clear()
 
 
 @pytest.fixture

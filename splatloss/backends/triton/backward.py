@@ -18,6 +18,8 @@ Bytes per pixel-channel (fp32 I/O, DRAM): reads x, y = 8 B; writes grad_x (and g
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -494,7 +496,10 @@ def ssim_bwd_scales_kernel(
         )  # fmt: skip
 
 
-def launch_bwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: float, c2: float, need1: bool, need2: bool):
+def launch_bwd_scales(
+    x, y, B: int, C: int, dims, window, padding: str, c1: float, c2: float, need1: bool, need2: bool,
+    wide: Optional[bool] = None,
+):  # fmt: skip
     """MS-SSIM's coarser scales' terms and unit gradients in one launch (:func:`ssim_bwd_scales_kernel`).
 
     ``x``, ``y``: flat float32 buffers holding the scales' pairs one after the other, each
@@ -502,7 +507,13 @@ def launch_bwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
     before. The last scale's term is its SSIM mean, the others' their cs means. Returns ``(gx, gy,
     terms)``: each image's gradients of the scales' terms for a unit upstream, flat in the pairs'
     layout (None where not asked for), and the terms, one ``[B, C]`` float32 tensor per scale.
-    Windows up to ``COLUMN_TAPS`` taps (the column body) only."""
+    Windows up to ``COLUMN_TAPS`` taps (the column body) only.
+
+    ``wide``: on CUDA the programs span 256 wd of 8 warps (True) or 128 wd of 4 warps (False):
+    the launch model puts them level (the narrow ones recompute twice the halo's share, and twice
+    as many fit an SM), so the launch plans the wide ones and :func:`.tune.run` measures the narrow
+    ones, at their own planned rows, beside the rows' list; None: that choice, a bool: that width
+    only. The gradients are the same bits either way."""
     K = window.shape[0]
     check_scales(K, dims)
     pad, reflect = padding_shape(K, padding)
@@ -510,11 +521,16 @@ def launch_bwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
     dev = x.device
     maxnreg = bwd_maxnreg(K, reflect, need1 and need2, False)
     H1, W1 = dims[0]
-    geo = geometry(W1 + K - 1, H1, K, BC, dev, halo=True, maxnreg=maxnreg)
-    step = geo.f - (K - 1)
-    n_groups = cdiv(BC, geo.bw // geo.f)
-    per_chunk = [n_groups * cdiv(w, step) for _, w in dims]
     heights = [h for h, _ in dims]
+    geos, plans, chunks = {}, {}, {}
+    for wd in (True, False) if wide is None else (wide,):
+        geo = geometry(W1 + K - 1, H1, K, BC, dev, halo=True, maxnreg=maxnreg, wide_halo=wd)
+        step = geo.f - (K - 1)
+        n_groups = cdiv(BC, geo.bw // geo.f)
+        geos[wd] = (geo, n_groups)
+        chunks[wd] = [n_groups * cdiv(w, step) for _, w in dims]
+        plans[wd] = batched_rows(chunks[wd], heights, K, geo.warps, maxnreg, dev)
+    first = True if wide is None else wide
     dh = out_size(H1, K, padding) - H1  # map side - image side: 0, or 1 - K ("valid")
     sizes = [out_size(h, K, padding) * out_size(w, K, padding) for h, w in dims]
     u = torch.empty((len(dims), BC), dtype=torch.float32, device=dev)
@@ -523,8 +539,10 @@ def launch_bwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
     gx = torch.empty_like(x) if need1 else None
     gy = torch.empty_like(y) if need2 else None
 
-    def run(rows: int):  # writes the gradients (never reads them): safe to run again
-        slots = [p // n_groups * cdiv(h, rows) for p, h in zip(per_chunk, heights)]  # programs per channel group
+    def run(cand):  # rows (the planned width), or (width, rows); writes the gradients (never reads them)
+        wd, rows = cand if isinstance(cand, tuple) else (first, cand)
+        geo, n_groups = geos[wd]
+        slots = [p // n_groups * cdiv(h, rows) for p, h in zip(chunks[wd], heights)]  # programs per group
         n_prog = sum(n_groups * s for s in slots)
         scratch = torch.empty((n_prog, 10 * geo.bw + 32), dtype=torch.float32, device=dev)
         sum_buf = torch.empty(2 * BC * sum(slots), dtype=torch.float32, device=dev)
@@ -536,8 +554,9 @@ def launch_bwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
             )  # fmt: skip
         return slots, sum_buf
 
-    key = ("bwd_scales", K, pad, reflect, geo, BC, C, tuple(dims), need1, need2, dev)
-    slots, sum_buf = tune.run(key, batched_rows(per_chunk, heights, K, geo.warps, maxnreg, dev), H1, run, dev)
+    key = ("bwd_scales", K, pad, reflect, geos[first][0], wide, BC, C, tuple(dims), need1, need2, dev)
+    others = [(wd, plans[wd]) for wd in geos if wd != first]
+    slots, sum_buf = tune.run(key, plans[first], H1, run, dev, alternatives=others)
     terms, at = [], 0
     for s, n in zip(slots, sizes):
         per_bc = sum_buf[at : at + 2 * BC * s].view(BC, s, 2).sum(dim=1)  # fixed order: deterministic

@@ -11,7 +11,10 @@ the fastest for the rest of the process where it beats the planned rows by :data
 milliseconds per shape, once.
 
 The candidates (:func:`candidates`): the planned rows, ``2 x CUDA_ROWS``, ``CUDA_ROWS`` and
-``ROW_STEPS``, each balanced over its row chunks, one per distinct chunk count.
+``ROW_STEPS``, each balanced over its row chunks, one per distinct chunk count. A launcher may add
+other configurations of its own (``alternatives``: MS-SSIM's coarser scales add their programs at
+half the lanes, four warps each, where the launch model cannot tell the two apart); those cost one
+more compile.
 
 What changes with the rows: the loss values' last bits (the per-program partial sums are added
 in a fixed order, but how many there are follows the rows); the gradients do not (every gradient
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Dict, Hashable, List, TypeVar
+from typing import Callable, Dict, Hashable, List, Sequence, TypeVar
 
 import torch
 
@@ -64,7 +67,7 @@ MAX_SHAPES = 64
 #: Run the list off CUDA too (the interpreter, timed on the host): for tests of the mechanism.
 FORCE = False
 
-_chosen: Dict[Hashable, int] = {}
+_chosen: Dict[Hashable, Hashable] = {}
 
 
 def candidates(planned: int, rows: int) -> List[int]:
@@ -83,7 +86,7 @@ def candidates(planned: int, rows: int) -> List[int]:
     return sorted(by_chunks.values())
 
 
-def chosen() -> Dict[Hashable, int]:
+def chosen() -> Dict[Hashable, Hashable]:
     """The rows kept so far, per launch key (a copy)."""
     return dict(_chosen)
 
@@ -101,7 +104,7 @@ def _active(device: torch.device) -> bool:
     return FORCE
 
 
-def _timed(fn: Callable[[int], object], rows: int, device: torch.device, host_s: float) -> float:
+def _timed(fn: Callable[[Hashable], object], rows: Hashable, device: torch.device, host_s: float) -> float:
     """Seconds (host) or milliseconds (CUDA: device time) of :data:`LAUNCHES` back-to-back runs."""
     if device.type != "cuda":
         t0 = time.perf_counter()
@@ -122,7 +125,7 @@ def _timed(fn: Callable[[int], object], rows: int, device: torch.device, host_s:
         return start.elapsed_time(end)
 
 
-def _measure(fn: Callable[[int], object], cands: List[int], planned: int, device: torch.device) -> int:
+def _measure(fn: Callable[[Hashable], object], cands: List[Hashable], planned: int, device: torch.device) -> Hashable:
     for r in cands:  # warm: the kernel compiles once (ROWS is a run-time argument), buffers allocate
         fn(r)
     if device.type == "cuda":
@@ -140,19 +143,27 @@ def _measure(fn: Callable[[int], object], cands: List[int], planned: int, device
     return fastest if best[fastest] < (1.0 - MARGIN) * best[planned] else planned
 
 
-def run(key: Hashable, planned: int, rows: int, fn: Callable[[int], T], device: torch.device) -> T:
+def run(
+    key: Hashable,
+    planned: int,
+    rows: int,
+    fn: Callable[[Hashable], T],
+    device: torch.device,
+    alternatives: Sequence[Hashable] = (),
+) -> T:
     """``fn(rows_per_program)`` with the rows kept for ``key`` (measured on its first call where
     measuring is on, see the module's docstring), else ``fn(planned)``. ``fn`` launches the kernel
     and returns its outputs; it may run several times on a first call, so it must only write
     (never accumulate into) what it returns. ``rows``: the rows of work (the map's or image's
-    height)."""
+    height). ``alternatives``: other arguments ``fn`` takes (another geometry of the launch),
+    measured with the rows' list and kept the same way."""
     if not _active(device):
         return fn(planned)
     best = _chosen.get(key)
     if best is None:
         if len(_chosen) >= MAX_SHAPES:
             return fn(planned)
-        cands = candidates(planned, rows)
+        cands = candidates(planned, rows) + [a for a in alternatives]
         best = cands[0] if len(cands) == 1 else _measure(fn, cands, planned, device)
         _chosen[key] = best
     return fn(best)
