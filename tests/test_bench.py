@@ -48,7 +48,6 @@ def test_bench_smoke_writes_json_and_plot(tmp_path):
         "0",
         "--threads",
         "1",
-        "--memory",
         "--cold-start",
         "--json",
         str(out_json),
@@ -69,10 +68,6 @@ def test_bench_smoke_writes_json_and_plot(tmp_path):
         assert r["median_ms"] > 0 and len(r["times_ms"]) == 2
         assert (r["batch"], r["channels"], r["height"], r["width"]) == (2, 1, 176, 184)
         assert r["speedup_vs_pytorch_msssim"] > 0
-        if r["mode"] == "fwdbwd":  # memory measured in a fresh process per library
-            # the allocator's figure is exact and holds at least the gradient left in x.grad
-            assert r["peak_allocated_bytes"] >= 2 * 1 * 176 * 184 * 4, r
-            assert r["peak_added_bytes"] == max(r["peak_allocated_bytes"], r["peak_rss_added_bytes"]), r
         # each time as a multiple of its arithmetic floor at the FMA peak measured beside it
         px = 176 * 184 if r["op"] == "ssim" else 176 * 184 + 88 * 92 + 44 * 46 + 22 * 23 + 11 * 12
         assert r["floor_fma"] == (176 if r["mode"] == "fwdbwd" else 110) * 2 * px, r
@@ -92,6 +87,18 @@ def test_bench_smoke_writes_json_and_plot(tmp_path):
     assert md.returncode == 0, md.stderr[-2000:]
     rows = [l for l in md.stdout.splitlines() if l.startswith("| ssim | fwdbwd | 2x1x176x184 | splatloss-torch |")]
     assert len(rows) == 1 and rows[0].count("|") == 12
+    # memory (one op, two libraries: each measured in a fresh process per library)
+    mem_json = tmp_path / "mem.json"
+    cmd = [sys.executable, str(BENCH), "--sizes", "176x184", "--channels", "1", "--batch", "2", "--libs"]
+    cmd += ["splatloss-torch,pytorch_msssim", "--ops", "ssim", "--modes", "fwdbwd", "--repeats", "1", "--warmup", "0"]
+    cmd += ["--threads", "1", "--no-floor", "--memory", "--json", str(mem_json)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    mem = [r for r in json.loads(mem_json.read_text())["results"] if "median_ms" in r]
+    assert {r["lib"] for r in mem} == {"splatloss-torch", "pytorch_msssim"}
+    for r in mem:  # the allocator's figure is exact and holds at least the gradient left in x.grad
+        assert r["peak_allocated_bytes"] >= 2 * 1 * 176 * 184 * 4, r
+        assert r["peak_added_bytes"] == max(r["peak_allocated_bytes"], r["peak_rss_added_bytes"]), r
 
 
 @pytest.mark.slow
@@ -137,6 +144,15 @@ def test_geometry_sweep_refuses_bad_arguments_and_a_machine_without_cuda():
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a CUDA device"):
             geometry_sweep.main([])
+
+
+def test_coarse_scales_refuses_bad_arguments_and_a_machine_without_cuda():
+    coarse = _tool("coarse_scales")
+    with pytest.raises(SystemExit, match="--batch and --calls must be at least 1, got 0 and 20"):
+        coarse.main(["--batch", "0"])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA device"):
+            coarse.main([])
 
 
 def test_rows_timed_after_a_library_failed_on_cuda_are_marked(monkeypatch, capsys):

@@ -155,6 +155,33 @@ def test_forward_and_masked_launches_measure_once_per_shape(forced):
     assert tune.chosen() == {} and len(forced) == 3
 
 
+@pytest.mark.slow
+def test_the_coarser_scales_measure_both_widths_and_keep_the_gradients(forced, monkeypatch):
+    """MS-SSIM's coarser scales in one launch: the list holds the wide programs' rows and the
+    narrow programs' (width, rows); whichever is kept, the gradients are the wide plan's bits."""
+    from splatloss.backends.triton import backward as BW
+    from splatloss.backends.triton.glue import window_taps
+    from splatloss.config import SSIMConfig
+
+    monkeypatch.setattr(tri_launch, "CUDA_ROWS", 8)
+    monkeypatch.setattr(tri_launch, "ROW_STEPS", ())
+    dev = device_for("triton")
+    cfg = SSIMConfig(window_size=3, padding="same")
+    dims = [(12, 40), (6, 20)]
+    pairs = [make_pair((1, 1, h, w), seed=40 + j, device=dev) for j, (h, w) in enumerate(dims)]
+    flat = [torch.cat([p[i].reshape(-1) for p in pairs]) for i in (0, 1)]
+    args = (*flat, 1, 1, dims, window_taps(cfg, dev), cfg.padding, float(cfg.C1), float(cfg.C2), True, True)
+    gx, gy, terms = BW.launch_bwd_scales(*args)
+    assert forced == [[8, 12, (False, 8), (False, 12)]], forced
+    ((key, kept),) = tune.chosen().items()
+    assert key[0] == "bwd_scales" and kept in forced[0]
+    monkeypatch.setattr(tune, "ENABLED", False)
+    wx, wy, w_terms = BW.launch_bwd_scales(*args, wide=True)
+    assert torch.equal(gx, wx) and torch.equal(gy, wy)
+    for t, w_t in zip(terms, w_terms):
+        assert_rel(t, w_t, 1e-6, "term")
+
+
 def test_the_switch_takes_on_off_values_and_refuses_others(monkeypatch):
     monkeypatch.setenv("SPLATLOSS_TRITON_TUNE", " Off ")
     assert tune._switch("SPLATLOSS_TRITON_TUNE", "1") is False

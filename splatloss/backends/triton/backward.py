@@ -512,8 +512,8 @@ def launch_bwd_scales(
     ``wide``: on CUDA the programs span 256 wd of 8 warps (True) or 128 wd of 4 warps (False):
     the launch model puts them level (the narrow ones recompute twice the halo's share, and twice
     as many fit an SM), so the launch plans the wide ones and :func:`.tune.run` measures the narrow
-    ones, at their own planned rows, beside the rows' list; None: that choice, a bool: that width
-    only. The gradients are the same bits either way."""
+    ones, with their own list of rows, beside the wide ones' list; None: that choice, a bool: that
+    width only. The gradients are the same bits either way."""
     K = window.shape[0]
     check_scales(K, dims)
     pad, reflect = padding_shape(K, padding)
@@ -540,6 +540,7 @@ def launch_bwd_scales(
     gy = torch.empty_like(y) if need2 else None
 
     def run(cand):  # rows (the planned width), or (width, rows); writes the gradients (never reads them)
+        # the terms' reductions are part of the run: measured with it (more programs, more partial sums)
         wd, rows = cand if isinstance(cand, tuple) else (first, cand)
         geo, n_groups = geos[wd]
         slots = [p // n_groups * cdiv(h, rows) for p, h in zip(chunks[wd], heights)]  # programs per group
@@ -552,14 +553,14 @@ def launch_bwd_scales(
                 sum_buf, BC, C, H1, W1, dh, rows, float(c1), float(c2), NS=len(dims), K=K, PAD=pad, REFLECT=reflect,
                 F=geo.f, BW=geo.bw, NEED1=need1, NEED2=need2, **launch_options(geo.warps, maxnreg=maxnreg),
             )  # fmt: skip
-        return slots, sum_buf
+        terms, at = [], 0
+        for s, n in zip(slots, sizes):
+            per_bc = sum_buf[at : at + 2 * BC * s].view(BC, s, 2).sum(dim=1)  # fixed order: deterministic
+            terms.append(per_bc[:, 0].view(B, C) / n)
+            at += 2 * BC * s
+        return terms
 
     key = ("bwd_scales", K, pad, reflect, geos[first][0], wide, BC, C, tuple(dims), need1, need2, dev)
-    others = [(wd, plans[wd]) for wd in geos if wd != first]
-    slots, sum_buf = tune.run(key, plans[first], H1, run, dev, alternatives=others)
-    terms, at = [], 0
-    for s, n in zip(slots, sizes):
-        per_bc = sum_buf[at : at + 2 * BC * s].view(BC, s, 2).sum(dim=1)  # fixed order: deterministic
-        terms.append(per_bc[:, 0].view(B, C) / n)
-        at += 2 * BC * s
+    others = [(wd, r) for wd in geos if wd != first for r in tune.candidates(plans[wd], H1)]
+    terms = tune.run(key, plans[first], H1, run, dev, alternatives=others)
     return gx, gy, terms
