@@ -257,6 +257,24 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
         masked(masked_loss, per_channel=True), small, grads=(False, False)
     )
     out["masked ms_ssim reflect K=9"] = Call(masked(masked_ms, "reflect", 9), (1, 3, 176, 200), grads=(True, True))
+
+    def coarse_narrow(x, y):
+        # MS-SSIM's coarser scales of a 1080p image in 128-lane, 4-warp programs: a launch the list
+        # measured on a GPU may keep (the public calls plan 256-lane ones)
+        from splatloss.backends.triton import backward, glue
+        from splatloss.backends.triton.ms_ssim import _coarse_dims
+        from splatloss.config import SSIMConfig
+
+        b, c, h, w = x.shape
+        dims = [(h, w)] + _coarse_dims(h, w, 4)
+        rest = sum(b * c * hs * ws for hs, ws in dims[1:])
+        fx, fy = (torch.cat([t.detach().reshape(-1), t.new_zeros(rest)]) for t in (x, y))
+        cfg = SSIMConfig()
+        consts = (float(cfg.C1), float(cfg.C2))
+        taps = glue.window_taps(cfg, x.device)
+        backward.launch_bwd_scales(fx, fy, b, c, dims, taps, "valid", *consts, True, False, wide=False)
+
+    out["ms_ssim coarse scales, 128 lanes"] = Call(coarse_narrow, (1, 3, 540, 960), grads=(False, False))
     out.update({f"1080p {k}": v for k, v in cost_calls().items()})
     return out
 
