@@ -509,7 +509,7 @@ def launch_bwd_scales(
     layout (None where not asked for), and the terms, one ``[B, C]`` float32 tensor per scale.
     Windows up to ``COLUMN_TAPS`` taps (the column body) only.
 
-    ``wide``: on CUDA the programs span 256 wd of 8 warps (True) or 128 wd of 4 warps (False):
+    ``wide``: on CUDA the programs span 256 lanes of 8 warps (True) or 128 lanes of 4 warps (False):
     the launch model puts them level (the narrow ones recompute twice the halo's share, and twice
     as many fit an SM), so the launch plans the wide ones and :func:`.tune.run` measures the narrow
     ones, with their own list of rows, beside the wide ones' list; None: that choice, a bool: that
