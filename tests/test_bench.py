@@ -150,6 +150,8 @@ def test_coarse_scales_refuses_bad_arguments_and_a_machine_without_cuda():
     coarse = _tool("coarse_scales")
     with pytest.raises(SystemExit, match="--batch and --calls must be at least 1, got 0 and 20"):
         coarse.main(["--batch", "0"])
+    with pytest.raises(SystemExit, match="--json .*: the folder .* is not a writable directory"):
+        coarse.main(["--json", "/nonexistent-folder/coarse.json"])
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a CUDA device"):
             coarse.main([])

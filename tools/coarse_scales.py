@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -33,6 +34,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.batch < 1 or args.calls < 1:
         raise SystemExit(f"--batch and --calls must be at least 1, got {args.batch} and {args.calls}")
+    if args.json is not None:  # before the GPU work, not after it
+        folder = args.json.resolve().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise SystemExit(f"--json {args.json}: the folder {folder} is not a writable directory")
     if not torch.cuda.is_available():
         raise SystemExit("tools/coarse_scales.py times CUDA launches: it needs a CUDA device, torch sees none")
     from torch.profiler import ProfilerActivity, profile
@@ -81,7 +86,9 @@ def main(argv=None) -> int:
     records["gradients_bit_equal"] = same
     print(f"gradients bit-equal across the ways: {same}")
     if args.json:
-        args.json.write_text(json.dumps(records, indent=1))
+        tmp = args.json.with_name(args.json.name + ".tmp")
+        tmp.write_text(json.dumps(records, indent=1))
+        os.replace(tmp, args.json)  # atomic: a reader sees the old file or the whole new one
     return 0 if same else 1
 
 
