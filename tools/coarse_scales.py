@@ -19,9 +19,11 @@ import os
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from geometry_sweep import device_us  # noqa: E402  (a profiler average's device time)
 
 KERNEL = "ssim_bwd_scales_kernel"
 
@@ -75,7 +77,7 @@ def main(argv=None) -> int:
                 for _ in range(args.calls):
                     backward.launch_bwd_scales(*call, True, False, wide=wide)
                 torch.cuda.synchronize()
-            us = [ev.self_device_time_total / ev.count for ev in prof.key_averages() if ev.key == KERNEL]
+            us = [device_us(ev) / ev.count for ev in prof.key_averages() if ev.key == KERNEL]
             kept = {str(k[5]): str(v) for k, v in tune.chosen().items()}
             records["ways"][way] = {"kernel_us": us[0] if us else None, "kept": kept}
             print(f"{way:32s} {us[0] if us else float('nan'):8.1f} us  kept {kept}", flush=True)

@@ -159,9 +159,7 @@ def profile(args, dtype) -> list:
                 continue
             kernels = []
             for ev in prof.key_averages():
-                us = getattr(ev, "self_device_time_total", None)
-                if us is None:
-                    us = getattr(ev, "self_cuda_time_total", 0)
+                us = device_us(ev)
                 if us:
                     kernels.append(dict(name=ev.key, launches=ev.count / calls_per, us=us / calls_per))
             kernels.sort(key=lambda k: -k["us"])
@@ -184,6 +182,12 @@ def profile(args, dtype) -> list:
                     print(f"    {us:9.1f} us  {name[:90]}")
             records.append(rec)
     return records
+
+
+def device_us(ev) -> float:
+    """A torch.profiler average's own device time in us (``self_cuda_time_total`` on older torch)."""
+    us = getattr(ev, "self_device_time_total", None)
+    return getattr(ev, "self_cuda_time_total", 0) if us is None else us
 
 
 def _last_call_launches(prof, calls: int) -> list:
