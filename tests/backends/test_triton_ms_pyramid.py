@@ -92,19 +92,20 @@ def test_a_gradient_the_forward_did_not_compute_is_computed_again():
 
 
 @pytest.mark.slow
-def test_the_backward_is_one_launch_per_scale(monkeypatch):
-    # the fused chain only: no standalone 2x2 adjoint, no elementwise torch op on the image grid
+def test_the_backward_is_one_launch(monkeypatch):
+    # the fused chain only, every scale in one launch: no standalone 2x2 adjoint, no elementwise
+    # torch op on the image grid
     dev = device_for("triton")
     cfg = SSIMConfig(window_size=3)
     x, y = make_pair((1, 1, 30, 34), seed=8, device=dev)
     calls = []
-    for name in ("_up_kernel", "_down_bwd_kernel"):
+    for name in ("_chain_kernel", "_down_bwd_kernel"):
         kernel = getattr(M, name)
         monkeypatch.setattr(kernel, "run", lambda *a, _n=name, _run=kernel.run, **k: calls.append(_n) or _run(*a, **k))
     xa = x.clone().requires_grad_()
     terms = M.ms_terms(xa, y, cfg, 3)
     terms.sum().backward()
-    assert calls == ["_up_kernel"] * 3
+    assert calls == ["_chain_kernel"]
 
 
 @pytest.mark.slow
@@ -167,6 +168,44 @@ def test_the_coarser_scales_in_one_launch_equal_their_own_launches(monkeypatch):
     monkeypatch.setattr(kernel, "run", lambda *a, _run=kernel.run, **k: fwd_calls.append(1) or _run(*a, **k))
     sums = FW.launch_fwd_scales(*flat, B, C, dims, w, padding, float(cfg.C1), float(cfg.C2))
     assert len(fwd_calls) == 1 and len(sums) == len(dims)
-    for j, ((x, y), t) in enumerate(zip(xs, sums)):
+    for j, ((x, y), t, (h, wd)) in enumerate(zip(xs, sums, dims)):
         s_own, c_own = FW.launch_fwd(x, y, w, padding, float(cfg.C1), float(cfg.C2), "stats")
-        assert_rel(t, s_own if j == len(dims) - 1 else c_own, 1e-6, f"scale {j} sum")
+        assert_rel(t, (s_own if j == len(dims) - 1 else c_own) / (h * wd), 1e-6, f"scale {j} mean")
+
+
+@pytest.mark.parametrize("levels", [4, 1])
+def test_the_pyramid_and_its_adjoint_in_one_launch_equal_the_step_by_step_kernels(monkeypatch, levels):
+    # In the CUDA tiles (8 x 128 of the first coarser scale, 16 x 256 of the image for four
+    # levels), so that a plane spans several programs each way and every program walks its own
+    # tiles down the pyramid (and back up) through its barriers: odd sides at every scale, two
+    # images of two channels, one image channels-last and in bfloat16. The one launch writes every
+    # scale bit for bit as the 2x2 step launched scale by scale, and the adjoint chain gives the
+    # gradient of the step-by-step composition, G_j d_j + (2x2 step's adjoint of the coarser one).
+    from splatloss.backends.triton import launch as L
+
+    monkeypatch.setattr(L, "FORCE_CUDA_GEOMETRY", True)
+    assert M._pyramid_tile(4, 19, 150, torch.device("cpu")) == (8, 128)
+    B, C, H, W = 2, 2, 37, 299
+    x, y = make_pair((B, C, H, W), seed=50, device=device_for("triton"))
+    x = x.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    dims = M._coarse_dims(H, W, levels + 1)
+    total = sum(B * C * h * w for h, w in dims)
+    xf = torch.full((total,), float("nan"), device=x.device)
+    yf = torch.full((total,), float("nan"), device=x.device)
+    M._pyramid_into(x, y, xf, yf, levels)
+    xs, ys = M._split(xf, B, C, dims), M._split(yf, B, C, dims)
+    for j in range(levels):
+        assert torch.equal(xs[j], M._down_impl(x if j == 0 else xs[j - 1])), f"x, scale {j + 1}"
+        assert torch.equal(ys[j], M._down_impl(y if j == 0 else ys[j - 1])), f"y, scale {j + 1}"
+    # the adjoint chain: kept unit gradients (the finest one channels-last) and a [B, C, M] upstream
+    gen = torch.Generator().manual_seed(3)
+    g0 = torch.randn((B, C, H, W), generator=gen).to(x.device).contiguous(memory_format=torch.channels_last)
+    gc = torch.randn((total,), generator=gen).to(x.device)
+    d = torch.randn((B, C, levels + 1), generator=gen).to(x.device)
+    got = M._chain_impl(d, g0, gc)
+    gs = [g0, *M._split(gc, B, C, dims)]
+    want = gs[-1] * d[:, :, levels, None, None]
+    for j in reversed(range(levels)):
+        want = gs[j] * d[:, :, j, None, None] + M._down_bwd_impl(want, gs[j])
+    assert got.stride() == g0.stride()
+    _same(got, want, "gradient")

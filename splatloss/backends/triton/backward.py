@@ -42,6 +42,7 @@ from .launch import (
     problem,
 )
 from .moments import partials
+from .partials import means as partial_means
 from .ring import hadjoint_moved as hadjoint_moved_ring
 from .ring import ring_vsum, row_moments, window_taus
 
@@ -373,6 +374,7 @@ def launch_bwd(
     grad_dtype=None,
     cs_only: bool = False,
     grad2=None,
+    raw_sums: bool = False,
 ):
     """Run the backward kernel.
 
@@ -386,7 +388,8 @@ def launch_bwd(
     ``grad_dtype``: the gradients' dtype (default: each input's). ``cs_only``: ``g_s`` is ignored
     (the kernel forms no luminance term). Returns ``(grad1 or None, grad2 or None[, map_sum,
     abs_diff_sum])``, the gradients in img1's memory layout
-    (img2's when it is the only one).
+    (img2's when it is the only one). ``raw_sums``: instead of the two sums, the programs' partial
+    sums as written, ``[B * C, P, 2]`` (for :func:`.partials.means`), and None.
     """
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
@@ -446,6 +449,8 @@ def launch_bwd(
         need1, need2, sums, dev,
     )  # fmt: skip
     sum_buf = tune.run(key, geo.rows, H, run, dev)
+    if sums and raw_sums:
+        return gx, gy, sum_buf, None
     if sums:
         per_bc = sum_buf.sum(dim=1)  # fixed order: deterministic
         abs_sum = per_bc[:, 1].view(B, C) if l1 is not None else None
@@ -498,7 +503,7 @@ def ssim_bwd_scales_kernel(
 
 def launch_bwd_scales(
     x, y, B: int, C: int, dims, window, padding: str, c1: float, c2: float, need1: bool, need2: bool,
-    wide: Optional[bool] = None,
+    wide: Optional[bool] = None, out=None,
 ):  # fmt: skip
     """MS-SSIM's coarser scales' terms and unit gradients in one launch (:func:`ssim_bwd_scales_kernel`).
 
@@ -506,8 +511,10 @@ def launch_bwd_scales(
     ``(B, C, H_s, W_s)`` contiguous; ``dims``: their ``(H_s, W_s)``, each TF's ceil half of the one
     before. The last scale's term is its SSIM mean, the others' their cs means. Returns ``(gx, gy,
     terms)``: each image's gradients of the scales' terms for a unit upstream, flat in the pairs'
-    layout (None where not asked for), and the terms, one ``[B, C]`` float32 tensor per scale.
-    Windows up to ``COLUMN_TAPS`` taps (the column body) only.
+    layout (None where not asked for), and the terms, one ``[B, C]`` float32 tensor per scale:
+    views of ``out`` (float32 ``(B, C, len(dims))``, e.g. MS-SSIM's terms past the finest scale)
+    when it is given, written by one launch (:func:`.partials.means`). Windows up to
+    ``COLUMN_TAPS`` taps (the column body) only.
 
     ``wide``: on CUDA the programs span 256 lanes of 8 warps (True) or 128 lanes of 4 warps (False):
     the launch model puts them level (the narrow ones recompute twice the halo's share, and twice
@@ -538,6 +545,8 @@ def launch_bwd_scales(
         u[j].fill_(1.0 / n)
     gx = torch.empty_like(x) if need1 else None
     gy = torch.empty_like(y) if need2 else None
+    if out is None:
+        out = torch.empty((B, C, len(dims)), dtype=torch.float32, device=dev)
 
     def run(cand):  # rows (the planned width), or (width, rows); writes the gradients (never reads them)
         # the terms' reductions are part of the run: measured with it (more programs, more partial sums)
@@ -553,12 +562,8 @@ def launch_bwd_scales(
                 sum_buf, BC, C, H1, W1, dh, rows, float(c1), float(c2), NS=len(dims), K=K, PAD=pad, REFLECT=reflect,
                 F=geo.f, BW=geo.bw, NEED1=need1, NEED2=need2, **launch_options(geo.warps, maxnreg=maxnreg),
             )  # fmt: skip
-        terms, at = [], 0
-        for s, n in zip(slots, sizes):
-            per_bc = sum_buf[at : at + 2 * BC * s].view(BC, s, 2).sum(dim=1)  # fixed order: deterministic
-            terms.append(per_bc[:, 0].view(B, C) / n)
-            at += 2 * BC * s
-        return terms
+        partial_means(sum_buf, BC, slots, sizes, out.view(BC, len(dims)), width=2)  # fixed order: deterministic
+        return [out[:, :, j] for j in range(len(dims))]
 
     key = ("bwd_scales", K, pad, reflect, geos[first][0], wide, BC, C, tuple(dims), need1, need2, dev)
     others = [(wd, r) for wd in geos if wd != first for r in tune.candidates(plans[wd], H1)]

@@ -39,6 +39,7 @@ from .launch import (
     problem,
 )
 from .moments import ssim_cs
+from .partials import means as partial_means
 from .ring import ring_vsum, row_moments, window_taus
 
 __all__ = ["ssim_fwd_kernel", "launch_fwd", "ssim_fwd_scales_kernel", "launch_fwd_scales"]
@@ -214,11 +215,12 @@ def ssim_fwd_kernel(
         )  # fmt: skip
 
 
-def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str):
+def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str, raw: bool = False):
     """Run the forward kernel. ``mode``: "stats" -> ``(ssim_sum, cs_sum)``, each ``[B, C]`` fp32
     sums over the map; "stats_l1" -> ``(ssim_sum, cs_sum, abs_diff_sum)``, the last summed over
     the image (the fused photometric loss); "map" -> ``(ssim_map, empty)``; "map_cs" ->
-    ``(ssim_map, cs_map)``."""
+    ``(ssim_map, cs_map)``. ``raw`` (the stats modes): each sum as the programs' partial sums,
+    ``[B * C, P]`` (for :func:`.partials.means`)."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
     maxnreg = fwd_maxnreg(K, reflect, mode == "map_cs")
@@ -254,6 +256,8 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
 
     key = ("fwd", mode, K, pad, reflect, geo, BC, C, H, W, img1.stride(), img2.stride(), img1.dtype, dev)
     s, cs, l1 = tune.run(key, geo.rows, Ho, run, dev)
+    if stats and raw:
+        return (s, cs, l1) if l1 is not None else (s, cs)
     if stats:
         # fixed-order reduction of the per-program partial sums: deterministic, no atomics
         out = (s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C))
@@ -286,13 +290,14 @@ def ssim_fwd_scales_kernel(
     )  # fmt: skip
 
 
-def launch_fwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: float, c2: float):
+def launch_fwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: float, c2: float, out=None):
     """MS-SSIM's coarser scales' map sums in one launch (:func:`ssim_fwd_scales_kernel`).
 
     ``x``, ``y``, ``dims``: as :func:`.backward.launch_bwd_scales`'s. Returns one ``[B, C]``
-    float32 sum over the map per scale: of the cs map at every scale but the last, of the SSIM map
-    there (the terms' sums; the kernel forms both, only these are reduced). Windows up to
-    ``COLUMN_TAPS`` taps (the column body) only."""
+    float32 mean over the map per scale: of the cs map at every scale but the last, of the SSIM map
+    there (the terms; the kernel forms both, only these are reduced, in one launch:
+    :func:`.partials.means`), views of ``out`` (float32 ``(B, C, len(dims))``) when it is given.
+    Windows up to ``COLUMN_TAPS`` taps (the column body) only."""
     K = window.shape[0]
     check_scales(K, dims)
     pad, reflect = padding_shape(K, padding)
@@ -321,10 +326,8 @@ def launch_fwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
     key = ("fwd_scales", K, pad, reflect, geo, BC, C, tuple(dims), dev)
     planned = batched_rows(per_chunk, heights, K, geo.warps, maxnreg, dev, halo=False)
     slots, s_buf, cs_buf = tune.run(key, planned, heights[0], run, dev)
-    out, at = [], 0
-    for j, s in enumerate(slots):
-        # fixed-order reduction of the per-program partial sums: deterministic, no atomics
-        buf = s_buf if j == len(slots) - 1 else cs_buf
-        out.append(buf[at : at + BC * s].view(BC, s).sum(dim=1).view(B, C))
-        at += BC * s
-    return out
+    if out is None:
+        out = torch.empty((B, C, len(dims)), dtype=torch.float32, device=dev)
+    # fixed-order reduction of the per-program partial sums: deterministic, no atomics
+    partial_means(cs_buf, BC, slots, [ho * wo for ho, wo in maps], out.view(BC, len(dims)), last=s_buf)
+    return [out[:, :, j] for j in range(len(dims))]

@@ -10,9 +10,10 @@ so every scale's gradient is summed in float32 and the cast's backward rounds th
 ``_down_bwd_kernel`` is its adjoint: each input pixel gets a quarter of its block's upstream
 gradient, twice that for the repeated last row / column of an odd side (it stands in both rows /
 columns of the block). 4 B read + 1 B-equivalent written per input pixel-channel forward.
-:func:`ms_terms` runs every scale's term and this step in one op, whose backward fuses the
-adjoint with each scale's own gradient (``_down_bwd_kernel`` stays the adjoint of
-:func:`downsample2x` called on its own). The terms' weighted product is :mod:`.combine`'s, one
+:func:`ms_terms` runs every scale's term and the whole pyramid (``_pyramid_kernel``, the same
+step at every scale in one launch) in one op, whose backward fuses the adjoint with each scale's
+own gradient, every scale in one launch (``_chain_kernel``; ``_down_bwd_kernel`` stays the adjoint
+of :func:`downsample2x` called on its own). The terms' weighted product is :mod:`.combine`'s, one
 launch each way, the function of :func:`splatloss.multiscale.combine` (the metric's relu clamp
 and the loss's smooth positive extension, ``tau``), held to it by
 tests/backends/test_triton_ms_combine.py, special values included.
@@ -31,13 +32,16 @@ from .backward import launch_bwd, launch_bwd_scales
 from .forward import launch_fwd_scales
 from .glue import check_inputs, eager, functorch_guard, map_numel, refuse_double_backward, with_autograd
 from .launch import COLUMN_TAPS, cdiv, device_guard, launch_options, next_power_of_2
-from .ssim import _term_impl
+from .partials import means as partial_means
+from .ssim import term_into
 
 __all__ = ["downsample2x", "ms_ssim"]
 
 Tensor = torch.Tensor
 
 WARPS = 4
+#: Warps of the whole-pyramid launches (_pyramid_kernel, _chain_kernel).
+WARPS_PYRAMID = 8
 
 
 def _tile(width: int, rows: int, device: torch.device) -> tuple:
@@ -113,6 +117,101 @@ def _down_into(x: Tensor, out: Tensor) -> Tensor:
     return out
 
 
+# ------------------------------------------------------------------------------------------------
+# The whole pyramid in one launch.
+#
+# Launched once per scale and image, the 2x2 step is eight launches for MS-SSIM's five scales, six
+# of them on grids far smaller than the GPU. Here a program owns a tile of the first coarser scale,
+# TILE_ROWS x TILE_COLS pixels of one (image, channel), both images, and every coarser scale's tile
+# under it (half the rows and columns each step): it writes its tile of one scale, waits at a
+# barrier for its own threads, and reads that tile back for the next, the whole way down. A pixel of
+# a coarser scale reads its 2x2 block (the repeated last row / column of an odd side included) only
+# from its own program's tile of the scale before, so no program waits for another. The arithmetic
+# per pixel is _down_fwd_kernel's, the same bits.
+# ------------------------------------------------------------------------------------------------
+
+_PYRAMID_SIZES = ("BC", "C", "H", "W")
+
+
+@triton.jit
+def _step_tile(src, s_b, s_c, s_h, s_w, dst, b, ch, bc, i0, j0, Hs, Ws, Hd, Wd, R: tl.constexpr, BW: tl.constexpr):
+    # rows [i0, i0 + R) x columns [j0, j0 + BW) of the coarser scale (Hd x Wd, contiguous planes at
+    # dst) from the scale before (Hs x Ws at src, strides s_*): _down_fwd_kernel's sum per pixel
+    i = i0 + tl.arange(0, R)[:, None]
+    j = j0 + tl.arange(0, BW)[None, :]
+    ok = (i < Hd) & (j < Wd)
+    base = src + (b * s_b + ch * s_c)
+    row0 = base + (2 * i).to(tl.int64) * s_h
+    row1 = base + tl.minimum(2 * i + 1, Hs - 1).to(tl.int64) * s_h  # odd side: the last row stands in
+    c0 = (2 * j).to(tl.int64) * s_w
+    c1 = tl.minimum(2 * j + 1, Ws - 1).to(tl.int64) * s_w
+    v = tl.load(row0 + c0, mask=ok, other=0.0).to(tl.float32)
+    v += tl.load(row0 + c1, mask=ok, other=0.0).to(tl.float32)
+    v += tl.load(row1 + c0, mask=ok, other=0.0).to(tl.float32)
+    v += tl.load(row1 + c1, mask=ok, other=0.0).to(tl.float32)
+    tl.store(dst + (bc * Hd + i).to(tl.int64) * Wd + j, 0.25 * v, mask=ok)
+
+
+@triton.jit(do_not_specialize=_PYRAMID_SIZES)
+def _pyramid_kernel(
+    x_ptr, y_ptr, xo_ptr, yo_ptr, BC, C, H, W, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
+    LEVELS: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr,
+):  # fmt: skip
+    n_tr = tl.cdiv((H + 1) // 2, TILE_ROWS)
+    bc = tl.program_id(0) // n_tr
+    tr = tl.program_id(0) % n_tr
+    b = (bc // C).to(tl.int64)
+    ch = (bc % C).to(tl.int64)
+    H1 = (H + 1) // 2
+    W1 = (W + 1) // 2
+    _step_tile(x_ptr, sx_b, sx_c, sx_h, sx_w, xo_ptr, b, ch, bc, tr * TILE_ROWS, tl.program_id(1) * TILE_COLS,
+               H, W, H1, W1, TILE_ROWS, TILE_COLS)  # fmt: skip
+    _step_tile(y_ptr, sy_b, sy_c, sy_h, sy_w, yo_ptr, b, ch, bc, tr * TILE_ROWS, tl.program_id(1) * TILE_COLS,
+               H, W, H1, W1, TILE_ROWS, TILE_COLS)  # fmt: skip
+    off = 0
+    Hs = H1
+    Ws = W1
+    for lv in tl.static_range(1, LEVELS):
+        tl.debug_barrier()  # this program's tile of the scale before, written by all its threads
+        Hd = (Hs + 1) // 2
+        Wd = (Ws + 1) // 2
+        nxt = off + BC.to(tl.int64) * Hs * Ws
+        hw = Hs.to(tl.int64) * Ws
+        _step_tile(xo_ptr + off, hw * C, hw, Ws, 1, xo_ptr + nxt, b, ch, bc, tr * (TILE_ROWS >> lv),
+                   tl.program_id(1) * (TILE_COLS >> lv), Hs, Ws, Hd, Wd, TILE_ROWS >> lv, TILE_COLS >> lv)  # fmt: skip
+        _step_tile(yo_ptr + off, hw * C, hw, Ws, 1, yo_ptr + nxt, b, ch, bc, tr * (TILE_ROWS >> lv),
+                   tl.program_id(1) * (TILE_COLS >> lv), Hs, Ws, Hd, Wd, TILE_ROWS >> lv, TILE_COLS >> lv)  # fmt: skip
+        off = nxt
+        Hs = Hd
+        Ws = Wd
+
+
+def _pyramid_tile(levels: int, H1: int, W1: int, device: torch.device) -> tuple:
+    """(rows, columns) of a program's tile of the first coarser scale (``H1 x W1``): powers of two
+    that halve ``levels - 1`` times to at least one row and 16 columns; on CUDA 8 x 128 (for up to
+    four levels), in the interpreter (one program at a time, at a cost per operation) as large as
+    makes about 16k elements."""
+    rows, cols = max(8, 1 << (levels - 1)), max(128, 16 << (levels - 1))
+    if device.type == "cuda" or launch.FORCE_CUDA_GEOMETRY:
+        return rows, cols
+    cols = max(cols, min(1024, next_power_of_2(W1)))
+    return max(rows, min(next_power_of_2(H1), 16384 // cols)), cols
+
+
+def _pyramid_into(x: Tensor, y: Tensor, xf: Tensor, yf: Tensor, levels: int) -> None:
+    """Every coarser scale of ``x`` and ``y`` (``(B, C, H, W)``, any strides and float dtype) into
+    the flat float32 buffers ``xf``, ``yf`` (scale after scale, each contiguous ``(B, C, H_s,
+    W_s)``: :func:`_split`), ``levels`` scales, in one launch (:func:`_pyramid_kernel`)."""
+    B, C, H, W = x.shape
+    rows, cols = _pyramid_tile(levels, (H + 1) // 2, (W + 1) // 2, x.device)
+    grid = (B * C * cdiv((H + 1) // 2, rows), cdiv((W + 1) // 2, cols))
+    with device_guard(x):
+        _pyramid_kernel[grid](
+            x, y, xf, yf, B * C, C, H, W, *x.stride(), *y.stride(), LEVELS=levels, TILE_ROWS=rows, TILE_COLS=cols,
+            **launch_options(WARPS_PYRAMID),
+        )  # fmt: skip
+
+
 _down_op = torch.library.custom_op("splatloss::triton_downsample2x", _down_impl, mutates_args=())
 
 
@@ -165,7 +264,7 @@ def downsample2x(x: Tensor) -> Tensor:
 
 # ------------------------------------------------------------------------------------------------
 # MS-SSIM's scales as one op: every scale's term in the forward, the pyramid's backward as one
-# launch per scale.
+# launch.
 #
 # Each scale's term is ssim._term_impl's pass (the backward kernel run in the forward for a unit
 # upstream gradient per image and channel, its SSIM or cs values summed on the way), each coarser
@@ -174,12 +273,14 @@ def downsample2x(x: Tensor) -> Tensor:
 # upstream scalars (read 4 B, write 4 B per pixel-channel), the 2x2 step's adjoint of the coarser
 # scale's gradient (read 1 B, write 4 B) and autograd's sum of the two (read 8 B, write 4 B): 25 B
 # per pixel-channel and 13 launches for five scales. Here one op holds every scale, so its
-# backward is _up_kernel once per scale, coarsest first: grad_j = G_j * d_j + up(grad_(j+1))
+# backward is one launch of _chain_kernel, coarsest scale first: grad_j = G_j * d_j + up(grad_(j+1))
 # (G_j the kept unit gradient, d_j the [B, C] upstream of scale j's term, up the 2x2 step's
-# adjoint): 5 B read and 4 B written per pixel-channel, five launches. The arithmetic is the
-# composition's (one product, one power-of-two scaling, one sum per pixel), so the interpreter's
-# gradients are bit for bit the scale-by-scale composition's; a compiler that contracts the
-# product and the sum into a fused multiply-add rounds once instead of twice.
+# adjoint), each program walking its own tiles up the pyramid as _pyramid_kernel walks them down:
+# 5 B read and 4 B written per pixel-channel (and a third more for the coarser scales' finished
+# gradients, written and read back). The arithmetic is the composition's (one product, one
+# power-of-two scaling, one sum per pixel), so the interpreter's gradients are bit for bit the
+# scale-by-scale composition's; a compiler that contracts the product and the sum into a fused
+# multiply-add rounds once instead of twice.
 #
 # The op keeps what the scale-by-scale terms kept (every scale's float32 unit gradient, for each
 # image that needs one); an input that needs a gradient its forward did not compute gets the whole
@@ -187,108 +288,126 @@ def downsample2x(x: Tensor) -> Tensor:
 # backward.launch_bwd_scales, without forward.launch_fwd_scales): their pairs are made into one
 # flat buffer per image, so that their short grids (at one 1080p image 264, 102, 27 and 15
 # programs of 25 and 16 rows, each grid's time one program's walk) run side by side, not one after
-# the other; their kept gradients are one flat buffer per image too (_split views it).
+# the other; their kept gradients are one flat buffer per image too (_split views it). Every
+# scale's mean is written straight into the [B, C, M] terms by partials.means: one launch for the
+# finest scale, one for the others (in torch, a sum and a division per scale, and a stack).
 # ------------------------------------------------------------------------------------------------
 
-_UP_SIZES = ("C", "H", "W", "N_ROWS", "M", "J")
+_CHAIN_SIZES = ("BC", "C", "H", "W", "M")
 
 
-@triton.jit(do_not_specialize=_UP_SIZES)
-def _up_kernel(
-    g_ptr,
-    d_ptr,
-    coarse_ptr,
-    out_ptr,
-    C,
-    H,
-    W,
-    N_ROWS,
-    M,
-    J,
-    sg_b,
-    sg_c,
-    sg_h,
-    sg_w,
-    sc_b,
-    sc_c,
-    sc_h,
-    sc_w,
-    so_b,
-    so_c,
-    so_h,
-    so_w,
-    HAS_COARSE: tl.constexpr,
-    RB: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    # a tile of RB rows of scale J (row = bc * H + r) x BLOCK columns: its kept unit gradient times
-    # the scale's upstream scalar, plus the 2x2 step's adjoint of the coarser scale's gradient
-    row = tl.program_id(0) * RB + tl.arange(0, RB)[:, None]  # [RB, 1]
-    r = row % H
-    bc = row // H
-    b = (bc // C).to(tl.int64)
-    ch = (bc % C).to(tl.int64)
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]  # [1, BLOCK]
-    live = row < N_ROWS
-    ok = live & (c < W)
-    u = tl.load(d_ptr + bc.to(tl.int64) * M + J, mask=live, other=0.0)  # [RB, 1]
-    g_at = g_ptr + b * sg_b + ch * sg_c + r.to(tl.int64) * sg_h + c.to(tl.int64) * sg_w
-    g = tl.load(g_at, mask=ok, other=0.0) * u
+@triton.jit
+def _level_of(H, W, BC, LV: tl.constexpr):
+    # (H_lv, W_lv, where scale lv starts in the flat buffers of scales 1, 2, ...): TF's ceil halves
+    Hs = H
+    Ws = W
+    off = BC.to(tl.int64) * 0
+    for k in tl.static_range(1, LV + 1):
+        if k > 1:
+            off += BC.to(tl.int64) * Hs * Ws  # scale k - 1's planes
+        Hs = (Hs + 1) // 2
+        Ws = (Ws + 1) // 2
+    return Hs, Ws, off
+
+
+@triton.jit
+def _up_tile(
+    g, g_h, g_w, u, coarse, Wc, out, o_h, o_w, i0, j0, H, W, HAS_COARSE: tl.constexpr, R: tl.constexpr,
+    BW: tl.constexpr,
+):  # fmt: skip
+    # rows [i0, i0 + R) x columns [j0, j0 + BW) of one plane of scale J (H x W; g, out: the kept
+    # unit gradient's plane and the output's, coarse: the coarser scale's finished plane, Wc wide):
+    # the kept gradient times the scale's upstream u, plus the 2x2 step's adjoint of the coarser one
+    r = i0 + tl.arange(0, R)[:, None]
+    c = j0 + tl.arange(0, BW)[None, :]
+    ok = (r < H) & (c < W)
+    v = tl.load(g + r.to(tl.int64) * g_h + c.to(tl.int64) * g_w, mask=ok, other=0.0) * u
     if HAS_COARSE:
-        c_at = coarse_ptr + b * sc_b + ch * sc_c + (r // 2).to(tl.int64) * sc_h + (c // 2).to(tl.int64) * sc_w
-        up = tl.load(c_at, mask=ok, other=0.0)
+        up = tl.load(coarse + (r // 2).to(tl.int64) * Wc + (c // 2), mask=ok, other=0.0)
         # each pixel gets a quarter of its block's gradient; the repeated last row / column of an
         # odd side stands in both rows / columns of its block: twice that (as in _down_bwd_kernel)
         up = up * tl.where((H % 2 == 1) & (r == H - 1), 0.5, 0.25)
-        g = g + up * tl.where((W % 2 == 1) & (c == W - 1), 2.0, 1.0)
-    o_at = out_ptr + b * so_b + ch * so_c + r.to(tl.int64) * so_h + c.to(tl.int64) * so_w
-    tl.store(o_at, g, mask=ok)
+        v = v + up * tl.where((W % 2 == 1) & (c == W - 1), 2.0, 1.0)
+    tl.store(out + r.to(tl.int64) * o_h + c.to(tl.int64) * o_w, v, mask=ok)
 
 
-def _chain_impl(d: Tensor, grads: List[Tensor]) -> Tensor:
-    """The input's gradient from every scale's kept unit gradient ``grads`` (finest first) and
-    the ``[B, C, M]`` upstream of the terms ``d``: one launch per scale, coarsest first. float32,
-    in the layout of ``grads[0]``."""
+@triton.jit(do_not_specialize=_CHAIN_SIZES)
+def _chain_kernel(
+    g0_ptr, gc_ptr, d_ptr, scr_ptr, out_ptr, BC, C, H, W, M, sg_b, sg_c, sg_h, sg_w, so_b, so_c, so_h, so_w,
+    LEVELS: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr,
+):  # fmt: skip
+    # a tile of TILE_ROWS x TILE_COLS of one (image, channel) plane of the finest scale and every
+    # coarser scale's tile above it (half the rows and columns each step), coarsest first: each
+    # scale's finished tile is written to the scratch planes, read back after a barrier for the
+    # finer scale's adjoint (only from this program's own tile), and the finest into the output
+    n_tr = tl.cdiv(H, TILE_ROWS)
+    bc = tl.program_id(0) // n_tr
+    tr = tl.program_id(0) % n_tr
+    tc = tl.program_id(1)
+    bc64 = bc.to(tl.int64)
+    for k in tl.static_range(LEVELS, 0, -1):
+        Hs, Ws, off = _level_of(H, W, BC, k)
+        plane = off + bc64 * Hs * Ws
+        u = tl.load(d_ptr + bc64 * M + k)
+        if k < LEVELS:
+            tl.debug_barrier()  # the coarser scale's tile, written by all this program's threads
+            Hc, Wc, off_c = _level_of(H, W, BC, k + 1)
+            _up_tile(gc_ptr + plane, Ws, 1, u, scr_ptr + off_c + bc64 * Hc * Wc, Wc, scr_ptr + plane, Ws, 1,
+                     tr * (TILE_ROWS >> k), tc * (TILE_COLS >> k), Hs, Ws, True, TILE_ROWS >> k,
+                     TILE_COLS >> k)  # fmt: skip
+        else:
+            _up_tile(gc_ptr + plane, Ws, 1, u, scr_ptr, 1, scr_ptr + plane, Ws, 1, tr * (TILE_ROWS >> k),
+                     tc * (TILE_COLS >> k), Hs, Ws, False, TILE_ROWS >> k, TILE_COLS >> k)  # fmt: skip
+    b = bc64 // C
+    ch = bc64 % C
+    u = tl.load(d_ptr + bc64 * M)
+    if LEVELS > 0:
+        tl.debug_barrier()
+        Hc, Wc, off_c = _level_of(H, W, BC, 1)
+        _up_tile(g0_ptr + b * sg_b + ch * sg_c, sg_h, sg_w, u, scr_ptr + off_c + bc64 * Hc * Wc, Wc,
+                 out_ptr + b * so_b + ch * so_c, so_h, so_w, tr * TILE_ROWS, tc * TILE_COLS, H, W, True, TILE_ROWS,
+                 TILE_COLS)  # fmt: skip
+    else:
+        _up_tile(g0_ptr + b * sg_b + ch * sg_c, sg_h, sg_w, u, g0_ptr, 1, out_ptr + b * so_b + ch * so_c, so_h,
+                 so_w, tr * TILE_ROWS, tc * TILE_COLS, H, W, False, TILE_ROWS, TILE_COLS)  # fmt: skip
+
+
+def _chain_tile(levels: int, H: int, W: int, device: torch.device) -> tuple:
+    """(rows, columns) of a program's tile of the finest scale (``H x W``): powers of two that halve
+    ``levels`` times to at least one row and 8 columns; on CUDA 16 x 128 (for up to four coarser
+    scales), in the interpreter as large as makes about 16k elements."""
+    rows, cols = max(16, 1 << levels), max(128, 8 << levels)
+    if device.type == "cuda" or launch.FORCE_CUDA_GEOMETRY:
+        return rows, cols
+    cols = max(cols, min(1024, next_power_of_2(W)))
+    return max(rows, min(next_power_of_2(H), 16384 // cols)), cols
+
+
+def _chain_impl(d: Tensor, g0: Tensor, gc: Tensor) -> Tensor:
+    """The input's gradient from the finest scale's kept unit gradient ``g0`` (``(B, C, H, W)``),
+    the coarser scales' ``gc`` (flat, scale after scale: :func:`_split`) and the ``[B, C, M]``
+    upstream of the terms ``d``, in one launch (:func:`_chain_kernel`). float32, in the layout of
+    ``g0``."""
     d = d.to(torch.float32).contiguous()
-    M = len(grads)
-    acc = None
-    for j in reversed(range(M)):
-        g = grads[j]
-        B, C, H, W = g.shape
-        out = torch.empty_like(g, dtype=torch.float32)
-        coarse = g if acc is None else acc  # any pointer when there is no coarser scale
-        n_rows = B * C * H
-        rb, block = _tile(W, n_rows, g.device)
-        with device_guard(g):
-            _up_kernel[(cdiv(n_rows, rb), cdiv(W, block))](
-                g,
-                d,
-                coarse,
-                out,
-                C,
-                H,
-                W,
-                n_rows,
-                M,
-                j,
-                *g.stride(),
-                *coarse.stride(),
-                *out.stride(),
-                HAS_COARSE=acc is not None,
-                RB=rb,
-                BLOCK=block,
-                **launch_options(WARPS),
-            )
-        acc = out
-    return acc
+    B, C, H, W = g0.shape
+    M = d.shape[-1]
+    out = torch.empty_like(g0, dtype=torch.float32)
+    scratch = torch.empty_like(gc) if M > 1 else gc
+    rows, cols = _chain_tile(M - 1, H, W, g0.device)
+    with device_guard(g0):
+        _chain_kernel[(B * C * cdiv(H, rows), cdiv(W, cols))](
+            g0, gc if M > 1 else g0, d, scratch if M > 1 else g0, out, B * C, C, H, W, M, *g0.stride(),
+            *out.stride(), LEVELS=M - 1, TILE_ROWS=rows, TILE_COLS=cols, **launch_options(WARPS_PYRAMID),
+        )  # fmt: skip
+    return out
 
 
 _chain_op = torch.library.custom_op("splatloss::triton_ms_pyramid_bwd", _chain_impl, mutates_args=())
 
 
 @_chain_op.register_fake
-def _(d, grads):
-    return torch.empty_like(grads[0], dtype=torch.float32)
+def _(d, g0, gc):
+    return torch.empty_like(g0, dtype=torch.float32)
 
 
 def _coarse_dims(H: int, W: int, scales: int) -> List[Tuple[int, int]]:
@@ -330,43 +449,41 @@ def _terms_impl(
     dims = _coarse_dims(H, W, scales)
     dev = img1.device
     empty = img1.new_empty(0, dtype=torch.float32)
-    t0, g1_0, g2_0 = _term_impl(img1, img2, window, padding, c1, c2, scales > 1, need1, need2)
+    terms = torch.empty((B, C, scales), dtype=torch.float32, device=dev)  # each scale's mean written in place
+    g1_0, g2_0 = term_into(terms[:, :, 0], img1, img2, window, padding, c1, c2, scales > 1, need1, need2)
     if not dims:
-        return [t0.unsqueeze(-1), g1_0, empty, g2_0, empty.clone()]
+        return [terms, g1_0, empty, g2_0, empty.clone()]
     total = sum(B * C * h * w for h, w in dims)
     xf = torch.empty(total, dtype=torch.float32, device=dev)
     yf = torch.empty(total, dtype=torch.float32, device=dev)
     xs, ys = _split(xf, B, C, dims), _split(yf, B, C, dims)
-    for j in range(len(dims)):
-        _down_into(img1 if j == 0 else xs[j - 1], xs[j])
-        _down_into(img2 if j == 0 else ys[j - 1], ys[j])
+    _pyramid_into(img1, img2, xf, yf, len(dims))
     K = window.shape[0]
     g1_c = g2_c = None
+    coarse = terms[:, :, 1:]
     if (need1 or need2) and K <= COLUMN_TAPS.value:
-        g1_c, g2_c, terms = launch_bwd_scales(xf, yf, B, C, dims, window, padding, c1, c2, need1, need2)
+        g1_c, g2_c, _ = launch_bwd_scales(xf, yf, B, C, dims, window, padding, c1, c2, need1, need2, out=coarse)
     elif K <= COLUMN_TAPS.value:
-        sums = launch_fwd_scales(xf, yf, B, C, dims, window, padding, c1, c2)
-        terms = [t / map_numel(x, window, padding) for t, x in zip(sums, xs)]
+        launch_fwd_scales(xf, yf, B, C, dims, window, padding, c1, c2, out=coarse)
     else:
         g1_c = torch.empty_like(xf) if need1 else None
         g2_c = torch.empty_like(yf) if need2 else None
         g1s = _split(g1_c, B, C, dims) if need1 else [None] * len(dims)
         g2s = _split(g2_c, B, C, dims) if need2 else [None] * len(dims)
-        terms = []
         for j in range(len(dims)):
             last = j == len(dims) - 1
             if need1 or need2:
                 n = map_numel(xs[j], window, padding)
                 unit = torch.full((B, C), 1.0 / n, dtype=torch.float32, device=dev)
-                *_, t_sum, _ = launch_bwd(
+                *_, parts, _ = launch_bwd(
                     xs[j], ys[j], window, padding, c1, c2, unit, None if last else unit, need1, need2,
-                    grad1=g1s[j], grad2=g2s[j], sums=True, grad_dtype=torch.float32, cs_only=not last,
+                    grad1=g1s[j], grad2=g2s[j], sums=True, grad_dtype=torch.float32, cs_only=not last, raw_sums=True,
                 )  # fmt: skip
-                terms.append(t_sum / n)
+                partial_means(parts, B * C, [parts.shape[1]], [n], coarse[:, :, j].view(B * C, 1), width=2)
             else:
-                terms.append(_term_impl(xs[j], ys[j], window, padding, c1, c2, not last, False, False)[0])
+                term_into(coarse[:, :, j], xs[j], ys[j], window, padding, c1, c2, not last, False, False)
     return [
-        torch.stack([t0, *terms], dim=-1),
+        terms,
         g1_0,
         g1_c if g1_c is not None else empty,
         g2_0,
@@ -411,11 +528,9 @@ def _terms_backward(ctx, *grads):
             img1, img2, window, padding, c1, c2, scales, need1, need2
         )
         g1_0, g1_c, g2_0, g2_c = again[1:]
-    B, C, H, W = img1.shape
-    dims = _coarse_dims(H, W, scales)
     chain = _chain_impl if eager(g_terms, img1, img2) else _chain_op
-    gx = chain(g_terms, [g1_0, *_split(g1_c, B, C, dims)]).to(img1.dtype) if need1 else None
-    gy = chain(g_terms, [g2_0, *_split(g2_c, B, C, dims)]).to(img2.dtype) if need2 else None
+    gx = chain(g_terms, g1_0, g1_c).to(img1.dtype) if need1 else None
+    gy = chain(g_terms, g2_0, g2_c).to(img2.dtype) if need2 else None
     return (gx, gy) + rest
 
 
@@ -437,7 +552,7 @@ def ms_ssim(img1: Tensor, img2: Tensor, cfg, weights: Sequence[float], tau: Opti
     positive extension)."""
     check_inputs(img1, img2, cfg)
     # every scale's term (its gradient computed in the forward when one is needed) in one op, whose
-    # backward is one launch per scale; the fused step writes float32 (fp16 / bf16 images arrive
+    # backward is one launch; the fused step writes float32 (fp16 / bf16 images arrive
     # cast once by TritonBackend.ms_ssim)
     with functorch_guard():
         terms = ms_terms(img1, img2, cfg, len(weights))

@@ -49,6 +49,7 @@ from .glue import (
     zeros_if_none,
 )
 from .launch import out_size
+from .partials import means as partial_means
 
 __all__ = ["ssim_map", "ssim_stats", "ssim_term", "ssim_mean_and_grad", "stats_bwd_op"]
 
@@ -189,6 +190,50 @@ def _map_backward(ctx, g_s, g_cs):
 _map_op.register_autograd(_map_backward, setup_context=_save)
 
 
+def term_into(
+    out: Tensor,
+    img1: Tensor,
+    img2: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    cs: bool,
+    need1: bool,
+    need2: bool,
+) -> Tuple[Tensor, Tensor]:
+    """:func:`_term_impl` with the mean written into ``out`` (float32, any view of ``B * C``
+    elements that can be seen as ``(B * C, 1)``, e.g. MS-SSIM's terms at the finest scale): the
+    partial sums' means in one launch (:func:`.partials.means`). Returns the gradients (empty
+    where not computed)."""
+    n = map_numel(img1, window, padding)
+    BC = img1.shape[0] * img1.shape[1]
+    empty = img1.new_empty(0, dtype=torch.float32)
+    if not (need1 or need2):
+        s, c = launch_fwd(img1, img2, window, padding, c1, c2, "stats", raw=True)
+        partial_means(c if cs else s, BC, [s.shape[1]], [n], out.view(BC, 1))
+        return empty, empty.clone()
+    unit = torch.full(img1.shape[:2], 1.0 / n, dtype=torch.float32, device=img1.device)
+    gx, gy, parts, _ = launch_bwd(
+        img1,
+        img2,
+        window,
+        padding,
+        c1,
+        c2,
+        unit,
+        unit if cs else None,
+        need1,
+        need2,
+        sums=True,
+        grad_dtype=torch.float32,
+        cs_only=cs,
+        raw_sums=True,
+    )
+    partial_means(parts, BC, [parts.shape[1]], [n], out.view(BC, 1), width=2)
+    return (gx if need1 else empty), (gy if need2 else empty.clone())
+
+
 def _term_impl(
     img1: Tensor,
     img2: Tensor,
@@ -204,28 +249,9 @@ def _term_impl(
     that needs one (``need1`` / ``need2``), the gradient of that mean with respect to it: the
     backward kernel's pass, which computes every SSIM value on its way to the gradient, run in
     the forward (8 B read + 4 B written per gradient); the backward then only scales it."""
-    n = map_numel(img1, window, padding)
-    empty = img1.new_empty(0, dtype=torch.float32)
-    if not (need1 or need2):
-        s, c = launch_fwd(img1, img2, window, padding, c1, c2, "stats")
-        return (c if cs else s) / n, empty, empty.clone()
-    unit = torch.full(img1.shape[:2], 1.0 / n, dtype=torch.float32, device=img1.device)
-    gx, gy, t_sum, _ = launch_bwd(
-        img1,
-        img2,
-        window,
-        padding,
-        c1,
-        c2,
-        unit,
-        unit if cs else None,
-        need1,
-        need2,
-        sums=True,
-        grad_dtype=torch.float32,
-        cs_only=cs,
-    )
-    return t_sum / n, (gx if need1 else empty), (gy if need2 else empty.clone())
+    out = torch.empty(img1.shape[:2], dtype=torch.float32, device=img1.device)
+    gx, gy = term_into(out, img1, img2, window, padding, c1, c2, cs, need1, need2)
+    return out, gx, gy
 
 
 _term_op = torch.library.custom_op("splatloss::triton_ssim_term", _term_impl, mutates_args=())
