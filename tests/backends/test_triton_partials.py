@@ -36,3 +36,18 @@ def test_a_mismatched_output_is_refused():
     buf = torch.zeros(12, device=device_for("triton"))
     with pytest.raises(ValueError, match=r"means: 2 segments, 2 sizes, out of shape \(3, 1\) for 3 rows"):
         P.means(buf, 3, [2, 2], [4, 4], torch.empty((3, 1), device=buf.device))
+
+
+def test_the_3dgs_loss_from_interleaved_partial_sums():
+    # two images of three channels, 1100 partial sums per channel (more than a block), the SSIM and |x - y| sums
+    # interleaved as the backward kernel writes them: (1 - lam) L1 + lam (1 - SSIM) per image
+    dev = device_for("triton")
+    B, C, n, lam, n_map, n_img = 2, 3, 1100, 0.2, 3 * 90, 3 * 100
+    parts = torch.rand((B * C, n, 2), generator=torch.Generator().manual_seed(2)).to(dev)
+    got = P.dssim_l1_loss(parts, parts[:, :, 1], B, C, lam, n_map, n_img, width=2)
+    s = parts[:, :, 0].double().view(B, C * n).sum(dim=1)
+    l1 = parts[:, :, 1].double().view(B, C * n).sum(dim=1)
+    assert_rel(got.double(), (1 - lam) * l1 / n_img + lam * (1 - s / n_map), 1e-6, "loss")
+    # the same sums as two buffers (the forward kernel's)
+    again = P.dssim_l1_loss(parts[:, :, 0].contiguous(), parts[:, :, 1].contiguous(), B, C, lam, n_map, n_img)
+    assert torch.equal(again, got)

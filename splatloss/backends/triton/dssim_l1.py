@@ -9,6 +9,10 @@ The backward scales that gradient by the upstream one (one elementwise pass, 8 B
 Without a gradient (evaluation): the SSIM forward kernel in its "stats_l1" mode -- while the taps
 of each input row are in registers for the horizontal pass, each lane also sums ``|x - y|`` over
 the pixels it owns, so the loss costs one read of both images (8 B per pixel-channel, fp32).
+
+Either way the loss per image comes from the kernel's partial sums in one more launch
+(:func:`.partials.dssim_l1_loss`: the channels' sums of both quantities and the loss's scalar
+arithmetic; in torch nine launches).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from .glue import (
     with_autograd,
 )
 from .launch import out_size
+from .partials import dssim_l1_loss
 
 __all__ = ["dssim_l1"]
 
@@ -59,15 +64,17 @@ def _dssim_l1_impl(
     n_map, n_img = _sizes(img1, window, padding)
     empty = img1.new_empty(0, dtype=torch.float32)
     if not (need1 or need2):
-        s, _, l1 = launch_fwd(img1, img2, window, padding, c1, c2, "stats_l1")
-        return (1.0 - lam) * l1.sum(dim=1) / n_img + lam * (1.0 - s.sum(dim=1) / n_map), empty, empty.clone()
+        s, _, l1 = launch_fwd(img1, img2, window, padding, c1, c2, "stats_l1", raw=True)
+        B, C = img1.shape[:2]
+        return dssim_l1_loss(s, l1, B, C, lam, n_map, n_img), empty, empty.clone()
     shape = img1.shape[:2]
     g_s = torch.full(shape, -lam / n_map, dtype=torch.float32, device=img1.device)
     w_l1 = torch.full(shape, (1.0 - lam) / n_img, dtype=torch.float32, device=img1.device)
-    gx, gy, s, l1 = launch_bwd(
-        img1, img2, window, padding, c1, c2, g_s, None, need1, need2, l1=w_l1, sums=True, grad_dtype=torch.float32
-    )
-    loss = (1.0 - lam) * l1.sum(dim=1) / n_img + lam * (1.0 - s.sum(dim=1) / n_map)
+    gx, gy, parts, _ = launch_bwd(
+        img1, img2, window, padding, c1, c2, g_s, None, need1, need2, l1=w_l1, sums=True, grad_dtype=torch.float32,
+        raw_sums=True,
+    )  # fmt: skip
+    loss = dssim_l1_loss(parts, parts[:, :, 1], shape[0], shape[1], lam, n_map, n_img, width=2)
     return loss, (gx if need1 else empty), (gy if need2 else empty.clone())
 
 

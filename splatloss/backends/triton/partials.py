@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .launch import device_guard, launch_options, next_power_of_2
 
-__all__ = ["means", "MAX_SEGMENTS"]
+__all__ = ["means", "dssim_l1_loss", "MAX_SEGMENTS"]
 
 Tensor = torch.Tensor
 
@@ -99,4 +99,41 @@ def means(
                 BLOCK=block, **launch_options(1 if block <= 128 else 4),
             )  # fmt: skip
         at += BC * width * sum(seg)
+    return out
+
+
+@triton.jit(do_not_specialize=("C", "P"))
+def _dssim_l1_kernel(
+    s_ptr, l1_ptr, out_ptr, C, P, lam, n_map, n_img, WIDTH: tl.constexpr, BLOCK: tl.constexpr
+):  # fmt: skip
+    # image b: its channels' partial sums of SSIM and |x - y|, P per channel, WIDTH apart
+    b = tl.program_id(0).to(tl.int64)
+    acc_s = tl.zeros([BLOCK], dtype=tl.float32)
+    acc_l1 = tl.zeros([BLOCK], dtype=tl.float32)
+    for c in range(0, C):
+        row = (b * C + c) * P
+        for s0 in range(0, P, BLOCK):
+            i = s0 + tl.arange(0, BLOCK)
+            at = (row + i) * WIDTH
+            acc_s += tl.load(s_ptr + at, mask=i < P, other=0.0)
+            acc_l1 += tl.load(l1_ptr + at, mask=i < P, other=0.0)
+    s = tl.sum(acc_s, axis=0)
+    l1 = tl.sum(acc_l1, axis=0)
+    loss = tl.math.div_rn(l1 * (1.0 - lam), n_img) + lam * (1.0 - tl.math.div_rn(s, n_map))
+    tl.store(out_ptr + b, loss)
+
+
+def dssim_l1_loss(s: Tensor, l1: Tensor, B: int, C: int, lam: float, n_map: int, n_img: int, width: int = 1) -> Tensor:
+    """The 3DGS loss per image ``[B]``, ``(1 - lam) L1 + lam (1 - SSIM)``, from the kernels'
+    partial sums: ``s`` of the SSIM map and ``l1`` of ``|x - y|``, ``P`` per (image, channel) row,
+    ``width`` values apart (``s`` and ``l1`` may be one buffer's two interleaved components);
+    ``n_map``, ``n_img``: the map's and the image's pixel-channels per image. One launch."""
+    P = s.numel() // (B * C * width)
+    out = torch.empty(B, dtype=torch.float32, device=s.device)
+    block = max(16, min(1024, next_power_of_2(P)))
+    with device_guard(s):
+        _dssim_l1_kernel[(B,)](
+            s, l1, out, C, P, float(lam), float(n_map), float(n_img), WIDTH=width, BLOCK=block,
+            **launch_options(1 if block <= 128 else 4),
+        )  # fmt: skip
     return out
