@@ -47,6 +47,7 @@ FAMILIES = {
     "pyramid_kernel",
     "chain_kernel",
     "means_kernel",
+    "dssim_l1_kernel",
     "combine_fwd_kernel",
     "combine_bwd_kernel",
     "masked_bwd_kernel",
