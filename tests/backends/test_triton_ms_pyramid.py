@@ -173,6 +173,7 @@ def test_the_coarser_scales_in_one_launch_equal_their_own_launches(monkeypatch):
         assert_rel(t, (s_own if j == len(dims) - 1 else c_own) / (h * wd), 1e-6, f"scale {j} mean")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("levels", [4, 1])
 def test_the_pyramid_and_its_adjoint_in_one_launch_equal_the_step_by_step_kernels(monkeypatch, levels):
     # In the CUDA tiles (8 x 128 of the first coarser scale, 16 x 256 of the image for four
