@@ -205,7 +205,9 @@ TRAINER_CHANGES = {
 }
 
 
-@pytest.mark.parametrize("choice", sorted(TRAINER_CHANGES))
+@pytest.mark.parametrize(
+    "choice", [c if c == "cpu" else pytest.param(c, marks=pytest.mark.slow) for c in sorted(TRAINER_CHANGES)]
+)
 def test_trainer_choices_extend_default(choice):
     default, trainer = _compose([]).trainer, _compose([f"trainer={choice}"]).trainer
     changes, added = TRAINER_CHANGES[choice]
@@ -223,7 +225,10 @@ def test_trainer_choices_extend_default(choice):
     assert _compose([f"trainer={choice}", "trainer.log_every_n_steps=7"]).trainer.log_every_n_steps == 7
 
 
-@pytest.mark.parametrize("choice", ["blender", "colmap", "nerfstudio"])
+@pytest.mark.parametrize(
+    "choice",
+    [pytest.param("blender", marks=pytest.mark.slow), "colmap", pytest.param("nerfstudio", marks=pytest.mark.slow)],
+)
 def test_scene_file_choices_extend_one_base(choice, tmp_path):
     base = OmegaConf.load(os.path.join(CONFIG_DIR, "data", "_files.yaml"))
     own = OmegaConf.load(os.path.join(CONFIG_DIR, "data", f"{choice}.yaml"))

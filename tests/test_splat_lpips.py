@@ -21,7 +21,7 @@ def _backbone_file(tmp_path, net, extra=None):
     return str(path), sd
 
 
-@pytest.mark.parametrize("net", ["alex", "vgg"])
+@pytest.mark.parametrize("net", ["alex", pytest.param("vgg", marks=pytest.mark.slow)])
 def test_weights_come_from_the_files(tmp_path, net):
     linear = default_linear_file(net)
     if linear is None:

@@ -72,6 +72,7 @@ def test_path_is_rigid_smooth_and_thinned_to_the_keyframes():
     assert np.ptp(c[::8, 2]) < 1e-6
 
 
+@pytest.mark.slow
 def test_render_trajectory_writes_the_rendered_frames(tmp_path):
     from PIL import Image
 

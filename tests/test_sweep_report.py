@@ -239,6 +239,7 @@ def test_a_seed_that_never_ran_is_named(sweep, tmp_path):
     assert rep.intro()[-1] == "Group 3 (MS-SSIM + L1 (α = 0.84)) has 2 finished seeds of 3; missing seed 2 (no run)."
 
 
+@pytest.mark.slow
 def test_every_output_is_written(sweep, tmp_path):
     out = tmp_path / "out"
     sweep_report.main([str(sweep), "--out", str(out)])

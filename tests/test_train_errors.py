@@ -142,6 +142,7 @@ def test_evaluation_interval_longer_than_the_run(tmp_path):
     assert _nothing_trained(str(out))
 
 
+@pytest.mark.slow
 def test_blender_scene_trains_through_the_pipeline(tmp_path):
     # The same path as the error tests, with a consistent scene: white background, 3 views.
     scene = tmp_path / "scene"

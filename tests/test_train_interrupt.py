@@ -53,6 +53,7 @@ def _tb_steps(run, tag):
     return [e.step for e in acc.Scalars(tag)]
 
 
+@pytest.mark.slow
 def test_progress_after_a_resume_counts_the_runs_steps(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
     common = ["loss=l1", "export_ply=false"]
@@ -96,6 +97,7 @@ def test_a_resumed_run_logs_every_step_once_in_one_log(tmp_path, logger):
     assert val_steps == [0, 12]  # the untrained model (not evaluated again on resume) and the end
 
 
+@pytest.mark.slow
 def test_resume_latest_continues_the_newest_run_in_its_own_folder_and_log(tmp_path):
     common = ["loss=l1", "export_ply=false", "trainer.log_every_n_steps=1"]
     outputs = tmp_path / "outputs"
