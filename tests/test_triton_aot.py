@@ -52,6 +52,8 @@ FAMILIES = {
     "combine_bwd_kernel",
     "masked_bwd_kernel",
     "masked_fwd_kernel",
+    "masked_weights_kernel",
+    "masked_reduce_kernel",
 }
 
 # the sm_80 calls (labels of check_kernels.aot_calls), as --only patterns

@@ -51,3 +51,57 @@ def test_the_3dgs_loss_from_interleaved_partial_sums():
     # the same sums as two buffers (the forward kernel's)
     again = P.dssim_l1_loss(parts[:, :, 0].contiguous(), parts[:, :, 1].contiguous(), B, C, lam, n_map, n_img)
     assert torch.equal(again, got)
+
+
+def test_the_masked_weights_read_broadcast_sums_and_give_empty_channels_and_images_no_weight():
+    # z of a (B, 1, H, W) mask: one sum per image, stride 0 over the channels; image 1 empty
+    dev = device_for("triton")
+    B, C, lam = 3, 3, 0.2
+    z = torch.tensor([[37.5], [0.0], [3.0]], device=dev).expand(B, C)
+    w = P.masked_weights(z, -lam / C, z, 1 - lam)
+    assert w.shape == (2, B, C)
+    z64 = z.double().cpu()
+    want_s = torch.where(z64 > 0, -lam / C / z64.clamp_min(1e-300), 0.0)
+    want_l1 = torch.where(z64 > 0, (1 - lam) / (C * z64).clamp_min(1e-300), 0.0)
+    assert_rel(w[0].double().cpu(), want_s, 1e-6, "SSIM weights")
+    assert_rel(w[1].double().cpu(), want_l1, 1e-6, "L1 weights")
+    assert bool((w[:, 1] == 0).all()), "an empty image has weight"
+    # one channel of one image empty, per-channel sums; the SSIM weights alone
+    zc = torch.tensor([[2.0, 0.0], [5.0, 4.0]], device=dev)
+    (only,) = P.masked_weights(zc, 1.0)
+    assert only[0, 1].item() == 0.0 and only[1, 1].item() == 0.25 and only[0, 0].item() == 0.5
+
+
+def test_the_masked_means_and_loss_from_partial_sums():
+    dev = device_for("triton")
+    B, C, n, lam = 2, 3, 700, 0.3
+    gen = torch.Generator().manual_seed(4)
+    parts = (torch.rand((B * C, n, 2), generator=gen) * 0.01).to(dev)  # deficits and masked |x - y|
+    parts[1, :, 0] = 0.0  # image 0, channel 1: every value exactly 1
+    parts[2, 9, 0] = float("nan")  # image 0, channel 2 is empty: its mean is 1 whatever its sums
+    parts[5, :, 0] = 2.5 * 710.0 / n  # image 1, channel 2: a deficit past 2 (rounding): the mean clamps to -1
+    z = torch.tensor([[900.0, 650.0, 0.0], [700.0, 720.0, 710.0]], device=dev)  # image 0, channel 2 empty
+    planes = z + 10.0
+    means = P.masked_means(parts, z, width=2)
+    d = parts[:, :, 0].double().sum(dim=1).view(B, C).cpu()
+    z64 = z.double().cpu()
+    want = torch.where(z64 > 0, (1 - d / z64.clamp_min(1)).clamp(-1, 1), 1.0)
+    assert_rel(means.double().cpu(), want, 1e-6, "means")
+    assert means[0, 1].item() == 1.0 and means[0, 2].item() == 1.0 and means[1, 2].item() == -1.0
+    loss = P.masked_dssim_l1_loss(parts, parts[:, :, 1], z, planes, lam, width=2)
+    l1 = parts[:, :, 1].double().sum(dim=1).view(B, C).cpu().sum(dim=1)
+    want_loss = (1 - lam) * l1 / planes.double().cpu().sum(dim=1) + lam * (1 - want.mean(dim=1))
+    # a difference of numbers near 1 (the means) in float32: held to a few of their ulps, absolute
+    assert float((loss.double().cpu() - want_loss).abs().max()) <= 5e-7
+    # the SSIM part alone, from separate buffers (the forward kernel's), the same bits twice
+    part = P.masked_dssim_l1_loss(parts[:, :, 0].contiguous(), None, z, None, lam)
+    assert float((part.double().cpu() - lam * (1 - want.mean(dim=1))).abs().max()) <= 5e-7
+    assert torch.equal(part, P.masked_dssim_l1_loss(parts[:, :, 0].contiguous(), None, z, None, lam))
+    # a NaN partial sum makes its channel's mean and its image's loss NaN, not a clamped number
+    parts[4, 3, 0] = float("nan")
+    means = P.masked_means(parts, z, width=2)
+    assert torch.isnan(means[1, 1]) and not torch.isnan(means[0]).any()
+    loss = P.masked_dssim_l1_loss(parts, parts[:, :, 1], z, planes, lam, width=2)
+    assert torch.isnan(loss[1]) and not torch.isnan(loss[0])
+    with pytest.raises(ValueError, match="give l1 and zl together"):
+        P.masked_dssim_l1_loss(parts, parts[:, :, 1], z, None, lam, width=2)

@@ -23,11 +23,12 @@ The kernels and their launchers are :mod:`.masked_kernels`'s.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
 from ..base import masked_l1
+from . import partials
 from .glue import (
     backward_from_unit_grads,
     check_inputs,
@@ -89,18 +90,14 @@ def centre_weights(mask: Tensor, img: Tensor, window: Tensor, padding: str) -> T
     return mask.sum(dim=(-2, -1)).expand(img.shape[:2])
 
 
-def _inverse_weights(z: Tensor) -> Tensor:
-    """``1 / z`` where the channel has weight, else 0 (an empty channel's mean is the constant 1)."""
-    return torch.where(z > 0, z.reciprocal(), 0.0)
-
-
-def _means(deficits: Tensor, z: Tensor, inv_z: Optional[Tensor] = None) -> Tensor:
-    """Masked means from the kernels' centre-weighted sums of ``1 - value``: ``1 - deficits / z``,
-    exactly 1 where every value is 1 (a sum of values and the weights' sum ``z`` would round
-    differently), within [-1, 1]; the constant 1 for an empty channel. ``inv_z``:
-    :func:`_inverse_weights` of ``z``, if the caller has it."""
-    inv_z = _inverse_weights(z) if inv_z is None else inv_z
-    return torch.where(z > 0, (1.0 - deficits * inv_z).clamp_(-1.0, 1.0), 1.0)
+def plane_sums(mask: Tensor, img: Tensor, window: Tensor, padding: str) -> Tuple[Tensor, Tensor]:
+    """``(z, planes)``: :func:`centre_weights` and the mask's whole planes' sums (the masked L1
+    term's), each ``[B, C]`` (broadcast views: a mask shared by the channels is summed once per
+    image); one sum, two under "valid" (whose map centres do not cover the image)."""
+    z = centre_weights(mask, img, window, padding)
+    if padding != "valid":
+        return z, z
+    return z, mask.to(torch.float32).sum(dim=(-2, -1)).expand(img.shape[:2])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -113,9 +110,9 @@ def _stats_op(
     img1: Tensor, img2: Tensor, mask: Tensor, window: Tensor, padding: str, c1: float, c2: float
 ) -> Tuple[Tensor, Tensor]:
     m = _float_mask(mask, img1)
-    s, cs = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
+    s, cs = launch_masked_fwd(img1, img2, m, window, padding, c1, c2, raw=True)
     z = centre_weights(mask, img1, window, padding)
-    return _means(s, z), _means(cs, z)
+    return partials.masked_means(s, z), partials.masked_means(cs, z)
 
 
 @_stats_op.register_fake
@@ -139,7 +136,7 @@ def _stats_bwd_op(
     need2: bool,
 ) -> Tuple[Tensor, Tensor]:
     m = _float_mask(mask, img1)
-    inv = _inverse_weights(centre_weights(mask, img1, window, padding))
+    inv = partials.masked_weights(centre_weights(mask, img1, window, padding), 1.0)[0]
     gx, gy = launch_masked_bwd(img1, img2, m, window, padding, c1, c2, g_s * inv, g_cs * inv, need1, need2)
     return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))
 
@@ -189,13 +186,13 @@ def _term_op(
     z = centre_weights(mask, img1, window, padding)
     empty = img1.new_empty(0, dtype=torch.float32)
     if not (need1 or need2):
-        s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
-        return _means(s, z), empty, empty.clone()
-    inv_z = _inverse_weights(z)
-    gx, gy, s = launch_masked_bwd(
-        img1, img2, m, window, padding, c1, c2, inv_z, None, need1, need2, True, torch.float32
+        s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2, raw=True)
+        return partials.masked_means(s, z), empty, empty.clone()
+    inv_z = partials.masked_weights(z, 1.0)[0]
+    gx, gy, parts = launch_masked_bwd(
+        img1, img2, m, window, padding, c1, c2, inv_z, None, need1, need2, True, torch.float32, raw_sums=True
     )
-    return _means(s, z, inv_z), (gx if need1 else empty), (gy if need2 else empty.clone())
+    return partials.masked_means(parts, z, width=2), (gx if need1 else empty), (gy if need2 else empty.clone())
 
 
 @_term_op.register_fake
@@ -220,17 +217,13 @@ def _term_backward(ctx, g_t, _gx, _gy):
 _term_op.register_autograd(_term_backward, setup_context=_term_save)
 
 
-def _loss_weights(
-    mask: Tensor, z: Tensor, inv_z: Tensor, img: Tensor, padding: str, lam: float
-) -> Tuple[Tensor, Tensor]:
+def _loss_weights(z: Tensor, planes: Tensor, lam: float) -> Tuple[Tensor, Tensor]:
     """``[B, C]`` weights of the fused masked loss for a unit upstream per image: the SSIM sums'
-    ``-lam / C / z`` (``z`` the centre weights, ``inv_z`` :func:`_inverse_weights` of them) and the
-    L1 term's ``(1 - lam) / sum M`` over the image's channels and pixels (0 for an empty mask; ``z``
-    are the whole planes' sums except under "valid")."""
-    B, C = img.shape[:2]
-    planes = mask.to(torch.float32).sum(dim=(-2, -1)).expand(B, C) if padding == "valid" else z
-    den = planes.sum(dim=1, keepdim=True).expand(B, C)
-    return (-lam / C) * inv_z, (1.0 - lam) * _inverse_weights(den)
+    ``-lam / C / z`` (``z`` the centre weights; 0 where ``z`` is) and the L1 term's
+    ``(1 - lam) / sum M`` over the image's channels and pixels (``planes``: the mask's plane sums;
+    0 for an empty mask). One launch (:func:`.partials.masked_weights`)."""
+    w = partials.masked_weights(z, -lam / z.shape[1], planes, 1.0 - lam)
+    return w[0], w[1]
 
 
 def _masked_dssim_l1_impl(
@@ -248,24 +241,21 @@ def _masked_dssim_l1_impl(
     """The masked loss per image ``[B]`` and, for each image that needs one, its gradient for a
     unit upstream gradient (float32; empty where not asked)."""
     m = _float_mask(mask, img1)
-    z = centre_weights(mask, img1, window, padding)
+    z, planes = plane_sums(mask, img1, window, padding)
     empty = img1.new_empty(0, dtype=torch.float32)
-    inv_z = _inverse_weights(z)
     if not (need1 or need2):
         if padding != "same":  # "valid": the map's centres do not cover the image; the L1 term in torch ops
-            s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
-            loss = (1.0 - lam) * masked_l1(img1, img2, mask) + lam * (1.0 - _means(s, z, inv_z).mean(dim=1))
-            return loss, empty, empty.clone()
+            s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2, raw=True)
+            ssim_part = partials.masked_dssim_l1_loss(s, None, z, None, lam)
+            return (1.0 - lam) * masked_l1(img1, img2, mask) + ssim_part, empty, empty.clone()
         # every pixel is one map position's centre: the forward kernel sums the masked |x - y| too
-        s, _, l1 = launch_masked_fwd(img1, img2, m, window, padding, c1, c2, l1=True)
-        _, w_l1 = _loss_weights(mask, z, inv_z, img1, padding, lam)
-        loss = (w_l1 * l1).sum(dim=1) + lam * (1.0 - _means(s, z, inv_z).mean(dim=1))
-        return loss, empty, empty.clone()
-    g_s, w_l1 = _loss_weights(mask, z, inv_z, img1, padding, lam)
-    gx, gy, s, l1 = launch_masked_bwd(
-        img1, img2, m, window, padding, c1, c2, g_s, None, need1, need2, True, torch.float32, l1=w_l1
+        s, _, l1 = launch_masked_fwd(img1, img2, m, window, padding, c1, c2, l1=True, raw=True)
+        return partials.masked_dssim_l1_loss(s, l1, z, planes, lam), empty, empty.clone()
+    g_s, w_l1 = _loss_weights(z, planes, lam)
+    gx, gy, parts = launch_masked_bwd(
+        img1, img2, m, window, padding, c1, c2, g_s, None, need1, need2, True, torch.float32, l1=w_l1, raw_sums=True
     )
-    loss = (w_l1 * l1).sum(dim=1) + lam * (1.0 - _means(s, z, inv_z).mean(dim=1))
+    loss = partials.masked_dssim_l1_loss(parts, parts[:, :, 1], z, planes, lam, width=2)
     return loss, (gx if need1 else empty), (gy if need2 else empty.clone())
 
 
@@ -293,8 +283,7 @@ def _dssim_l1_bwd_op(
     need2: bool,
 ) -> Tuple[Tensor, Tensor]:
     m = _float_mask(mask, img1)
-    z = centre_weights(mask, img1, window, padding)
-    g_s, w_l1 = _loss_weights(mask, z, _inverse_weights(z), img1, padding, lam)
+    g_s, w_l1 = _loss_weights(*plane_sums(mask, img1, window, padding), lam)
     g = g.to(torch.float32)[:, None]  # one upstream scalar per image
     gx, gy = launch_masked_bwd(img1, img2, m, window, padding, c1, c2, g * g_s, None, need1, need2, l1=g * w_l1)
     return (gx if need1 else img1.new_empty(0)), (gy if need2 else img2.new_empty(0))

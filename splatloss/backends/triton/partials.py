@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .launch import device_guard, launch_options, next_power_of_2
 
-__all__ = ["means", "dssim_l1_loss", "MAX_SEGMENTS"]
+__all__ = ["means", "dssim_l1_loss", "masked_weights", "masked_means", "masked_dssim_l1_loss", "MAX_SEGMENTS"]
 
 Tensor = torch.Tensor
 
@@ -137,3 +137,125 @@ def dssim_l1_loss(s: Tensor, l1: Tensor, B: int, C: int, lam: float, n_map: int,
             **launch_options(1 if block <= 128 else 4),
         )  # fmt: skip
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Under a mask: the weights before the kernel, the means or the loss after it
+# ------------------------------------------------------------------------------------------------
+#
+# A masked mean is ``1 - deficit / z`` (``z``: the sum of the mask at the map positions' centres,
+# masked_ssim.py), the constant 1 for a channel whose ``z`` is 0; the 3DGS loss weighs the masked
+# ``|x - y|`` by ``(1 - lam) / sum M`` over the image's channels. In torch ops that was about ten
+# launches before the kernel (the inverses, their scales) and as many after it (the sums of the
+# partials, the means, the loss): on a GPU longer than the small launches' work, and host time on
+# every call. Here one launch before and one after. ``z`` and the L1 term's plane sums are read
+# through strides, so a mask shared by the channels or the images is summed once.
+
+
+@triton.jit(do_not_specialize=("B", "C", "sz_b", "sz_c", "sl_b", "sl_c"))
+def _masked_weights_kernel(
+    z_ptr, zl_ptr, out_ptr, B, C, sz_b, sz_c, sl_b, sl_c, scale_s, scale_l1,
+    HAS_L1: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK_C)
+    live = c < C
+    z = tl.load(z_ptr + b * sz_b + c * sz_c, mask=live, other=0.0)
+    inv = tl.where(z > 0, tl.math.div_rn(1.0, tl.where(z > 0, z, 1.0)), 0.0)
+    tl.store(out_ptr + b * C + c, scale_s * inv, mask=live)
+    if HAS_L1:
+        den = tl.sum(tl.load(zl_ptr + b * sl_b + c * sl_c, mask=live, other=0.0), axis=0)
+        w = tl.where(den > 0, tl.math.div_rn(1.0, tl.where(den > 0, den, 1.0)), 0.0)
+        tl.store(out_ptr + B * C + b * C + c, scale_l1 * w + tl.zeros([BLOCK_C], dtype=tl.float32), mask=live)
+
+
+def masked_weights(z: Tensor, scale_s: float, zl: Optional[Tensor] = None, scale_l1: float = 0.0) -> Tensor:
+    """``[1 or 2, B, C]`` float32: ``scale_s / z`` (0 where ``z`` is 0) and, with ``zl``, the L1
+    term's ``scale_l1 / sum_c zl[b, c]`` (0 for an empty image), broadcast over the channels.
+    ``z``, ``zl``: ``[B, C]`` float32, any strides (a broadcast mask's sums: stride 0). One launch."""
+    B, C = z.shape
+    out = torch.empty((2 if zl is not None else 1, B, C), dtype=torch.float32, device=z.device)
+    zl_ = zl if zl is not None else z
+    with device_guard(z):
+        _masked_weights_kernel[(B,)](
+            z, zl_, out, B, C, *z.stride(), *zl_.stride(), float(scale_s), float(scale_l1),
+            HAS_L1=zl is not None, BLOCK_C=max(2, next_power_of_2(C)), **launch_options(1),
+        )  # fmt: skip
+    return out
+
+
+@triton.jit(do_not_specialize=("C", "P", "sz_b", "sz_c", "sl_b", "sl_c"))
+def _masked_reduce_kernel(
+    s_ptr, l1_ptr, z_ptr, zl_ptr, out_ptr, C, P, sz_b, sz_c, sl_b, sl_c, lam,
+    LOSS: tl.constexpr, HAS_L1: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # image b: its channels' partial sums of the centre-weighted deficit (and of the masked |x - y|),
+    # P per channel, WIDTH apart
+    b = tl.program_id(0).to(tl.int64)
+    sum_means = 0.0
+    sum_l1 = 0.0
+    den = 0.0
+    for c in range(0, C):
+        row = (b * C + c) * P
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        acc_l1 = tl.zeros([BLOCK], dtype=tl.float32)
+        for s0 in range(0, P, BLOCK):
+            i = s0 + tl.arange(0, BLOCK)
+            at = (row + i) * WIDTH
+            acc += tl.load(s_ptr + at, mask=i < P, other=0.0)
+            if HAS_L1:
+                acc_l1 += tl.load(l1_ptr + at, mask=i < P, other=0.0)
+        z = tl.load(z_ptr + b * sz_b + c * sz_c)
+        inv = tl.where(z > 0, tl.math.div_rn(1.0, tl.where(z > 0, z, 1.0)), 0.0)
+        v = 1.0 - tl.sum(acc, axis=0) * inv
+        v = tl.where(v < -1.0, -1.0, tl.where(v > 1.0, 1.0, v))  # NaN stays NaN
+        mean = tl.where(z > 0, v, 1.0)
+        if LOSS:
+            sum_means += mean
+            if HAS_L1:
+                sum_l1 += tl.sum(acc_l1, axis=0)
+                den += tl.load(zl_ptr + b * sl_b + c * sl_c)
+        else:
+            tl.store(out_ptr + b * C + c, mean)
+    if LOSS:
+        loss = lam * (1.0 - tl.math.div_rn(sum_means, C.to(tl.float32)))
+        if HAS_L1:
+            w = tl.where(den > 0, tl.math.div_rn(1.0, tl.where(den > 0, den, 1.0)), 0.0)
+            loss += (1.0 - lam) * w * sum_l1
+        tl.store(out_ptr + b, loss)
+
+
+def _masked_reduce(s, l1, z, zl, B, C, lam, width, loss):
+    P = s.numel() // (B * C * width)
+    out = torch.empty((B,) if loss else (B, C), dtype=torch.float32, device=s.device)
+    block = max(16, min(1024, next_power_of_2(P)))
+    zl_ = zl if zl is not None else z
+    with device_guard(s):
+        _masked_reduce_kernel[(B,)](
+            s, l1 if l1 is not None else s, z, zl_, out, C, P, *z.stride(), *zl_.stride(), float(lam),
+            LOSS=loss, HAS_L1=l1 is not None, WIDTH=width, BLOCK=block, **launch_options(1 if block <= 128 else 4),
+        )  # fmt: skip
+    return out
+
+
+def masked_means(s: Tensor, z: Tensor, width: int = 1) -> Tensor:
+    """``[B, C]`` masked means ``1 - deficit / z`` within [-1, 1] (the constant 1 where ``z`` is 0;
+    exactly 1 where every value is 1, where a sum of values over ``z`` would round differently)
+    from the kernels' partial sums of the centre-weighted deficit ``1 - value``: ``P`` per
+    (image, channel) row, ``width`` values apart. ``z``: ``[B, C]`` float32, any strides. One launch."""
+    B, C = z.shape
+    return _masked_reduce(s, None, z, None, B, C, 0.0, width, loss=False)
+
+
+def masked_dssim_l1_loss(
+    s: Tensor, l1: Optional[Tensor], z: Tensor, zl: Optional[Tensor], lam: float, width: int = 1
+) -> Tensor:
+    """The masked 3DGS loss per image ``[B]``, ``(1 - lam) sum M |x - y| / sum M + lam (1 - masked
+    SSIM)``, from the partial sums of the deficit ``s`` and of the masked ``|x - y|`` ``l1`` (as
+    :func:`dssim_l1_loss`; ``l1`` None: the SSIM part alone, ``lam (1 - masked SSIM)``), ``z`` the
+    centre weights and ``zl`` the mask's plane sums (``[B, C]``, any strides; ``sum M`` is their sum
+    over the channels). One launch."""
+    B, C = z.shape
+    if (l1 is None) != (zl is None):
+        raise ValueError("masked_dssim_l1_loss: give l1 and zl together, or neither")
+    return _masked_reduce(s, l1, z, zl, B, C, lam, width, loss=True)
