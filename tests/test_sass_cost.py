@@ -403,25 +403,28 @@ def test_cost_json_structure_no_spills(tmp_path):
         assert one["bar_per_pixel"] <= 0.05 and one["min_warps_per_sm"] >= 16, (arch, one)
         assert one["dram_bytes_per_pixel"] <= 32, (arch, one)
         ratio = {n: calls[n]["warp_instructions_per_pixel"] / one["warp_instructions_per_pixel"] for n in calls}
-        # MS-SSIM: the coarser scales' one launch is under one wave, so its programs stream 50 rows
-        # and re-stream the window's halo more often than 128-row programs (1.43x the SSIM loss's
-        # instructions per pixel here): more instructions, less time on an idle GPU
-        assert ratio["dssim_l1_fwd_bwd"] <= 1.1 and ratio["ms_ssim_loss_fwd_bwd"] <= 1.5, (arch, ratio)
-        # MS-SSIM's scales as one op: one backward launch per scale, the coarser scales' terms in
-        # one launch and the product in one launch each way, 38 launches and 41.3 B per
-        # pixel-channel at 1080p (the scale-by-scale composition: 89 launches, 62.5 B, its
-        # per-scale multiply, adjoint and add 25 B a scale)
+        # MS-SSIM: the coarser scales' one launch is under one wave at 128 rows, so its programs
+        # stream 34 rows (one wave nearly full, launch.plan_rows) and re-stream the window's halo
+        # more often than 128-row programs (1.53x the SSIM loss's instructions per pixel here, 1.43x
+        # at the 50 rows before the equal-chunk rows): more instructions, less time on an idle GPU
+        assert ratio["dssim_l1_fwd_bwd"] <= 1.1 and ratio["ms_ssim_loss_fwd_bwd"] <= 1.55, (arch, ratio)
+        # MS-SSIM's scales as one op: the whole pyramid, the coarser scales' terms and gradients,
+        # the product, the joins one launch each: 18 launches and 33.3 B per pixel-channel at 1080p
+        # (the scale-by-scale composition: 89 launches, 62.5 B, its per-scale multiply, adjoint and
+        # add 25 B a scale)
         ms = calls["ms_ssim_loss_fwd_bwd"]
-        assert ms["launches"] <= 40 and ms["dram_bytes_per_pixel"] <= 45, (arch, ms)
-        # the masked 3DGS loss, its L1 fused in the masked kernel's pass. The target is 1.15x the
-        # unmasked loss, not met: with the moments around each row's own shift (exact in flat
-        # windows) and its 4-warp backward programs streaming 50 rows at 1080p (launch.FULL_WAVES;
-        # the window's halo rows counted per program) it counts 1.43x / 1.48x the instructions and
-        # is estimated at 1.43x / 1.48x (sm_80 / sm_90); measured on an H200, 1.64x the unmasked
-        # loss's device time (docs/triton.md, "Masks"). This keeps it from growing further
+        assert ms["launches"] <= 20 and ms["dram_bytes_per_pixel"] <= 35, (arch, ms)
+        # the masked 3DGS loss, its L1 fused in the masked kernel's pass, its weights and loss one
+        # launch each (11 launches). The target is 1.15x the unmasked loss, not met: with the
+        # moments around each row's own shift (exact in flat windows) and its 4-warp backward
+        # programs streaming 72 rows at 1080p (the window's halo rows counted per program) it
+        # counts 1.29x / 1.34x the instructions and is estimated at 1.30x / 1.35x (sm_80 / sm_90);
+        # measured on an H200 at 50 rows, 1.64x the unmasked loss's device time (docs/triton.md,
+        # "Masks"). This keeps it from growing further
         masked, plain = calls["dssim_l1_masked_fwd_bwd"], calls["dssim_l1_fwd_bwd"]
-        assert masked["warp_instructions_per_pixel"] <= 1.5 * plain["warp_instructions_per_pixel"], (arch, masked)
-        assert masked["estimate_us"] <= 1.5 * plain["estimate_us"], (arch, masked)
+        assert masked["launches"] <= 12, (arch, masked)
+        assert masked["warp_instructions_per_pixel"] <= 1.4 * plain["warp_instructions_per_pixel"], (arch, masked)
+        assert masked["estimate_us"] <= 1.4 * plain["estimate_us"], (arch, masked)
 
 
 RECORD = """

@@ -267,8 +267,8 @@ def test_rows_per_program_step_down_until_the_grid_makes_full_waves(monkeypatch)
     # resident slots keeps CUDA_ROWS; a smaller one gets the rows of least wave-quantised time: one
     # 1080p image 99 (backward: 264 programs, 2 per SM), one 4K image's backward 99 (1056 programs,
     # 4 full waves, against 816 in 3.09 waves), MS-SSIM's second scale 25, the coarsest scales 16;
-    # the masked backward's 4-warp programs at 1080p 50 (1122 programs, 3 per SM, against 459 in
-    # 1.16 waves).
+    # the masked backward's 4-warp programs at 1080p 72 (rows that split the image into 15 equal
+    # chunks: 765 programs in 2 waves of 3 per SM, against 1122 in 2.83 at 50 and 459 in 1.16 at 128).
     monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
     cpu = torch.device("cpu")
 
@@ -282,7 +282,7 @@ def test_rows_per_program_step_down_until_the_grid_makes_full_waves(monkeypatch)
     assert rows(5, 1080, 1920, True) == rows(1, 2160, 3840, False) == 128
     assert rows(1, 2160, 3840, True) == 99
     masked = launch.geometry(1930, 1080, 11, 3, cpu, halo=True, maxnreg=168, wide_halo=False)
-    assert (masked.bw, masked.rows) == (128, 50)
+    assert (masked.bw, masked.rows) == (128, 72)
     assert launch.programs_per_sm(8, 128) == 2 and launch.programs_per_sm(4, 128) == 4
     assert launch.programs_per_sm(8, 255) == 1 and launch.programs_per_sm(1, 32) == 32
     monkeypatch.setattr(launch, "ROW_STEPS", ())  # the steps off: CUDA_ROWS everywhere
@@ -292,15 +292,17 @@ def test_rows_per_program_step_down_until_the_grid_makes_full_waves(monkeypatch)
 def test_the_coarser_scales_launch_takes_the_rows_of_least_wave_time(monkeypatch):
     # MS-SSIM's coarser scales as one launch at one 1080p image (540x960 .. 68x120, 3 channels):
     # the backward's 256-lane programs (4, 2, 1, 1 column strips a channel; 2 per SM) and the
-    # forward's 128-lane ones (8, 4, 2, 1 strips; 4 per SM) both take 50 rows, under one wave
-    # (183 and 360 programs on 264 and 528 slots); in the interpreter, one chunk per scale.
+    # forward's 128-lane ones (8, 4, 2, 1 strips; 4 per SM) both take 34 rows, the second scale in
+    # 16 chunks: one wave nearly full (258 and 510 programs on 264 and 528 slots, where the steps'
+    # 50 rows made 183 and 360); in the interpreter, one chunk per scale.
     monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
     cpu = torch.device("cpu")
     heights = [540, 270, 135, 68]
     bwd = launch.batched_rows([12, 6, 3, 3], heights, 11, 8, 128, cpu)
     fwd = launch.batched_rows([24, 12, 6, 3], heights, 11, 4, 128, cpu, halo=False)
-    assert (bwd, fwd) == (50, 50)
-    assert sum(p * launch.cdiv(h, bwd) for p, h in zip([12, 6, 3, 3], heights)) == 183
+    assert (bwd, fwd) == (34, 34)
+    assert sum(p * launch.cdiv(h, bwd) for p, h in zip([12, 6, 3, 3], heights)) == 258
+    assert sum(p * launch.cdiv(h, fwd) for p, h in zip([24, 12, 6, 3], heights)) == 510
     # five frames: 128-row programs would make under four waves, so the rows step down again
     assert launch.batched_rows([60, 30, 15, 15], heights, 11, 8, 128, cpu) < launch.CUDA_ROWS
     # a launch of four or more full waves keeps CUDA_ROWS

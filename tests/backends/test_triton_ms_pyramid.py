@@ -50,16 +50,18 @@ def _terms_both_ways(x, y, cfg, scales, need1, need2, upstream):
 
 
 @pytest.mark.parametrize(
-    "shape, layout, padding, need",
+    "shape, layout, padding, need, window_size",
     [
-        ((2, 2, 21, 27), "contiguous", "same", (True, False)),  # odd sides: 21x27, 11x14, 6x7
-        pytest.param((1, 3, 36, 41), "channels_last", "valid", (True, True), marks=pytest.mark.slow),
-        pytest.param((1, 2, 40, 33), "contiguous", "reflect", (False, True), marks=pytest.mark.slow),
+        ((2, 2, 21, 27), "contiguous", "same", (True, False), 3),  # odd sides: 21x27, 11x14, 6x7
+        pytest.param((1, 3, 36, 41), "channels_last", "valid", (True, True), 3, marks=pytest.mark.slow),
+        pytest.param((1, 2, 40, 33), "contiguous", "reflect", (False, True), 3, marks=pytest.mark.slow),
+        # 13 taps: the ring kernels, one launch per coarser scale writing into the flat gradients
+        pytest.param((1, 2, 30, 35), "contiguous", "same", (True, True), 13, marks=pytest.mark.slow),
     ],
 )
-def test_one_op_equals_the_scale_by_scale_composition(shape, layout, padding, need):
+def test_one_op_equals_the_scale_by_scale_composition(shape, layout, padding, need, window_size):
     dev = device_for("triton")
-    cfg = SSIMConfig(window_size=3, padding=padding)
+    cfg = SSIMConfig(window_size=window_size, padding=padding)
     scales = 3
     x, y = make_pair(shape, seed=23, device=dev)
     if layout == "channels_last":

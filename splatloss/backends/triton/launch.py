@@ -11,7 +11,8 @@ import only :data:`COLUMN_TAPS` (which body a window size compiles).
 from __future__ import annotations
 
 import contextlib
-from typing import NamedTuple, Optional, Sequence
+import functools
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import triton.language as tl
@@ -50,9 +51,13 @@ FORCE_CUDA_GEOMETRY = False
 #: (MS-SSIM's second scale at 1080p: 60 programs of 128 rows) otherwise leaves most SMs idle for as
 #: long as a full scale takes, and a grid of 1.2 waves idles most of its second wave. Grids of more
 #: waves keep ``CUDA_ROWS`` (measured fastest at five 1080p frames on an H200, docs/gpu_check.md).
-#: ``ROWS`` is a plain launch argument (no recompile). On 132 SMs: 99 rows for one 1080p image
-#: (backward: 264 programs, 2 per SM; forward 495 of 528 slots), 25 for MS-SSIM's second scale, 16
-#: for the coarser ones, 99 for one 4K image's backward (4 full waves).
+#: ``ROWS`` is a plain launch argument (no recompile). Besides these steps the plan tries the rows
+#: that split the tallest problem into equal chunks, ``ceil(rows / n)`` (down to the last step), so
+#: that a grid just over a whole number of waves can shed its last programs (:func:`plan_rows`). On
+#: 132 SMs: 99 rows for one 1080p image (backward: 264 programs, 2 per SM; forward 495 of 528
+#: slots), 99 for one 4K image's backward (4 full waves), 39 for MS-SSIM's coarser scales' backward
+#: at one 1080p image (259 programs in one wave, where 50 made 183 of 264 slots). An empty tuple
+#: turns the search off (``CUDA_ROWS`` everywhere).
 ROW_STEPS = (99, 64, 50, 32, 25, 16)
 
 #: Waves from which a grid keeps ``CUDA_ROWS`` (:data:`ROW_STEPS`): with 4 or more, a partial last
@@ -185,12 +190,7 @@ def geometry(
         halo_rows = (2 if halo else 1) * (window_size - 1)
         rows = max(rows, 1)
 
-        def waved(r: int) -> tuple:  # wave-quantised time in row steps; ties: the longer programs
-            return (cdiv(per_chunk * cdiv(rows, r), slots) * (min(r, rows) + halo_rows), -r)
-
-        n_rows = CUDA_ROWS
-        if per_chunk * cdiv(rows, CUDA_ROWS) < FULL_WAVES * slots:
-            n_rows = min([CUDA_ROWS] + [r for r in ROW_STEPS if r < CUDA_ROWS], key=waved)
+        n_rows = plan_rows((per_chunk,), (rows,), slots, halo_rows, CUDA_ROWS, tuple(ROW_STEPS))
         return Geometry(bw=lanes, f=f, rows=n_rows, kp=kp, warps=warps)
     f = min(need, 2048)
     bw = f * min(next_power_of_2(bc), max(1, 2048 // f))
@@ -231,6 +231,20 @@ def batched_rows(
         return max(top, 1)
     slots = sm_count(device) * programs_per_sm(warps, maxnreg)
     halo_rows = (2 if halo else 1) * (window_size - 1)
+    return plan_rows(tuple(per_chunk), tuple(heights), slots, halo_rows, CUDA_ROWS, tuple(ROW_STEPS))
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_rows(
+    per_chunk: Tuple[int, ...], heights: Tuple[int, ...], slots: int, halo_rows: int, most: int, steps: Tuple[int, ...]
+) -> int:
+    """Rows per program of a launch whose problem ``s`` has ``per_chunk[s]`` programs per row chunk
+    and ``heights[s]`` rows, on ``slots`` resident programs: ``most`` where that grid makes at least
+    :data:`FULL_WAVES` waves; else, of ``most``, the ``steps`` below it and the rows that split the
+    tallest problem into equal chunks (``ceil(top / n)``, down to the smallest step), those of least
+    wave-quantised time ``ceil(programs / slots) x (rows + halo_rows)`` (ties: the longer programs).
+    Cached: launchers plan on every call, and the rows follow from these integers alone."""
+    top = max(heights)
 
     def programs(r: int) -> int:
         return sum(p * cdiv(h, r) for p, h in zip(per_chunk, heights))
@@ -238,9 +252,12 @@ def batched_rows(
     def waved(r: int) -> tuple:
         return (cdiv(programs(r), slots) * (min(r, top) + halo_rows), -r)
 
-    if programs(CUDA_ROWS) >= FULL_WAVES * slots:
-        return CUDA_ROWS
-    return min([CUDA_ROWS] + [r for r in ROW_STEPS if r < CUDA_ROWS], key=waved)
+    if not steps or programs(most) >= FULL_WAVES * slots:
+        return most
+    least = min(steps)
+    tries = {most, *(r for r in steps if r < most)}
+    tries.update(r for r in (cdiv(top, n) for n in range(1, cdiv(top, least) + 1)) if least <= r < most)
+    return min(tries, key=waved)
 
 
 def bwd_maxnreg(K: int, reflect: bool, both: bool = False, strided: bool = False) -> int:

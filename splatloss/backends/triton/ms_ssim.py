@@ -28,11 +28,10 @@ import triton
 import triton.language as tl
 
 from . import combine, glue, launch
-from .backward import launch_bwd, launch_bwd_scales
+from .backward import launch_bwd_scales
 from .forward import launch_fwd_scales
-from .glue import check_inputs, eager, functorch_guard, map_numel, refuse_double_backward, with_autograd
+from .glue import check_inputs, eager, functorch_guard, refuse_double_backward, with_autograd
 from .launch import COLUMN_TAPS, cdiv, device_guard, launch_options, next_power_of_2
-from .partials import means as partial_means
 from .ssim import term_into
 
 __all__ = ["downsample2x", "ms_ssim"]
@@ -471,17 +470,8 @@ def _terms_impl(
         g1s = _split(g1_c, B, C, dims) if need1 else [None] * len(dims)
         g2s = _split(g2_c, B, C, dims) if need2 else [None] * len(dims)
         for j in range(len(dims)):
-            last = j == len(dims) - 1
-            if need1 or need2:
-                n = map_numel(xs[j], window, padding)
-                unit = torch.full((B, C), 1.0 / n, dtype=torch.float32, device=dev)
-                *_, parts, _ = launch_bwd(
-                    xs[j], ys[j], window, padding, c1, c2, unit, None if last else unit, need1, need2,
-                    grad1=g1s[j], grad2=g2s[j], sums=True, grad_dtype=torch.float32, cs_only=not last, raw_sums=True,
-                )  # fmt: skip
-                partial_means(parts, B * C, [parts.shape[1]], [n], coarse[:, :, j].view(B * C, 1), width=2)
-            else:
-                term_into(coarse[:, :, j], xs[j], ys[j], window, padding, c1, c2, not last, False, False)
+            cs = j < len(dims) - 1
+            term_into(coarse[:, :, j], xs[j], ys[j], window, padding, c1, c2, cs, need1, need2, g1s[j], g2s[j])
     return [
         terms,
         g1_0,

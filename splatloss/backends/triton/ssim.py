@@ -28,7 +28,7 @@ the partial maps instead):
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -201,11 +201,15 @@ def term_into(
     cs: bool,
     need1: bool,
     need2: bool,
+    grad1: Optional[Tensor] = None,
+    grad2: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """:func:`_term_impl` with the mean written into ``out`` (float32, any view of ``B * C``
     elements that can be seen as ``(B * C, 1)``, e.g. MS-SSIM's terms at the finest scale): the
-    partial sums' means in one launch (:func:`.partials.means`). Returns the gradients (empty
-    where not computed)."""
+    partial sums' means in one launch (:func:`.partials.means`). ``grad1``, ``grad2``: float32
+    tensors of the images' shape to write the unit gradients into (e.g. views of MS-SSIM's flat
+    buffer of the coarser scales'), else new ones. Returns the gradients (empty where not
+    computed)."""
     n = map_numel(img1, window, padding)
     BC = img1.shape[0] * img1.shape[1]
     empty = img1.new_empty(0, dtype=torch.float32)
@@ -225,6 +229,8 @@ def term_into(
         unit if cs else None,
         need1,
         need2,
+        grad1=grad1,
+        grad2=grad2,
         sums=True,
         grad_dtype=torch.float32,
         cs_only=cs,

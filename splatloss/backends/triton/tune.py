@@ -1,7 +1,7 @@
 """Rows per program measured on the GPU, per launch shape: the launchers' short autotune list.
 
 :func:`.launch.geometry` plans the rows per program from a model (whole waves of the SMs' resident
-programs, :data:`.launch.ROW_STEPS`); the model is an upper bound the GPU corrects
+programs, :func:`.launch.plan_rows`); the model is an upper bound the GPU corrects
 (docs/cost_model.md). On CUDA each launcher therefore hands its launch to :func:`run`, which, the
 first time a launch shape is seen, runs every candidate of a short list once (to compile and
 allocate), times them with CUDA events over :data:`REPEATS` alternated rounds (device time: the
