@@ -155,11 +155,13 @@ def test_every_module_has_a_layer():
     assert not unplaced, f"put these modules in a layer of LAYERS: {unplaced}"
 
 
+@pytest.mark.slow
 def test_imports_point_down_the_layers():
     bad = upward_imports(imports(PACKAGE))
     assert not bad, "upward imports:\n" + "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_no_import_cycles():
     found = cycles(imports(PACKAGE))
     assert not found, f"import cycles (function-level imports included): {found}"

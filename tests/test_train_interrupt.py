@@ -78,7 +78,8 @@ def test_ms_per_step_is_a_recent_window_and_the_run_reports_the_median(tmp_path)
             assert float(row["step_ms"]) == pytest.approx(1000 * sum(window) / len(window), rel=1e-6), row
 
 
-@pytest.mark.parametrize("logger", ["csv", pytest.param("tensorboard", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("logger", ["csv", "tensorboard"])
 def test_a_resumed_run_logs_every_step_once_in_one_log(tmp_path, logger):
     # A crash at step 10 after the checkpoint of step 8: steps 8 and 9 were logged, and are logged
     # again by the resumed run; the log keeps one of each.
