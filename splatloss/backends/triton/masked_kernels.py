@@ -292,14 +292,12 @@ def masked_bwd_kernel(
 BWD_LAUNCH = {"light": (False, 168), "heavy": (True, MAXNREG)}
 
 
-def launch_masked_fwd(
-    img1, img2, mask, window, padding: str, c1: float, c2: float, l1: bool = False, raw: bool = False
-):
-    """``(ssim_deficit, cs_deficit)``, each ``[B, C]``: ``1 - map`` summed with the centre mask as
-    weight (the mean is ``1 - deficit / sum of the weights``: exactly 1 where every value is, however
-    the sums round). ``l1`` ("same" padding, where every pixel is one map position's centre): also
-    the ``[B, C]`` sums of ``mask * |x - y|``, last (the fused loss without a gradient). ``raw``:
-    each as the programs' partial sums ``[B * C, P]`` instead (:mod:`.partials` reduces them)."""
+def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: float, l1: bool = False):
+    """``(ssim_deficit, cs_deficit)``: ``1 - map`` summed with the centre mask as weight, as the
+    programs' partial sums, ``[B * C, P]`` each (:mod:`.partials` reduces them: the mean is ``1 -
+    deficit / sum of the weights``, exactly 1 where every value is, however the sums round). ``l1``
+    ("same" padding, where every pixel is one map position's centre): also the partial sums of
+    ``mask * |x - y|``, last (the fused loss without a gradient)."""
     if l1 and padding != "same":
         raise ValueError(f'launch_masked_fwd sums the masked |x - y| under "same" padding only, got {padding!r}')
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
@@ -325,10 +323,7 @@ def launch_masked_fwd(
 
     key = ("masked_fwd", K, pad, reflect, geo, BC, C, H, W, img1.stride(), img2.stride(), mask.stride(), img1.dtype)
     s, cs, l1_sums = tune.run(key + (mask.dtype, img1.device, l1), geo.rows, Ho, run, img1.device)
-    if raw:
-        return (s, cs, l1_sums) if l1 else (s, cs)
-    out = (s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C))
-    return out + (l1_sums.sum(dim=1).view(B, C),) if l1 else out
+    return (s, cs, l1_sums) if l1 else (s, cs)
 
 
 def launch_masked_bwd(
@@ -346,15 +341,13 @@ def launch_masked_bwd(
     sums=False,
     grad_dtype=None,
     l1=None,
-    raw_sums=False,
 ):
     """Gradients of ``sum(g_s * ssim_sum + g_cs * cs_sum)`` (the centre-weighted sums; ``g_cs`` may
     be None), ``(grad1 or None, grad2 or None)`` in img1's layout, and with ``sums`` also the
-    ``[B, C]`` centre-weighted SSIM deficit (``1 - SSIM``, as :func:`launch_masked_fwd`) computed on
-    the way. ``l1``: optional ``[B, C]`` weight of
-    ``mask * sign(x - y)`` added to the gradients (the fused masked loss's L1 term); with ``sums``
-    the ``[B, C]`` masked ``|x - y|`` sums are returned last. ``raw_sums`` (with ``sums``): instead
-    of those, the programs' partial sums ``[B * C, P, 2]`` (the deficit's, then the L1 term's), last.
+    partial sums computed on the way, ``[B * C, P, 2]``: the centre-weighted SSIM deficit's
+    (``1 - SSIM``, as :func:`launch_masked_fwd`) and, with ``l1``, the masked ``|x - y|``'s.
+    ``l1``: optional ``[B, C]`` weight of ``mask * sign(x - y)`` added to the gradients (the fused
+    masked loss's L1 term).
 
     Under "reflect" the two gradients take one launch each: with both, the kernel's mirrored taps
     and its two sets of pending adjoint sums spill registers at sm_90 even at 255 (8 to 16 B,
@@ -373,24 +366,17 @@ def launch_masked_bwd(
         )
     args = (img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1)
     if need1 and need2 and padding == "reflect":
-        per_bc = _masked_bwd(*args, gx, None, sums, raw_sums)
+        parts = _masked_bwd(*args, gx, None, sums)
         _masked_bwd(*args, None, gy, False)
     else:
-        per_bc = _masked_bwd(*args, gx, gy, sums, raw_sums)
-    if not sums:
-        return gx, gy
-    if raw_sums:
-        return gx, gy, per_bc
-    B, C = img1.shape[:2]
-    if l1 is not None:
-        return gx, gy, per_bc[:, 0].view(B, C), per_bc[:, 1].view(B, C)
-    return gx, gy, per_bc[:, 0].view(B, C)
+        parts = _masked_bwd(*args, gx, gy, sums)
+    return (gx, gy, parts) if sums else (gx, gy)
 
 
-def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy, sums, raw=False):
+def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy, sums):
     """One launch of the masked backward kernel writing ``gx`` and / or ``gy`` (None: not computed);
-    with ``sums`` the ``[B * C, 2]`` SSIM and L1 sums (the second only with ``l1``; ``raw``: the
-    programs' ``[B * C, P, 2]`` partial sums), else None."""
+    with ``sums`` the programs' ``[B * C, P, 2]`` partial SSIM and L1 sums (the second only with
+    ``l1``), else None."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
     need1, need2 = gx is not None, gy is not None
@@ -422,6 +408,4 @@ def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy
         img1.dtype, out.dtype, mask.dtype, g_cs is not None, l1 is not None, need1, need2, sums, dev,
     )  # fmt: skip
     sum_buf = tune.run(key, geo.rows, H, run, dev)
-    if not sums:
-        return None
-    return sum_buf if raw else sum_buf.sum(dim=1)
+    return sum_buf if sums else None

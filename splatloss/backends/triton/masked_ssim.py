@@ -110,7 +110,7 @@ def _stats_op(
     img1: Tensor, img2: Tensor, mask: Tensor, window: Tensor, padding: str, c1: float, c2: float
 ) -> Tuple[Tensor, Tensor]:
     m = _float_mask(mask, img1)
-    s, cs = launch_masked_fwd(img1, img2, m, window, padding, c1, c2, raw=True)
+    s, cs = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
     z = centre_weights(mask, img1, window, padding)
     return partials.masked_means(s, z), partials.masked_means(cs, z)
 
@@ -186,11 +186,11 @@ def _term_op(
     z = centre_weights(mask, img1, window, padding)
     empty = img1.new_empty(0, dtype=torch.float32)
     if not (need1 or need2):
-        s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2, raw=True)
+        s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
         return partials.masked_means(s, z), empty, empty.clone()
     inv_z = partials.masked_weights(z, 1.0)[0]
     gx, gy, parts = launch_masked_bwd(
-        img1, img2, m, window, padding, c1, c2, inv_z, None, need1, need2, True, torch.float32, raw_sums=True
+        img1, img2, m, window, padding, c1, c2, inv_z, None, need1, need2, True, torch.float32
     )
     return partials.masked_means(parts, z, width=2), (gx if need1 else empty), (gy if need2 else empty.clone())
 
@@ -245,15 +245,15 @@ def _masked_dssim_l1_impl(
     empty = img1.new_empty(0, dtype=torch.float32)
     if not (need1 or need2):
         if padding != "same":  # "valid": the map's centres do not cover the image; the L1 term in torch ops
-            s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2, raw=True)
+            s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
             ssim_part = partials.masked_dssim_l1_loss(s, None, z, None, lam)
             return (1.0 - lam) * masked_l1(img1, img2, mask) + ssim_part, empty, empty.clone()
         # every pixel is one map position's centre: the forward kernel sums the masked |x - y| too
-        s, _, l1 = launch_masked_fwd(img1, img2, m, window, padding, c1, c2, l1=True, raw=True)
+        s, _, l1 = launch_masked_fwd(img1, img2, m, window, padding, c1, c2, l1=True)
         return partials.masked_dssim_l1_loss(s, l1, z, planes, lam), empty, empty.clone()
     g_s, w_l1 = _loss_weights(z, planes, lam)
     gx, gy, parts = launch_masked_bwd(
-        img1, img2, m, window, padding, c1, c2, g_s, None, need1, need2, True, torch.float32, l1=w_l1, raw_sums=True
+        img1, img2, m, window, padding, c1, c2, g_s, None, need1, need2, True, torch.float32, l1=w_l1
     )
     loss = partials.masked_dssim_l1_loss(parts, parts[:, :, 1], z, planes, lam, width=2)
     return loss, (gx if need1 else empty), (gy if need2 else empty.clone())

@@ -152,6 +152,12 @@ def dssim_l1_loss(s: Tensor, l1: Tensor, B: int, C: int, lam: float, n_map: int,
 # through strides, so a mask shared by the channels or the images is summed once.
 
 
+@triton.jit
+def _inverse(z):
+    """``1 / z`` with IEEE rounding where ``z > 0``, else 0 (an empty channel or image has no weight)."""
+    return tl.where(z > 0, tl.math.div_rn(1.0, tl.where(z > 0, z, 1.0)), 0.0)
+
+
 @triton.jit(do_not_specialize=("B", "C", "sz_b", "sz_c", "sl_b", "sl_c"))
 def _masked_weights_kernel(
     z_ptr, zl_ptr, out_ptr, B, C, sz_b, sz_c, sl_b, sl_c, scale_s, scale_l1,
@@ -161,11 +167,11 @@ def _masked_weights_kernel(
     c = tl.arange(0, BLOCK_C)
     live = c < C
     z = tl.load(z_ptr + b * sz_b + c * sz_c, mask=live, other=0.0)
-    inv = tl.where(z > 0, tl.math.div_rn(1.0, tl.where(z > 0, z, 1.0)), 0.0)
+    inv = _inverse(z)
     tl.store(out_ptr + b * C + c, scale_s * inv, mask=live)
     if HAS_L1:
         den = tl.sum(tl.load(zl_ptr + b * sl_b + c * sl_c, mask=live, other=0.0), axis=0)
-        w = tl.where(den > 0, tl.math.div_rn(1.0, tl.where(den > 0, den, 1.0)), 0.0)
+        w = _inverse(den)
         tl.store(out_ptr + B * C + b * C + c, scale_l1 * w + tl.zeros([BLOCK_C], dtype=tl.float32), mask=live)
 
 
@@ -206,7 +212,7 @@ def _masked_reduce_kernel(
             if HAS_L1:
                 acc_l1 += tl.load(l1_ptr + at, mask=i < P, other=0.0)
         z = tl.load(z_ptr + b * sz_b + c * sz_c)
-        inv = tl.where(z > 0, tl.math.div_rn(1.0, tl.where(z > 0, z, 1.0)), 0.0)
+        inv = _inverse(z)
         v = 1.0 - tl.sum(acc, axis=0) * inv
         v = tl.where(v < -1.0, -1.0, tl.where(v > 1.0, 1.0, v))  # NaN stays NaN
         mean = tl.where(z > 0, v, 1.0)
@@ -220,7 +226,7 @@ def _masked_reduce_kernel(
     if LOSS:
         loss = lam * (1.0 - tl.math.div_rn(sum_means, C.to(tl.float32)))
         if HAS_L1:
-            w = tl.where(den > 0, tl.math.div_rn(1.0, tl.where(den > 0, den, 1.0)), 0.0)
+            w = _inverse(den)
             loss += (1.0 - lam) * w * sum_l1
         tl.store(out_ptr + b, loss)
 
