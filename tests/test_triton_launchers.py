@@ -10,7 +10,7 @@ import torch
 
 import splatloss
 from conftest import device_for
-from splatloss.backends.triton import launch
+from splatloss.backends.triton import launch, masked_kernels
 
 pytestmark = pytest.mark.triton
 #: where the kernels run: the GPU when there is one, else the interpreter on the CPU
@@ -267,8 +267,9 @@ def test_rows_per_program_step_down_until_the_grid_makes_full_waves(monkeypatch)
     # resident slots keeps CUDA_ROWS; a smaller one gets the rows of least wave-quantised time: one
     # 1080p image 99 (backward: 264 programs, 2 per SM), one 4K image's backward 99 (1056 programs,
     # 4 full waves, against 816 in 3.09 waves), MS-SSIM's second scale 25, the coarsest scales 16;
-    # the masked backward's 4-warp programs at 1080p 72 (rows that split the image into 15 equal
-    # chunks: 765 programs in 2 waves of 3 per SM, against 1122 in 2.83 at 50 and 459 in 1.16 at 128).
+    # the masked backward's 4-warp programs at 128 registers (4 per SM) at 1080p 108 (rows that
+    # split the image into 10 equal chunks: 510 programs in 0.97 of a wave of 528 slots); at 168
+    # registers (3 per SM, images with strides apart) 72 (765 programs in 2 waves of 396).
     monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
     cpu = torch.device("cpu")
 
@@ -281,7 +282,11 @@ def test_rows_per_program_step_down_until_the_grid_makes_full_waves(monkeypatch)
     assert (rows(1, 540, 960, True), rows(1, 270, 480, True), rows(1, 68, 120, False)) == (25, 16, 16)
     assert rows(5, 1080, 1920, True) == rows(1, 2160, 3840, False) == 128
     assert rows(1, 2160, 3840, True) == 99
-    masked = launch.geometry(1930, 1080, 11, 3, cpu, halo=True, maxnreg=168, wide_halo=False)
+    wide, maxnreg = masked_kernels.BWD_LAUNCH["light"]
+    masked = launch.geometry(1930, 1080, 11, 3, cpu, halo=True, maxnreg=maxnreg, wide_halo=wide)
+    assert (masked.bw, masked.rows, maxnreg) == (128, 108, 128)
+    wide, maxnreg = masked_kernels.BWD_LAUNCH["light_other"]
+    masked = launch.geometry(1930, 1080, 11, 3, cpu, halo=True, maxnreg=maxnreg, wide_halo=wide)
     assert (masked.bw, masked.rows) == (128, 72)
     assert launch.programs_per_sm(8, 128) == 2 and launch.programs_per_sm(4, 128) == 4
     assert launch.programs_per_sm(8, 255) == 1 and launch.programs_per_sm(1, 32) == 32

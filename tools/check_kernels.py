@@ -257,6 +257,19 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
         masked(masked_loss, per_channel=True), small, grads=(False, False)
     )
     out["masked ms_ssim reflect K=9"] = Call(masked(masked_ms, "reflect", 9), (1, 3, 176, 200), grads=(True, True))
+    # one gradient ("same" / "valid"): the light launch at 128 registers, which the images' shared
+    # strides keep from spilling (float32); other images take 168 (masked_kernels.BWD_LAUNCH)
+    for padding, K in (("same", 11), ("valid", 11), ("same", 7), ("valid", 3)):
+        out[f"masked dssim_l1 {padding} K={K} grad x"] = Call(masked(masked_loss, padding, K), small)
+    out["masked dssim_l1 same K=11 grad y, per channel bf16"] = Call(
+        masked(masked_loss, per_channel=True), small, "bfloat16", grads=(False, True)
+    )
+    out["masked ms_ssim same K=11 grad x"] = Call(masked(masked_ms), (1, 3, 176, 200))
+
+    def apart(x, y, m, padding, K):  # the first image channels-last, the second contiguous
+        return masked_loss(x.contiguous(memory_format=torch.channels_last), y, m, padding, K)
+
+    out["masked dssim_l1 same K=11 grad x, strides apart"] = Call(masked(apart), small)
 
     def coarse_narrow(x, y):
         # MS-SSIM's coarser scales of a 1080p image in 128-lane, 4-warp programs: a launch the list

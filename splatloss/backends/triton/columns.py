@@ -31,6 +31,7 @@ __all__ = [
     "add_masked_tap",
     "hmoments_masked",
     "vmoments_masked",
+    "vmoments_masked_kept",
     "push",
     "hadjoint_moved",
     "push_moved",
@@ -288,11 +289,12 @@ def hmoments_masked(
     lane_ok, wt, K: tl.constexpr, REFLECT: tl.constexpr, EDGE: tl.constexpr,
 ):  # fmt: skip
     """:func:`hmoments` under a mask (``m_lane``: offsets of column ``c0`` of the mask in row 0):
-    window sums of ``m``, ``m x'``, ``m y'``, ``m (x'^2 + y'^2)``, ``m x'y'`` around the row's own
-    shift ``s`` (the images' mean at the lane's centre tap, as :func:`hmoments`; it does not look
-    at the mask), and ``s``. The mask is padded with ones where the images are zero-padded
-    ("same": a padded sample is ``x' = -s`` with weight 1; a padded row has ``s = 0``) and
-    mirrored with them ("reflect"), as docs/conventions.md states."""
+    window sums of ``m``, ``m x'``, ``m y'``, ``m (x'^2 + y'^2)``, ``m x'y'`` around the row's
+    own shift ``s`` (the images' mean at the lane's centre tap, as :func:`hmoments`; it does not
+    look at the mask), ``s``, and the mask at the centre tap as the sums took it. The mask is
+    padded with ones where the images are zero-padded ("same": a padded sample is ``x' = -s``
+    with weight 1; a padded row has ``s = 0``) and mirrored with them ("reflect"), as
+    docs/conventions.md states."""
     rr = r
     if REFLECT:  # padded position i holds input -i, or 2 (n - 1) - i past the end (no edge repeat)
         rr = tl.where(rr < 0, -rr, rr)
@@ -340,6 +342,8 @@ def hmoments_masked(
                 xv = tl.load(xrow + d * sx_w, mask=ok, other=0.0).to(tl.float32) * rowf - s
                 yv = tl.load(yrow + d * sy_w, mask=ok, other=0.0).to(tl.float32) * rowf - s
             mv = tl.load(mrow + d * sm_w, mask=ok, other=1.0) * rowf + mpad  # zero padding: mask 1
+            if a == CT:
+                mcen = mv
             h0, h1, h2, h11, h12 = add_masked_tap(h0, h1, h2, h11, h12, mv, xv, yv, wt[a])
     else:
         for a in tl.static_range(K):
@@ -350,8 +354,10 @@ def hmoments_masked(
                 xv = tl.load(xrow + a * sx_w).to(tl.float32) * rowf - s
                 yv = tl.load(yrow + a * sy_w).to(tl.float32) * rowf - s
             mv = tl.load(mrow + a * sm_w) * rowf + mpad
+            if a == CT:
+                mcen = mv
             h0, h1, h2, h11, h12 = add_masked_tap(h0, h1, h2, h11, h12, mv, xv, yv, wt[a])
-    return h0, h1, h2, h11, h12, s
+    return h0, h1, h2, h11, h12, s, mcen
 
 
 @triton.jit
@@ -439,6 +445,42 @@ def vmoments_masked(state, h0, h1, h2, h11, h12, s, wt, K: tl.constexpr):
     done = (q0[C - 1], q1[C - 1], q2[C - 1], q11[C - 1], q12[C - 1], done_s)
     state = (r0 + (h0,), r1 + (h1,), r2 + (h2,), r11 + (h11,), r12 + (h12,), nh + (s,), o0, o1, o2, o11, o12)
     return done, state
+
+
+@triton.jit
+def vmoments_masked_kept(
+    state, h0, h1, h2, h11, h12, s, mcen, wt, i, lane, KEPT: tl.constexpr, K: tl.constexpr, BW: tl.constexpr
+):
+    """:func:`vmoments_masked` with the last ``C = K // 2`` rows' five sums and centre masks
+    ``mcen`` (:func:`hmoments_masked`) kept in memory instead of registers (``state``: ``hist, p0,
+    p1, p2, p11, p12``): from ``KEPT`` floats past ``lane`` (the lane's own pointer into its
+    program's scratch), ``6 C`` rows of ``BW`` floats (quantity ``q``'s row in slot ``v`` at
+    ``(q C + v) BW``; zeros before the first row), row ``i`` of the stream in slot
+    ``i % C``. Each lane reads back only what it wrote, so no barrier is needed, and the slots stay
+    in L1. The same sums bit for bit as the registers' ring. Returns the completed window's
+    moments and shift, the state one row on, and the centre mask of the row ``C`` rows back (the
+    completed window's centre row)."""
+    C: tl.constexpr = K // 2
+    ring = ((), (), (), (), ())
+    for k in tl.static_range(C):  # ring row k is C - k rows back: row i - (C - k), slot (i + k) % C
+        at = lane + KEPT + ((i + k) % C) * BW
+        ring = (
+            ring[0] + (tl.load(at),),
+            ring[1] + (tl.load(at + C * BW),),
+            ring[2] + (tl.load(at + 2 * C * BW),),
+            ring[3] + (tl.load(at + 3 * C * BW),),
+            ring[4] + (tl.load(at + 4 * C * BW),),
+        )
+    done, full = vmoments_masked(ring + state, h0, h1, h2, h11, h12, s, wt, K)
+    at = lane + KEPT + (i % C) * BW  # the oldest row's slot, read above: the new row takes it
+    m_old = tl.load(at + 5 * C * BW)
+    tl.store(at, h0)
+    tl.store(at + C * BW, h1)
+    tl.store(at + 2 * C * BW, h2)
+    tl.store(at + 3 * C * BW, h11)
+    tl.store(at + 4 * C * BW, h12)
+    tl.store(at + 5 * C * BW, mcen)
+    return done, (full[5], full[6], full[7], full[8], full[9], full[10]), m_old
 
 
 @triton.jit

@@ -31,7 +31,16 @@ import triton.language as tl
 
 from . import launch, tune
 from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
-from .columns import hadjoint_moved, hmoments_masked, load_taps, push, push_moved, vadjoint_taps, vmoments_masked
+from .columns import (
+    hadjoint_moved,
+    hmoments_masked,
+    load_taps,
+    push,
+    push_moved,
+    vadjoint_taps,
+    vmoments_masked,
+    vmoments_masked_kept,
+)
 from .launch import (
     MAXNREG,
     SIZES,
@@ -81,7 +90,7 @@ def _masked_fwd_columns(
     acc_l = zero  # HAS_L1 ("same" padding, CEN = 0): every pixel is one map position's centre
     for i in tl.range(0, n_rows + K - 1, num_stages=1):
         r_in = p_r0 - PAD + i
-        h0, h1, h2, h11, h12, s = hmoments_masked(
+        h0, h1, h2, h11, h12, s, mcen = hmoments_masked(
             x_ptr, y_ptr, m_ptr, x_lane, y_lane, m_lane, r_in, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w,
             lane_ok, wt, K, REFLECT, EDGE,
         )  # fmt: skip
@@ -137,10 +146,15 @@ def _masked_bwd_columns(
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
     HAS_CS: tl.constexpr, HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr,
-    WRITE_SUMS: tl.constexpr, EDGE: tl.constexpr,
+    WRITE_SUMS: tl.constexpr, SAME_XY: tl.constexpr, EDGE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     group, chunk, strip, f, bc, lane_ok, b, ch = lanes(pid, BC, C, n_chunks, n_strips, F, BW)
+    if SAME_XY:  # the images share their strides: one offset per lane and row for both
+        sy_b = sx_b
+        sy_c = sx_c
+        sy_h = sx_h
+        sy_w = sx_w
     x_base = b * sx_b + ch * sx_c
     y_base = b * sy_b + ch * sy_c
     m_base = b * sm_b + ch * sm_c
@@ -157,14 +171,17 @@ def _masked_bwd_columns(
     x_lane = x_base + (p_c - PAD).to(tl.int64) * sx_w  # first tap of each lane's window, row 0
     y_lane = y_base + (p_c - PAD).to(tl.int64) * sy_w
     m_lane = m_base + (p_c - PAD).to(tl.int64) * sm_w
-    CEN: tl.constexpr = K // 2 - PAD  # a map position's centre pixel, in image coordinates: p + CEN
-    mc_lane = m_base + (p_c + CEN).to(tl.int64) * sm_w
     q_r0 = chunk * ROWS
     n_rows = tl.minimum(ROWS, H - q_r0)
     wt = load_taps(w_ptr, K)
     zero = tl.zeros([BW], dtype=tl.float32)
-    # scratch (stays in L1/L2): two rows of 5 values per lane, as in the backward kernel
-    scr = scr_ptr + pid.to(tl.int64) * (10 * BW + 32)
+    # scratch (stays in L1/L2): two rows of 5 values per lane, as in the backward kernel, then the
+    # last K // 2 input rows' five sums and centre masks (:func:`.columns.vmoments_masked_kept`)
+    scr = scr_ptr + pid.to(tl.int64) * ((10 + 6 * (K // 2)) * BW + 32)
+    lane = scr + ar  # the lane's own words: one 64-bit pointer for the kept rows and the staged row
+    KEPT: tl.constexpr = 10 * BW + 32
+    for j in tl.static_range(6 * (K // 2)):
+        tl.store(lane + KEPT + j * BW, zero)
 
     # per-channel upstream scalars (already divided by the channel's centre-weight sum)
     sel = group if F == BW else bc
@@ -183,7 +200,7 @@ def _masked_bwd_columns(
     # the moments' vertical state (:func:`.columns.vmoments_masked`), and the pending vertical
     # adjoint sums of the partials (slot j: gradient row j + 1 steps ahead), per map column
     ring = (zero,) * (K // 2)
-    state = (ring, ring, ring, ring, ring, (zero,) * (K - 1), ring, ring, ring, ring, ring)
+    state = ((zero,) * (K - 1), ring, ring, ring, ring, ring)
     a_sq = (zero,) * (K - 1)
     a_xy = (zero,) * (K - 1)
     a_1 = (zero,) * (K - 1)
@@ -192,12 +209,12 @@ def _masked_bwd_columns(
         # 1. padded input row r enters; the masked moments of map row p = r - (K - 1) + PAD
         #    complete, around the shift of their centre row
         r = q_r0 - (K - 1) + i
-        h0, h1, h2, h11, h12, s = hmoments_masked(
+        h0, h1, h2, h11, h12, s, mcen = hmoments_masked(
             x_ptr, y_ptr, m_ptr, x_lane, y_lane, m_lane, r, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w,
             lane_ok, wt, K, REFLECT, EDGE,
         )  # fmt: skip
-        hist = state[5]  # shifts of rows r - (K - 1) .. r - 1
-        done, state = vmoments_masked(state, h0, h1, h2, h11, h12, s, wt, K)
+        hist = state[0]  # shifts of rows r - (K - 1) .. r - 1
+        done, state, mcen = vmoments_masked_kept(state, h0, h1, h2, h11, h12, s, mcen, wt, i, lane, KEPT, K, BW)
         fm, f1, f2, f11, f12, shift = done
         inv = 1.0 / tl.where(fm > 0, fm, 1.0)
 
@@ -205,7 +222,7 @@ def _masked_bwd_columns(
         #    mask) with respect to the sums N_P = F(M P): those w.r.t. mu_P over F(M); zero off the map
         p = r - (K - 1) + PAD
         valid = pcol_ok & (i >= K - 1) & (p >= 0) & (p < Ho)
-        mc = tl.load(m_ptr + mc_lane + (p + CEN).to(tl.int64) * sm_h, mask=valid, other=0.0)
+        mc = tl.where(valid, mcen, 0.0)  # the centre mask, read with the centre row's taps
         dmu = (f1 - f2) * inv  # the differences from the sums, as in the forward kernel
         dvar = (f11 - 2.0 * f12) * inv
         d1, d2, dsq, dxy, ssim, cs = partials(
@@ -224,15 +241,16 @@ def _masked_bwd_columns(
         g_sq, a_sq = push(a_sq, dsq, wa, K, False)
         g_xy, a_xy = push(a_xy, dxy, wa, K, False)
         buf = scr + (i % 2) * (5 * BW)
-        tl.store(buf + ar, 2.0 * g_sq)
-        tl.store(buf + BW + ar, g_xy)
+        staged = lane + (i % 2) * (5 * BW)  # buf + ar
+        tl.store(staged, 2.0 * g_sq)
+        tl.store(staged + BW, g_xy)
         if NEED1:
             g1, a_1 = push_moved(a_1, tl.where(valid, d1 * inv, 0.0), e, hist, s, shift, wa, K)
-            tl.store(buf + 2 * BW + ar, g1)
+            tl.store(staged + 2 * BW, g1)
         if NEED2:
             g2, a_2 = push_moved(a_2, tl.where(valid, d2 * inv, 0.0), e, hist, s, shift, wa, K)
-            tl.store(buf + 3 * BW + ar, g2)
-        tl.store(buf + 4 * BW + ar, tl.where(pcol_ok, hist[0], 0.0))
+            tl.store(staged + 3 * BW, g2)
+        tl.store(staged + 4 * BW, tl.where(pcol_ok, hist[0], 0.0))
         tl.debug_barrier()
 
         # 4. horizontal adjoint of gradient row q = p - PAD through the scratch row, times the
@@ -240,10 +258,11 @@ def _masked_bwd_columns(
         q = p - PAD
         out = qcol_ok & (i >= 2 * (K - 1)) & (q < q_r0 + n_rows)
         q64 = q.to(tl.int64)
+        ql = tl.minimum(tl.maximum(q, 0), H - 1).to(tl.int64)  # clamped (masked anyway): no induction pointers
         # gradient column q_c is the last tap of the lane's window: K - 1 columns past its start
-        xq = tl.load(x_ptr + x_lane + q64 * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32)
-        yq = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32)
-        mq = tl.load(m_ptr + m_lane + q64 * sm_h + (K - 1) * sm_w, mask=out, other=0.0)
+        xq = tl.load(x_ptr + x_lane + ql * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32)
+        yq = tl.load(y_ptr + y_lane + ql * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32)
+        mq = tl.load(m_ptr + m_lane + ql * sm_h + (K - 1) * sm_w, mask=out, other=0.0)
         gx, gy = hadjoint_moved(buf, wt, q_c0, W, f, xq, yq, NEED1, NEED2, F, BW, K, PAD, REFLECT, EDGE)
         # the L1 term (sign and |x - y| of the pixels), weighted by the mask
         l1_term, acc_l = l1_sign_term(xq, yq, l1, out, acc_l, mq, HAS_L1, WRITE_SUMS)
@@ -266,30 +285,37 @@ def masked_bwd_kernel(
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
     HAS_CS: tl.constexpr, HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr,
-    WRITE_SUMS: tl.constexpr,
+    WRITE_SUMS: tl.constexpr, SAME_XY: tl.constexpr,
 ):  # fmt: skip
     strip = tl.program_id(0) % n_strips
     if interior(strip * (F - (K - 1)) - (K - 1), W, K, F, BW):
         _masked_bwd_columns(
             x_ptr, y_ptr, m_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H, W, Ho, Wo,
             n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w,
-            so_b, so_c, so_h, so_w, c1, c2, K, PAD, REFLECT, F, BW, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, False,
+            so_b, so_c, so_h, so_w, c1, c2, K, PAD, REFLECT, F, BW, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS,
+            SAME_XY, False,
         )  # fmt: skip
     else:
         _masked_bwd_columns(
             x_ptr, y_ptr, m_ptr, w_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H, W, Ho, Wo,
             n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w,
-            so_b, so_c, so_h, so_w, c1, c2, K, PAD, REFLECT, F, BW, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, True,
+            so_b, so_c, so_h, so_w, c1, c2, K, PAD, REFLECT, F, BW, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS,
+            SAME_XY, True,
         )  # fmt: skip
 
 
 #: The masked backward's launch: (256 lanes and 8 warps per program, else 128 and 4; the register
-#: ceiling), for the light variants (one gradient, "same" / "valid") and the heavy ones (both
-#: gradients, or "reflect" with its mirrored taps). The fifth sum's ring and pending windows beside
-#: the rows' shifts need more than 128 registers (one gradient at 128: 96 B of spills, sm_80 and
-#: sm_90; the heavy variants at 168: 88 to 160 B; tools/check_kernels.py): at 168 an SM holds three
-#: 4-warp programs (12 warps), at 255 one 8-warp program.
-BWD_LAUNCH = {"light": (False, 168), "heavy": (True, MAXNREG)}
+#: ceiling), for the light variants (one gradient, "same" / "valid") of float32 images that share
+#: their strides, the other light ones ("light_other": images with strides apart, a y offset per
+#: lane beside x's, or in half precision), and the heavy ones (both gradients, or "reflect" with
+#: its mirrored taps). The light kernel keeps its last ``K // 2`` rows' sums and centre masks in
+#: scratch (:func:`.columns.vmoments_masked_kept`) and, with shared strides, one offset per lane
+#: for both images: within 128 registers without spilling, four 4-warp programs (16 warps) per SM,
+#: as the unmasked backward. The others spill 8 B at 128 (strides apart, sm_90; bfloat16 with a
+#: mask per channel and the second image's gradient, sm_80), so they take 168: three 4-warp
+#: programs (12 warps). The heavy variants spill 88 to 160 B at 168 and take 255: one 8-warp
+#: program. tools/check_kernels.py checks each.
+BWD_LAUNCH = {"light": (False, 128), "light_other": (False, 168), "heavy": (True, MAXNREG)}
 
 
 def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: float, l1: bool = False):
@@ -380,7 +406,10 @@ def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
     need1, need2 = gx is not None, gy is not None
-    wide, maxnreg = BWD_LAUNCH["heavy" if (need1 and need2) or reflect else "light"]
+    same_xy = img1.stride() == img2.stride()
+    lean = same_xy and img1.dtype == img2.dtype == torch.float32
+    kind = "heavy" if (need1 and need2) or reflect else ("light" if lean else "light_other")
+    wide, maxnreg = BWD_LAUNCH[kind]
     geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=maxnreg, wide_halo=wide)
     n_strips = launch.cdiv(W, geo.f - (K - 1))
     dev = img1.device
@@ -389,7 +418,7 @@ def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy
     def run(rows: int):  # writes the gradients (never reads them): safe to run again
         n_chunks = launch.cdiv(H, rows)
         n_prog = launch.cdiv(BC, geo.bw // geo.f) * n_chunks * n_strips
-        scratch = torch.empty((n_prog, 10 * geo.bw + 32), dtype=torch.float32, device=dev)
+        scratch = torch.empty((n_prog, (10 + 6 * (K // 2)) * geo.bw + 32), dtype=torch.float32, device=dev)
         # two sums per program and channel: the SSIM's and the L1's (the second written only with l1)
         sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
         with device_guard(img1):
@@ -399,7 +428,8 @@ def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy
                 BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows,
                 *img1.stride(), *img2.stride(), *mask.stride(), *out.stride(), float(c1), float(c2),
                 K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, HAS_CS=g_cs is not None, HAS_L1=l1 is not None,
-                NEED1=need1, NEED2=need2, WRITE_SUMS=sums, **launch_options(geo.warps, maxnreg=maxnreg),
+                NEED1=need1, NEED2=need2, WRITE_SUMS=sums, SAME_XY=same_xy,
+                **launch_options(geo.warps, maxnreg=maxnreg),
             )  # fmt: skip
         return sum_buf
 
