@@ -270,6 +270,7 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
         return masked_loss(x.contiguous(memory_format=torch.channels_last), y, m, padding, K)
 
     out["masked dssim_l1 same K=11 grad x, strides apart"] = Call(masked(apart), small)
+    out["masked dssim_l1 same K=11 grad x, channels-last"] = Call(masked(masked_loss), small, layout="channels_last")
 
     def coarse_narrow(x, y):
         # MS-SSIM's coarser scales of a 1080p image in 128-lane, 4-warp programs: a launch the list

@@ -71,6 +71,31 @@ def test_layouts_give_the_contiguous_result(backend):
             assert g.is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.slow
+@pytest.mark.triton
+def test_masked_layouts_give_the_contiguous_result():
+    """The masked 3DGS loss on Triton with a gradient of the render: each layout of the pair (and a
+    pair whose strides differ), the same loss and gradient bits as contiguous inputs. The layouts
+    take different backward launches (shared column strides as a constant, 128 registers; strides
+    apart, 168)."""
+    dev = device_for("triton")
+    x, y = make_pair((1, 3, 16, 17), seed=43, device=dev)
+    m = torch.rand(1, 1, 16, 17, generator=torch.Generator().manual_seed(3)).to(dev)
+
+    def run(a, b):
+        a = a.detach().requires_grad_()
+        loss = splatloss.dssim_l1(a, b, 0.2, mask=m, backend="triton")
+        (g,) = torch.autograd.grad(loss, a)
+        return loss.detach(), g
+
+    want = run(x, y)
+    forms = _layouts(x, y)
+    forms["apart"] = (forms["channels_last"][0], y)
+    for name, (a, b) in forms.items():
+        got = run(a, b)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), name
+
+
 @pytest.mark.parametrize("b,c", [(1, 1), (4, 1), (1, 4), (3, 6)])
 def test_batch_and_channel_counts_are_independent_planes(backend, b, c):
     """Each (image, channel) plane is its own SSIM: a batch equals its planes run one at a time."""

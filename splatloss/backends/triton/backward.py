@@ -48,6 +48,13 @@ from .ring import ring_vsum, row_moments, window_taus
 
 __all__ = ["ssim_bwd_kernel", "launch_bwd", "ssim_bwd_scales_kernel", "launch_bwd_scales"]
 
+#: Column strides up to which the backward compiles the images' shared column stride as a constant
+#: (``SW``): 3 and 4 are channels-last RGB / RGBA images and (H, W, C) renders seen as (1, C, H, W).
+#: With the stride a runtime value every tap's address is computed and the one-gradient kernel
+#: spills 24 B at 128 registers (it then takes 255: 8 resident warps per SM); as a constant it fits
+#: 128 without spilling (16 warps), as contiguous rows do.
+COLUMN_STRIDES = 4
+
 
 @triton.jit
 def _bwd_columns(
@@ -329,8 +336,11 @@ def ssim_bwd_kernel(
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sg_b, sg_c, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2,
     K: tl.constexpr, KP: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
     UPSTREAM_MAP: tl.constexpr, HAS_CS: tl.constexpr, HAS_L1: tl.constexpr, NEED1: tl.constexpr,
-    NEED2: tl.constexpr, WRITE_SUMS: tl.constexpr,
+    NEED2: tl.constexpr, WRITE_SUMS: tl.constexpr, SW: tl.constexpr,
 ):  # fmt: skip
+    if SW > 0:  # both images' columns SW apart (channels-last, (H, W, C) renders): immediate tap offsets
+        sx_w = SW
+        sy_w = SW
     if K <= COLUMN_TAPS:
         # interior programs read their rows without masks (``hmoments``); one loop or the other
         strip = tl.program_id(0) % n_strips
@@ -393,7 +403,11 @@ def launch_bwd(
     """
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
-    maxnreg = bwd_maxnreg(K, reflect, need1 and need2, img1.stride(3) != 1 or img2.stride(3) != 1)
+    # columns a few elements apart in both images (channels-last, an (H, W, C) render and its target):
+    # the stride a constexpr, so that each tap is an immediate offset as with contiguous rows
+    sw = img1.stride(3) if img1.stride(3) == img2.stride(3) and 1 < img1.stride(3) <= COLUMN_STRIDES else 0
+    strided = (img1.stride(3) != 1 or img2.stride(3) != 1) and not sw
+    maxnreg = bwd_maxnreg(K, reflect, need1 and need2, strided)
     geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=maxnreg)
     step = geo.f - (K - 1)
     n_strips = cdiv(W, step)
@@ -439,7 +453,7 @@ def launch_bwd(
                 *img1.stride(), *img2.stride(), *g_strides, *out_strides, float(c1), float(c2),
                 K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, UPSTREAM_MAP=upstream_map,
                 HAS_CS=2 if cs_only else g_cs is not None, HAS_L1=l1 is not None, NEED1=need1, NEED2=need2,
-                WRITE_SUMS=sums, **launch_options(geo.warps, maxnreg=maxnreg),
+                WRITE_SUMS=sums, SW=sw, **launch_options(geo.warps, maxnreg=maxnreg),
             )  # fmt: skip
         return sum_buf
 

@@ -264,9 +264,10 @@ def bwd_maxnreg(K: int, reflect: bool, both: bool = False, strided: bool = False
     """Register ceiling of a backward launch: 128 (16 resident warps per SM) for the column
     kernels; under "reflect" (their mirrored vertical taps), with ``both`` gradients (two sets of
     pending adjoint sums beside the moments' rows and windows: 56 B of spills at 128) or on
-    ``strided`` rows (columns not contiguous, e.g. a channels-last image or an (H, W, C) render:
-    every tap's address computed, 8 to 24 B of spills at 128) they do not fit in 128 registers,
-    so those, like the ring kernels, get 255."""
+    ``strided`` rows (columns not contiguous and their stride a runtime value: every tap's
+    address computed, 8 to 24 B of spills at 128; the launcher compiles a stride shared by both
+    images up to ``backward.COLUMN_STRIDES`` as a constant, which fits) they do not fit in 128
+    registers, so those, like the ring kernels, get 255."""
     light = K <= COLUMN_TAPS.value and not (reflect or both or strided)
     return COLUMN_MAXNREG if light else MAXNREG
 

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from . import launch, tune
+from .backward import COLUMN_STRIDES
 from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
 from .columns import (
     hadjoint_moved,
@@ -285,8 +286,11 @@ def masked_bwd_kernel(
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
     HAS_CS: tl.constexpr, HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr,
-    WRITE_SUMS: tl.constexpr, SAME_XY: tl.constexpr,
+    WRITE_SUMS: tl.constexpr, SAME_XY: tl.constexpr, SW: tl.constexpr,
 ):  # fmt: skip
+    if SW > 0:  # both images' columns SW apart: immediate tap offsets (backward.COLUMN_STRIDES)
+        sx_w = SW
+        sy_w = SW
     strip = tl.program_id(0) % n_strips
     if interior(strip * (F - (K - 1)) - (K - 1), W, K, F, BW):
         _masked_bwd_columns(
@@ -306,15 +310,16 @@ def masked_bwd_kernel(
 
 #: The masked backward's launch: (256 lanes and 8 warps per program, else 128 and 4; the register
 #: ceiling), for the light variants (one gradient, "same" / "valid") of float32 images that share
-#: their strides, the other light ones ("light_other": images with strides apart, a y offset per
-#: lane beside x's, or in half precision), and the heavy ones (both gradients, or "reflect" with
-#: its mirrored taps). The light kernel keeps its last ``K // 2`` rows' sums and centre masks in
-#: scratch (:func:`.columns.vmoments_masked_kept`) and, with shared strides, one offset per lane
-#: for both images: within 128 registers without spilling, four 4-warp programs (16 warps) per SM,
-#: as the unmasked backward. The others spill 8 B at 128 (strides apart, sm_90; bfloat16 with a
-#: mask per channel and the second image's gradient, sm_80), so they take 168: three 4-warp
-#: programs (12 warps). The heavy variants spill 88 to 160 B at 168 and take 255: one 8-warp
-#: program. tools/check_kernels.py checks each.
+#: their strides (columns contiguous or a few elements apart, :data:`.backward.COLUMN_STRIDES`; the
+#: mask's contiguous), the other light ones ("light_other": images with strides apart, a y offset
+#: per lane beside x's, in half precision, or other column strides), and the heavy ones (both
+#: gradients, or "reflect" with its mirrored taps). The light kernel keeps its last ``K // 2``
+#: rows' sums and centre masks in scratch (:func:`.columns.vmoments_masked_kept`) and, with shared
+#: strides, one offset per lane for both images: within 128 registers without spilling, four 4-warp
+#: programs (16 warps) per SM, as the unmasked backward. The others spill 8 B at 128 (strides
+#: apart, sm_90; bfloat16 with a mask per channel and the second image's gradient, sm_80), so they
+#: take 168: three 4-warp programs (12 warps). The heavy variants spill 88 to 160 B at 168 and take
+#: 255: one 8-warp program. tools/check_kernels.py checks each.
 BWD_LAUNCH = {"light": (False, 128), "light_other": (False, 168), "heavy": (True, MAXNREG)}
 
 
@@ -407,7 +412,9 @@ def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy
     BC = B * C
     need1, need2 = gx is not None, gy is not None
     same_xy = img1.stride() == img2.stride()
-    lean = same_xy and img1.dtype == img2.dtype == torch.float32
+    sw = img1.stride(3) if same_xy and 1 < img1.stride(3) <= COLUMN_STRIDES else 0
+    lean = same_xy and (img1.stride(3) == 1 or sw) and mask.stride(3) == 1
+    lean = lean and img1.dtype == img2.dtype == torch.float32
     kind = "heavy" if (need1 and need2) or reflect else ("light" if lean else "light_other")
     wide, maxnreg = BWD_LAUNCH[kind]
     geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=maxnreg, wide_halo=wide)
@@ -428,7 +435,7 @@ def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy
                 BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows,
                 *img1.stride(), *img2.stride(), *mask.stride(), *out.stride(), float(c1), float(c2),
                 K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, HAS_CS=g_cs is not None, HAS_L1=l1 is not None,
-                NEED1=need1, NEED2=need2, WRITE_SUMS=sums, SAME_XY=same_xy,
+                NEED1=need1, NEED2=need2, WRITE_SUMS=sums, SAME_XY=same_xy, SW=sw,
                 **launch_options(geo.warps, maxnreg=maxnreg),
             )  # fmt: skip
         return sum_buf
