@@ -275,12 +275,17 @@ def test_rows_per_program_step_down_until_the_grid_makes_full_waves(monkeypatch)
 
     def rows(b, h, w, halo, k=11):
         frame = w + k - 1 if halo else w
-        maxnreg = launch.bwd_maxnreg(k, False) if halo else launch.fwd_maxnreg(k)
+        maxnreg = launch.bwd_maxnreg(k, False) if halo else launch.fwd_maxnreg(k, lean=True)
         return launch.geometry(frame, h, k, 3 * b, cpu, halo=halo, maxnreg=maxnreg).rows
 
-    assert (rows(1, 1080, 1920, True), rows(1, 1080, 1920, False)) == (99, 99)
+    # the lean forward's 4-warp programs at 64 registers, 8 per SM: 47 rows at 1080p (1035 programs
+    # on 1056 slots), 94 at 4K; at 128 (4 per SM) 99 and 128
+    assert (rows(1, 1080, 1920, True), rows(1, 1080, 1920, False)) == (99, 47)
     assert (rows(1, 540, 960, True), rows(1, 270, 480, True), rows(1, 68, 120, False)) == (25, 16, 16)
-    assert rows(5, 1080, 1920, True) == rows(1, 2160, 3840, False) == 128
+    assert rows(5, 1080, 1920, True) == 128 and rows(1, 2160, 3840, False) == 94
+    heavy = launch.fwd_maxnreg(11)  # a map written, the L1 sum, "valid", strided rows: 128
+    assert heavy == 128 and launch.geometry(1920, 1080, 11, 3, cpu, maxnreg=heavy).rows == 99
+    assert launch.geometry(3840, 2160, 11, 3, cpu, maxnreg=heavy).rows == 128
     assert rows(1, 2160, 3840, True) == 99
     wide, maxnreg = masked_kernels.BWD_LAUNCH["light"]
     masked = launch.geometry(1930, 1080, 11, 3, cpu, halo=True, maxnreg=maxnreg, wide_halo=wide)
@@ -297,9 +302,10 @@ def test_rows_per_program_step_down_until_the_grid_makes_full_waves(monkeypatch)
 def test_the_coarser_scales_launch_takes_the_rows_of_least_wave_time(monkeypatch):
     # MS-SSIM's coarser scales as one launch at one 1080p image (540x960 .. 68x120, 3 channels):
     # the backward's 256-lane programs (4, 2, 1, 1 column strips a channel; 2 per SM) and the
-    # forward's 128-lane ones (8, 4, 2, 1 strips; 4 per SM) both take 34 rows, the second scale in
-    # 16 chunks: one wave nearly full (258 and 510 programs on 264 and 528 slots, where the steps'
-    # 50 rows made 183 and 360); in the interpreter, one chunk per scale.
+    # forward's 128-lane ones at 128 registers (8, 4, 2, 1 strips; 4 per SM) both take 34 rows,
+    # the second scale in 16 chunks: one wave nearly full (258 and 510 programs on 264 and 528
+    # slots, where the steps' 50 rows made 183 and 360); the forward as launched, at 64 registers
+    # (8 per SM), 17 rows: 1020 programs on 1056 slots. In the interpreter, one chunk per scale.
     monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
     cpu = torch.device("cpu")
     heights = [540, 270, 135, 68]
@@ -308,6 +314,8 @@ def test_the_coarser_scales_launch_takes_the_rows_of_least_wave_time(monkeypatch
     assert (bwd, fwd) == (34, 34)
     assert sum(p * launch.cdiv(h, bwd) for p, h in zip([12, 6, 3, 3], heights)) == 258
     assert sum(p * launch.cdiv(h, fwd) for p, h in zip([24, 12, 6, 3], heights)) == 510
+    fwd = launch.batched_rows([24, 12, 6, 3], heights, 11, 4, launch.fwd_maxnreg(11, lean=True), cpu, halo=False)
+    assert fwd == 17 and sum(p * launch.cdiv(h, fwd) for p, h in zip([24, 12, 6, 3], heights)) == 1020
     # five frames: 128-row programs would make under four waves, so the rows step down again
     assert launch.batched_rows([60, 30, 15, 15], heights, 11, 8, 128, cpu) < launch.CUDA_ROWS
     # a launch of four or more full waves keeps CUDA_ROWS

@@ -74,6 +74,8 @@ def sweep(args, dtype) -> list:
     from triton.testing import do_bench
 
     default_rows, default_lanes, default_nreg = launch.CUDA_ROWS, launch.cuda_lanes, launch.COLUMN_MAXNREG
+    # a swept ceiling is forced on the lean forward launches too (launch.lean_fwd_maxnreg)
+    default_fwd_nreg = launch.FWD_MAXNREG, launch.FWD_MAXNREG_SM80
     rows_s, lanes_s, nreg_s = (bench._ints(f"--{n}", getattr(args, n)) for n in ("rows", "lanes", "maxnreg"))
     lib = "splatloss-triton-graphed" if args.graphed else "splatloss-triton"
     records, seen = [], set(compiled_kernels())
@@ -91,6 +93,7 @@ def sweep(args, dtype) -> list:
                     launch.CUDA_ROWS = default_rows if rows is None else rows
                     launch.cuda_lanes = default_lanes if lanes is None else (lambda k, n=lanes: n if k <= 15 else 64)
                     launch.COLUMN_MAXNREG = default_nreg if nreg is None else nreg
+                    launch.FWD_MAXNREG, launch.FWD_MAXNREG_SM80 = default_fwd_nreg if nreg is None else (nreg, nreg)
                     rec = dict(
                         op=op,
                         mode=mode,
@@ -118,6 +121,7 @@ def sweep(args, dtype) -> list:
                     records.append(rec)
     finally:
         launch.CUDA_ROWS, launch.cuda_lanes, launch.COLUMN_MAXNREG = default_rows, default_lanes, default_nreg
+        launch.FWD_MAXNREG, launch.FWD_MAXNREG_SM80 = default_fwd_nreg
         tune.ENABLED = default_tune
     print("\n# fastest geometry per configuration (default in brackets)")
     key = lambda r: (r["op"], r["mode"], r["shape"])  # noqa: E731

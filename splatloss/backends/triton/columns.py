@@ -32,6 +32,7 @@ __all__ = [
     "hmoments_masked",
     "vmoments_masked",
     "vmoments_masked_kept",
+    "vmoments_kept",
     "push",
     "hadjoint_moved",
     "push_moved",
@@ -448,39 +449,59 @@ def vmoments_masked(state, h0, h1, h2, h11, h12, s, wt, K: tl.constexpr):
 
 
 @triton.jit
+def load_kept(lane, i, KEPT: tl.constexpr, NQ: tl.constexpr, K: tl.constexpr, BW: tl.constexpr):
+    """The last ``C = K // 2`` rows of ``NQ`` quantities kept in a program's scratch instead of
+    registers: from ``KEPT`` floats past ``lane`` (the lane's own pointer into the scratch),
+    quantity ``q``'s row in slot ``v`` at ``(q C + v) BW``, row ``i`` of the stream in slot
+    ``i % C``. Each lane reads back only what it wrote (no barrier; the slots stay in L1). Returns
+    ``NQ`` tuples, each the ``C`` rows oldest first (row ``i - C`` .. ``i - 1``), the ring that
+    :func:`vmoments` would carry in registers."""
+    C: tl.constexpr = K // 2
+    ring = ()
+    for q in tl.static_range(NQ):
+        rows = ()
+        for k in tl.static_range(C):  # ring row k is C - k rows back: row i - (C - k), slot (i + k) % C
+            rows = rows + (tl.load(lane + KEPT + (q * C + (i + k) % C) * BW),)
+        ring = ring + (rows,)
+    return ring
+
+
+@triton.jit
+def store_kept(lane, i, values, KEPT: tl.constexpr, NQ: tl.constexpr, K: tl.constexpr, BW: tl.constexpr):
+    """Keep row ``i``'s ``values`` (``NQ``, one per quantity) in slot ``i % C`` (:func:`load_kept`):
+    the oldest row's, read before."""
+    C: tl.constexpr = K // 2
+    for q in tl.static_range(NQ):
+        tl.store(lane + KEPT + (q * C + i % C) * BW, values[q])
+
+
+@triton.jit
+def vmoments_kept(state, h1, h2, h11, h12, s, wt, i, lane, KEPT: tl.constexpr, K: tl.constexpr, BW: tl.constexpr):
+    """:func:`vmoments` with the last ``K // 2`` rows' four sums kept in the program's scratch
+    (:func:`load_kept`; ``4 (K // 2)`` rows of ``BW`` floats from ``KEPT``, zeros before the first
+    row) instead of registers: ``state`` is ``hist, p1, p2, p11, p12``. The same sums bit for bit.
+    (The shifts kept there too, ``hist`` would leave the registers, but the forward then spilled
+    more at 64 registers, not less: the loads are scheduled early and their values stay live.)"""
+    ring = load_kept(lane, i, KEPT, 4, K, BW)
+    done, full = vmoments(ring + state, h1, h2, h11, h12, s, wt, K)
+    store_kept(lane, i, (h1, h2, h11, h12), KEPT, 4, K, BW)
+    return done, (full[4], full[5], full[6], full[7], full[8])
+
+
+@triton.jit
 def vmoments_masked_kept(
     state, h0, h1, h2, h11, h12, s, mcen, wt, i, lane, KEPT: tl.constexpr, K: tl.constexpr, BW: tl.constexpr
 ):
-    """:func:`vmoments_masked` with the last ``C = K // 2`` rows' five sums and centre masks
-    ``mcen`` (:func:`hmoments_masked`) kept in memory instead of registers (``state``: ``hist, p0,
-    p1, p2, p11, p12``): from ``KEPT`` floats past ``lane`` (the lane's own pointer into its
-    program's scratch), ``6 C`` rows of ``BW`` floats (quantity ``q``'s row in slot ``v`` at
-    ``(q C + v) BW``; zeros before the first row), row ``i`` of the stream in slot
-    ``i % C``. Each lane reads back only what it wrote, so no barrier is needed, and the slots stay
-    in L1. The same sums bit for bit as the registers' ring. Returns the completed window's
-    moments and shift, the state one row on, and the centre mask of the row ``C`` rows back (the
-    completed window's centre row)."""
-    C: tl.constexpr = K // 2
-    ring = ((), (), (), (), ())
-    for k in tl.static_range(C):  # ring row k is C - k rows back: row i - (C - k), slot (i + k) % C
-        at = lane + KEPT + ((i + k) % C) * BW
-        ring = (
-            ring[0] + (tl.load(at),),
-            ring[1] + (tl.load(at + C * BW),),
-            ring[2] + (tl.load(at + 2 * C * BW),),
-            ring[3] + (tl.load(at + 3 * C * BW),),
-            ring[4] + (tl.load(at + 4 * C * BW),),
-        )
-    done, full = vmoments_masked(ring + state, h0, h1, h2, h11, h12, s, wt, K)
-    at = lane + KEPT + (i % C) * BW  # the oldest row's slot, read above: the new row takes it
-    m_old = tl.load(at + 5 * C * BW)
-    tl.store(at, h0)
-    tl.store(at + C * BW, h1)
-    tl.store(at + 2 * C * BW, h2)
-    tl.store(at + 3 * C * BW, h11)
-    tl.store(at + 4 * C * BW, h12)
-    tl.store(at + 5 * C * BW, mcen)
-    return done, (full[5], full[6], full[7], full[8], full[9], full[10]), m_old
+    """:func:`vmoments_masked` with the last ``K // 2`` rows' five sums and centre masks ``mcen``
+    (:func:`hmoments_masked`) kept in the program's scratch (:func:`load_kept`; ``6 (K // 2)``
+    rows of ``BW`` floats from ``KEPT``, zeros before the first row) instead of registers:
+    ``state`` is ``hist, p0, p1, p2, p11, p12``. The same sums bit for bit. Returns the completed
+    window's moments and shift, the state one row on, and the centre mask of the row ``K // 2``
+    rows back (the completed window's centre row)."""
+    ring = load_kept(lane, i, KEPT, 6, K, BW)
+    done, full = vmoments_masked((ring[0], ring[1], ring[2], ring[3], ring[4]) + state, h0, h1, h2, h11, h12, s, wt, K)
+    store_kept(lane, i, (h0, h1, h2, h11, h12, mcen), KEPT, 6, K, BW)
+    return done, (full[5], full[6], full[7], full[8], full[9], full[10]), ring[5][0]
 
 
 @triton.jit

@@ -23,13 +23,14 @@ import triton.language as tl
 
 from . import tune
 from .bodies import interior, lanes, scale_of, store_sums
-from .columns import hmoments, load_taps, vmoments
+from .columns import hmoments, load_taps, vmoments, vmoments_kept
 from .launch import (
     COLUMN_TAPS,
     SIZES,
     batched_rows,
     cdiv,
     check_scales,
+    device_arch,
     device_guard,
     fwd_maxnreg,
     geometry,
@@ -43,6 +44,11 @@ from .partials import means as partial_means
 from .ring import ring_vsum, row_moments, window_taus
 
 __all__ = ["ssim_fwd_kernel", "launch_fwd", "ssim_fwd_scales_kernel", "launch_fwd_scales"]
+
+
+#: Scratch rows per kept input row of the column kernels (:func:`.columns.vmoments_kept`): its four
+#: sums.
+KEPT_ROWS = tl.constexpr(4)
 
 
 @triton.jit
@@ -63,10 +69,11 @@ def _store_row(
 
 @triton.jit
 def _fwd_columns(
-    pid, x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+    pid, x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, scr_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
-    WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr, HAS_L1: tl.constexpr, EDGE: tl.constexpr,
+    WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr, HAS_L1: tl.constexpr, KEEP: tl.constexpr,
+    EDGE: tl.constexpr,
 ):  # fmt: skip
     group, chunk, strip, f, bc, lane_ok, b, ch = lanes(pid, BC, C, n_chunks, n_strips, F, BW)
     x_base = b * sx_b + ch * sx_c
@@ -80,9 +87,17 @@ def _fwd_columns(
     wt = load_taps(w_ptr, K)
     zero = tl.zeros([BW], dtype=tl.float32)
     # the vertical pass's state (:func:`vmoments`): the last rows' shifts and sums, the windows
-    # whose centre row has arrived
+    # whose centre row has arrived; with KEEP (the 64-register launches) the last K // 2 rows' sums
+    # in the program's scratch instead (:func:`vmoments_kept`: KEPT_ROWS rows of BW floats per kept
+    # row, zeros before the first row; stays in L1)
     ring = (zero,) * (K // 2)
-    state = (ring, ring, ring, ring, (zero,) * (K - 1), ring, ring, ring, ring)
+    if KEEP:
+        state = ((zero,) * (K - 1), ring, ring, ring, ring)
+        lane = scr_ptr + pid.to(tl.int64) * (KEPT_ROWS * (K // 2) * BW) + tl.arange(0, BW)
+        for j in tl.static_range(KEPT_ROWS * (K // 2)):
+            tl.store(lane + j * BW, zero)
+    else:
+        state = (ring, ring, ring, ring, (zero,) * (K - 1), ring, ring, ring, ring)
     acc_s = zero
     acc_c = zero
     acc_l1 = zero
@@ -101,7 +116,10 @@ def _fwd_columns(
         if HAS_L1:
             row_own = ((r_in >= p_r0) & (r_in < p_r0 + n_rows)) | (last_chunk & (r_in >= Ho) & (r_in < H))
             acc_l1 += tl.where(row_own, l1_row, 0.0)
-        done, state = vmoments(state, h1, h2, h11, h12, s, wt, K)
+        if KEEP:
+            done, state = vmoments_kept(state, h1, h2, h11, h12, s, wt, i, lane, 0, K, BW)
+        else:
+            done, state = vmoments(state, h1, h2, h11, h12, s, wt, K)
         mu1, mu2, e11, e12, shift = done  # e11: E[x'^2] + E[y'^2] (only their sum enters B2)
         ssim, cs = ssim_cs(mu1, mu2, e11, None, e12, c1, c2, shift, None, None)
         p = p_r0 + i - (K - 1)
@@ -190,22 +208,22 @@ def ssim_fwd_kernel(
     x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, scr_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2,
     K: tl.constexpr, KP: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
-    WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr, HAS_L1: tl.constexpr,
+    WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr, HAS_L1: tl.constexpr, KEEP: tl.constexpr,
 ):  # fmt: skip
     if K <= COLUMN_TAPS:
         # interior programs read their rows without masks (``hmoments``); one loop or the other
         strip = tl.program_id(0) % n_strips
         if interior(strip * F - PAD, W, K, F, BW):
             _fwd_columns(
-                tl.program_id(0), x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks,
+                tl.program_id(0), x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, scr_ptr, BC, C, H, W, Ho, Wo, n_chunks,
                 n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2, K, PAD, REFLECT, F, BW,
-                WRITE_MAP, WRITE_CS, HAS_L1, False
+                WRITE_MAP, WRITE_CS, HAS_L1, KEEP, False
             )  # fmt: skip
         else:
             _fwd_columns(
-                tl.program_id(0), x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks,
+                tl.program_id(0), x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, scr_ptr, BC, C, H, W, Ho, Wo, n_chunks,
                 n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, c1, c2, K, PAD, REFLECT, F, BW,
-                WRITE_MAP, WRITE_CS, HAS_L1, True
+                WRITE_MAP, WRITE_CS, HAS_L1, KEEP, True
             )  # fmt: skip
     else:
         _fwd_ring(
@@ -223,13 +241,17 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
     ``[B * C, P]`` (for :func:`.partials.means`)."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
-    maxnreg = fwd_maxnreg(K, reflect, mode == "map_cs")
+    # the SSIM statistics under "same" padding of contiguous rows: 64 registers (fwd_maxnreg)
+    lean = mode == "stats" and pad > 0 and img1.stride(3) == 1 and img2.stride(3) == 1
+    maxnreg = fwd_maxnreg(K, reflect, mode == "map_cs", lean, device_arch(img1.device))
+    keep = lean and not reflect  # the last rows' sums in scratch (elsewhere it spilled 8 B at 128)
     geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=maxnreg)
     n_strips = cdiv(Wo, geo.f)
     n_groups = cdiv(BC, geo.bw // geo.f)
     dev = img1.device
     stats = mode in ("stats", "stats_l1")
-    # the ring kernels (K > COLUMN_TAPS) keep 6 rings of KP rows per program; the column kernels none
+    # the ring kernels (K > COLUMN_TAPS) keep 6 rings of KP rows per program; the column kernels the
+    # last K // 2 rows' four sums
     ring = K > COLUMN_TAPS.value
 
     def run(rows: int):
@@ -243,13 +265,14 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
         else:
             s = torch.empty((B, C, Ho, Wo), dtype=torch.float32, device=dev)
             cs = torch.empty((B, C, Ho, Wo) if mode == "map_cs" else (0,), dtype=torch.float32, device=dev)
-        scratch = torch.empty((n_prog, 6 * geo.kp * geo.bw) if ring else (1,), dtype=torch.float32, device=dev)
+        per_prog = 6 * geo.kp * geo.bw if ring else KEPT_ROWS.value * (K // 2) * geo.bw if keep else 1
+        scratch = torch.empty((n_prog, per_prog), dtype=torch.float32, device=dev)
         with device_guard(img1):
             ssim_fwd_kernel[(n_prog,)](
                 img1, img2, window, s, cs if mode != "map" else s, l1 if l1 is not None else s, scratch,
                 BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows, *img1.stride(), *img2.stride(), float(c1), float(c2),
                 K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
-                WRITE_MAP=not stats, WRITE_CS=mode == "map_cs", HAS_L1=l1 is not None,
+                WRITE_MAP=not stats, WRITE_CS=mode == "map_cs", HAS_L1=l1 is not None, KEEP=keep,
                 **launch_options(geo.warps, maxnreg=maxnreg),
             )  # fmt: skip
         return s, cs, l1
@@ -275,18 +298,19 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
 
 @triton.jit(do_not_specialize=("BC", "C", "H1", "W1", "DH", "ROWS"))
 def ssim_fwd_scales_kernel(
-    x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, BC, C, H1, W1, DH, ROWS, c1, c2,
+    x_ptr, y_ptr, w_ptr, s_ptr, cs_ptr, scr_ptr, BC, C, H1, W1, DH, ROWS, c1, c2,
     NS: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr,
-    BW: tl.constexpr,
+    BW: tl.constexpr, KEEP: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     _, H, W, start, o, so, n_chunks, n_strips = scale_of(pid, BC, H1, W1, ROWS, DH, DH, NS, F, BW // F, 1)
     hw = H.to(tl.int64) * W
     chw = hw * C
     _fwd_columns(
-        pid - start, x_ptr + o, y_ptr + o, w_ptr, s_ptr + so, cs_ptr + so, s_ptr, BC, C, H, W, H + DH, W + DH,
+        pid - start, x_ptr + o, y_ptr + o, w_ptr, s_ptr + so, cs_ptr + so, s_ptr,
+        scr_ptr + start.to(tl.int64) * (KEPT_ROWS * (K // 2) * BW), BC, C, H, W, H + DH, W + DH,
         n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, c1, c2, K, PAD, REFLECT, F, BW, False, False, False,
-        True,
+        KEEP, True,
     )  # fmt: skip
 
 
@@ -303,7 +327,8 @@ def launch_fwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
     pad, reflect = padding_shape(K, padding)
     BC = B * C
     dev = x.device
-    maxnreg = fwd_maxnreg(K, reflect, False)
+    maxnreg = fwd_maxnreg(K, reflect, False, True, device_arch(dev))
+    keep = not reflect
     maps = [(out_size(h, K, padding), out_size(w, K, padding)) for h, w in dims]
     geo = geometry(maps[0][1], maps[0][0], K, BC, dev, maxnreg=maxnreg)
     n_groups = cdiv(BC, geo.bw // geo.f)
@@ -315,10 +340,12 @@ def launch_fwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
         n_prog = sum(n_groups * s for s in slots)
         s_buf = torch.empty(BC * sum(slots), dtype=torch.float32, device=dev)
         cs_buf = torch.empty_like(s_buf)
+        per_prog = KEPT_ROWS.value * (K // 2) * geo.bw if keep else 1
+        scratch = torch.empty((n_prog, per_prog), dtype=torch.float32, device=dev)
         with device_guard(x):
             ssim_fwd_scales_kernel[(n_prog,)](
-                x, y, window, s_buf, cs_buf, BC, C, dims[0][0], dims[0][1], maps[0][0] - dims[0][0], rows, float(c1),
-                float(c2), NS=len(dims), K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
+                x, y, window, s_buf, cs_buf, scratch, BC, C, dims[0][0], dims[0][1], maps[0][0] - dims[0][0], rows,
+                float(c1), float(c2), NS=len(dims), K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, KEEP=keep,
                 **launch_options(geo.warps, maxnreg=maxnreg),
             )  # fmt: skip
         return slots, s_buf, cs_buf

@@ -66,7 +66,10 @@ FULL_WAVES = 4
 
 #: SMs assumed where no CUDA device is asked (``FORCE_CUDA_GEOMETRY`` in the interpreter): an H100.
 MODEL_SMS = 132
+#: Its compute capability (major * 10 + minor): sm_90.
+MODEL_ARCH = 90
 _SMS: dict = {}
+_ARCH: dict = {}
 
 
 def cdiv(a: int, b: int) -> int:
@@ -78,6 +81,19 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The smallest power of two at least ``n`` (0 for 0), as ``triton.next_power_of_2``, on the host."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def device_arch(device: torch.device) -> int:
+    """Compute capability of ``device`` as ``major * 10 + minor`` (cached per device), or
+    :data:`MODEL_ARCH` off CUDA (and on ROCm, where it only picks register ceilings that the HIP
+    backend does not take)."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return MODEL_ARCH
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _ARCH:
+        major, minor = torch.cuda.get_device_capability(index)
+        _ARCH[index] = major * 10 + minor
+    return _ARCH[index]
 
 
 def sm_count(device: torch.device) -> int:
@@ -106,6 +122,12 @@ def programs_per_sm(warps: int, maxnreg: int) -> int:
 #: chose 128 registers plus a 4-byte spill for several ring-kernel backward variants at sm_80.
 COLUMN_MAXNREG = 128
 MAXNREG = 255
+#: The lean forward column launches' ceiling (:func:`fwd_maxnreg`) on sm_90 and newer: their last
+#: ``K // 2`` rows' sums kept in scratch (:func:`.columns.vmoments_kept`), they fit 64 registers
+#: there: eight 4-warp programs, 32 warps, per SM. On sm_8x the same code spills 16 to 40 B at 64
+#: and fits 72 (:data:`FWD_MAXNREG_SM80`: seven programs, 28 warps).
+FWD_MAXNREG = 64
+FWD_MAXNREG_SM80 = 72
 
 
 def launch_options(num_warps: int, hip: Optional[bool] = None, maxnreg: int = MAXNREG) -> dict:
@@ -272,12 +294,26 @@ def bwd_maxnreg(K: int, reflect: bool, both: bool = False, strided: bool = False
     return COLUMN_MAXNREG if light else MAXNREG
 
 
-def fwd_maxnreg(K: int, reflect: bool = False, both_maps: bool = False) -> int:
-    """Register ceiling of a forward launch: 128 for the column kernels, 255 for the ring kernels
-    and for the column kernel writing both maps (SSIM and cs) under "reflect" (8 B of spills at 128,
-    sm_90)."""
+def lean_fwd_maxnreg(arch: int = MODEL_ARCH) -> int:
+    """The lean forward launches' register ceiling on compute capability ``arch``."""
+    return FWD_MAXNREG if arch >= 90 else FWD_MAXNREG_SM80
+
+
+def fwd_maxnreg(
+    K: int, reflect: bool = False, both_maps: bool = False, lean: bool = False, arch: int = MODEL_ARCH
+) -> int:
+    """Register ceiling of a forward launch: :func:`lean_fwd_maxnreg` (64 on sm_90: eight 4-warp
+    programs, 32 warps, per SM; 72 on sm_8x) for the ``lean`` column launches, those that keep
+    their last rows' sums in scratch (the SSIM statistics under "same" padding of contiguous rows,
+    and MS-SSIM's coarser scales; :func:`.forward.launch_fwd`); 128 for the other column kernels
+    (a map written, the fused L1 sum, "valid" padding or strided rows spill 8 to 40 B at 64; the
+    masked forward); 255 for the ring kernels and for the column kernel writing both maps (SSIM and
+    cs) under "reflect" (8 B of spills at 128, sm_90). ``arch``: the device's compute capability
+    (:func:`device_arch`)."""
     light = K <= COLUMN_TAPS.value and not (reflect and both_maps)
-    return COLUMN_MAXNREG if light else MAXNREG
+    if not light:
+        return MAXNREG
+    return lean_fwd_maxnreg(arch) if lean and not reflect else COLUMN_MAXNREG
 
 
 #: Size arguments compiled as plain integers: Triton would otherwise specialise each that equals 1 or
