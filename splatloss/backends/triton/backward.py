@@ -40,6 +40,7 @@ from .launch import (
     out_size,
     padding_shape,
     problem,
+    shared_column_stride,
 )
 from .moments import partials
 from .partials import means as partial_means
@@ -47,13 +48,6 @@ from .ring import hadjoint_moved as hadjoint_moved_ring
 from .ring import ring_vsum, row_moments, window_taus
 
 __all__ = ["ssim_bwd_kernel", "launch_bwd", "ssim_bwd_scales_kernel", "launch_bwd_scales"]
-
-#: Column strides up to which the backward compiles the images' shared column stride as a constant
-#: (``SW``): 3 and 4 are channels-last RGB / RGBA images and (H, W, C) renders seen as (1, C, H, W).
-#: With the stride a runtime value every tap's address is computed and the one-gradient kernel
-#: spills 24 B at 128 registers (it then takes 255: 8 resident warps per SM); as a constant it fits
-#: 128 without spilling (16 warps), as contiguous rows do.
-COLUMN_STRIDES = 4
 
 
 @triton.jit
@@ -405,7 +399,7 @@ def launch_bwd(
     BC = B * C
     # columns a few elements apart in both images (channels-last, an (H, W, C) render and its target):
     # the stride a constexpr, so that each tap is an immediate offset as with contiguous rows
-    sw = img1.stride(3) if img1.stride(3) == img2.stride(3) and 1 < img1.stride(3) <= COLUMN_STRIDES else 0
+    sw = shared_column_stride(img1, img2)
     strided = (img1.stride(3) != 1 or img2.stride(3) != 1) and not sw
     maxnreg = bwd_maxnreg(K, reflect, need1 and need2, strided)
     geo = geometry(W + K - 1, H, K, BC, img1.device, halo=True, maxnreg=maxnreg)

@@ -282,13 +282,28 @@ def plan_rows(
     return min(tries, key=waved)
 
 
+#: Column strides up to which the backward kernels compile the images' shared column stride as a
+#: constant (``SW``): 3 and 4 are channels-last RGB / RGBA images and (H, W, C) renders seen as
+#: (1, C, H, W). With the stride a runtime value every tap's address is computed and the
+#: one-gradient kernel spills 24 B at 128 registers (it then takes 255: 8 resident warps per SM); as
+#: a constant it fits 128 without spilling (16 warps), as contiguous rows do.
+COLUMN_STRIDES = 4
+
+
+def shared_column_stride(img1: torch.Tensor, img2: torch.Tensor) -> int:
+    """The column stride both images share when it is 2 to :data:`COLUMN_STRIDES` (the backward
+    kernels' ``SW``), else 0 (contiguous rows, or a stride read at run time)."""
+    sw = img1.stride(3)
+    return sw if sw == img2.stride(3) and 1 < sw <= COLUMN_STRIDES else 0
+
+
 def bwd_maxnreg(K: int, reflect: bool, both: bool = False, strided: bool = False) -> int:
     """Register ceiling of a backward launch: 128 (16 resident warps per SM) for the column
     kernels; under "reflect" (their mirrored vertical taps), with ``both`` gradients (two sets of
     pending adjoint sums beside the moments' rows and windows: 56 B of spills at 128) or on
     ``strided`` rows (columns not contiguous and their stride a runtime value: every tap's
     address computed, 8 to 24 B of spills at 128; the launcher compiles a stride shared by both
-    images up to ``backward.COLUMN_STRIDES`` as a constant, which fits) they do not fit in 128
+    images up to :data:`COLUMN_STRIDES` as a constant, which fits) they do not fit in 128
     registers, so those, like the ring kernels, get 255."""
     light = K <= COLUMN_TAPS.value and not (reflect or both or strided)
     return COLUMN_MAXNREG if light else MAXNREG

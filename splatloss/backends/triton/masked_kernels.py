@@ -30,7 +30,6 @@ import triton
 import triton.language as tl
 
 from . import launch, tune
-from .backward import COLUMN_STRIDES
 from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
 from .columns import (
     hadjoint_moved,
@@ -50,6 +49,7 @@ from .launch import (
     geometry,
     launch_options,
     problem,
+    shared_column_stride,
 )
 from .moments import partials, ssim_cs
 
@@ -288,7 +288,7 @@ def masked_bwd_kernel(
     HAS_CS: tl.constexpr, HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr,
     WRITE_SUMS: tl.constexpr, SAME_XY: tl.constexpr, SW: tl.constexpr,
 ):  # fmt: skip
-    if SW > 0:  # both images' columns SW apart: immediate tap offsets (backward.COLUMN_STRIDES)
+    if SW > 0:  # both images' columns SW apart: immediate tap offsets (launch.COLUMN_STRIDES)
         sx_w = SW
         sy_w = SW
     strip = tl.program_id(0) % n_strips
@@ -310,7 +310,7 @@ def masked_bwd_kernel(
 
 #: The masked backward's launch: (256 lanes and 8 warps per program, else 128 and 4; the register
 #: ceiling), for the light variants (one gradient, "same" / "valid") of float32 images that share
-#: their strides (columns contiguous or a few elements apart, :data:`.backward.COLUMN_STRIDES`; the
+#: their strides (columns contiguous or a few elements apart, :data:`.launch.COLUMN_STRIDES`; the
 #: mask's contiguous), the other light ones ("light_other": images with strides apart, a y offset
 #: per lane beside x's, in half precision, or other column strides), and the heavy ones (both
 #: gradients, or "reflect" with its mirrored taps). The light kernel keeps its last ``K // 2``
@@ -412,7 +412,7 @@ def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy
     BC = B * C
     need1, need2 = gx is not None, gy is not None
     same_xy = img1.stride() == img2.stride()
-    sw = img1.stride(3) if same_xy and 1 < img1.stride(3) <= COLUMN_STRIDES else 0
+    sw = shared_column_stride(img1, img2)
     lean = same_xy and (img1.stride(3) == 1 or sw) and mask.stride(3) == 1
     lean = lean and img1.dtype == img2.dtype == torch.float32
     kind = "heavy" if (need1 and need2) or reflect else ("light" if lean else "light_other")
