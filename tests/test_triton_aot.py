@@ -67,6 +67,7 @@ SM80_CALLS = (
     r"ssim same channels-last",
     r"ssim same no grad",
     r"ssim same no grad K=9",
+    r"dssim_l1 same no grad K=(9|11)",
     r"ms_ssim same no grad",
     r"masked dssim_l1 valid K=11 grad x",
     r"masked dssim_l1 same K=11 grad y, per channel bf16",

@@ -283,7 +283,7 @@ def test_rows_per_program_step_down_until_the_grid_makes_full_waves(monkeypatch)
     assert (rows(1, 1080, 1920, True), rows(1, 1080, 1920, False)) == (99, 47)
     assert (rows(1, 540, 960, True), rows(1, 270, 480, True), rows(1, 68, 120, False)) == (25, 16, 16)
     assert rows(5, 1080, 1920, True) == 128 and rows(1, 2160, 3840, False) == 94
-    heavy = launch.fwd_maxnreg(11)  # a map written, the L1 sum, "valid", strided rows: 128
+    heavy = launch.fwd_maxnreg(11)  # a map written, "valid", strided rows: 128
     assert heavy == 128 and launch.geometry(1920, 1080, 11, 3, cpu, maxnreg=heavy).rows == 99
     assert launch.geometry(3840, 2160, 11, 3, cpu, maxnreg=heavy).rows == 128
     assert rows(1, 2160, 3840, True) == 99
@@ -322,3 +322,39 @@ def test_the_coarser_scales_launch_takes_the_rows_of_least_wave_time(monkeypatch
     assert launch.batched_rows([600, 300], [2160, 1080], 11, 8, 128, cpu) == launch.CUDA_ROWS
     monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", False)
     assert launch.batched_rows([12, 6, 3, 3], heights, 11, 8, 128, cpu) == 540
+
+
+@pytest.mark.parametrize(
+    "op, padding, lean",
+    [("dssim_l1", "same", True), ("dssim_l1", "valid", False), ("ssim", "valid", True), ("ms_ssim", "valid", True)],
+)
+def test_forwards_without_a_gradient_launch_lean(monkeypatch, op, padding, lean):
+    # Without a gradient (evaluation) the losses run the forward kernel. Its statistics of contiguous
+    # rows keep their last rows' sums in scratch and fit the lean ceiling (64 registers on sm_90: 32
+    # warps per SM): under "valid" padding too (no row outside the image to clamp), and the 3DGS
+    # loss's SSIM and L1 sums under "same" (it sums no cs); under "valid" that one keeps 128 (its
+    # last map column's L1 of K pixels spills 40 B at 64). Either way the value is the float64 one.
+    from splatloss.backends.triton import forward
+
+    ceilings = []
+    real = forward.launch_options
+
+    def options(num_warps, **kw):
+        ceilings.append(kw.get("maxnreg"))
+        return real(num_warps, **kw)
+
+    monkeypatch.setattr(forward, "launch_options", options)
+    gen = torch.Generator().manual_seed(3)
+    size = (1, 3, 80, 96) if op == "ms_ssim" else (2, 3, 24, 40)
+    x = torch.rand(*size, generator=gen)
+    y = (x + 0.1 * torch.rand(*size, generator=gen)).clamp(0, 1)
+    kw = {"window_size": 5} if op == "ms_ssim" else {}
+    args = (0.2,) if op == "dssim_l1" else ()
+    fn = getattr(splatloss, op)
+    with torch.no_grad():
+        got = fn(x.to(DEV), y.to(DEV), *args, padding=padding, backend="triton", **kw)
+    truth = fn(x.double(), y.double(), *args, padding=padding, backend="reference", **kw)
+    arch = launch.device_arch(torch.device(DEV))
+    want = launch.lean_fwd_maxnreg(arch) if lean else launch.COLUMN_MAXNREG
+    assert ceilings and all(c == want for c in ceilings), ceilings
+    assert (got.double().cpu() - truth).abs().max() < 2e-6

@@ -207,12 +207,24 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
     out["ms_ssim no grad"] = Call(
         lambda x, y: splatloss.ms_ssim(x, y, backend=T), (1, 3, 176, 200), grads=(False, False)
     )
-    # the forward's 64-register launches (launch.fwd_maxnreg): the statistics under "same" padding
-    # at every column window and in half precision, MS-SSIM's scales under either padding
+
+    # the forward's 64-register launches (launch.fwd_maxnreg): the statistics and the fused loss's
+    # SSIM and L1 sums under "same" padding at every column window and in half precision, MS-SSIM's
+    # scales under either padding
+    def fused(K=11, padding="same"):
+        return lambda x, y: splatloss.dssim_l1(x, y, padding=padding, window_size=K, backend=T)
+
     for K in (3, 5, 7, 9):
         out[f"ssim same no grad K={K}"] = Call(loss(K=K), small, grads=(False, False))
+    for K in (3, 5, 7, 9, 11):
+        out[f"dssim_l1 same no grad K={K}"] = Call(fused(K), small, grads=(False, False))
+    for K in (3, 7, 11):  # "valid" padding reads no row outside the image (columns.hmoments, INSIDE)
+        out[f"ssim valid no grad K={K}"] = Call(loss("valid", K), small, grads=(False, False))
+        out[f"dssim_l1 valid no grad K={K}"] = Call(fused(K, "valid"), small, grads=(False, False))
     for dtype in ("float16", "bfloat16"):
         out[f"ssim same no grad {dtype}"] = Call(loss(), small, dtype, grads=(False, False))
+        out[f"dssim_l1 same no grad {dtype}"] = Call(fused(), small, dtype, grads=(False, False))
+        out[f"ssim valid no grad {dtype}"] = Call(loss("valid"), small, dtype, grads=(False, False))
     out["ms_ssim same no grad"] = Call(
         lambda x, y: splatloss.ms_ssim(x, y, padding="same", backend=T), (1, 3, 176, 200), grads=(False, False)
     )

@@ -114,7 +114,7 @@ def _bwd_columns(
         r = q_r0 - (K - 1) + i
         h1, h2, h11, h12, _, s = hmoments(
             x_ptr, y_ptr, x_lane, y_lane, r, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
-            lane_ok, lane_ok, lane_ok, wt, K, PAD, REFLECT, False, EDGE,
+            lane_ok, lane_ok, lane_ok, wt, K, PAD, REFLECT, False, EDGE, False,
         )  # fmt: skip
         hist = state[4]  # shifts of rows r - (K - 1) .. r - 1
         done, state = vmoments(state, h1, h2, h11, h12, s, wt, K)

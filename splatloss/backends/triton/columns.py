@@ -95,6 +95,7 @@ def hmoments(
     REFLECT: tl.constexpr,
     L1: tl.constexpr,
     EDGE: tl.constexpr,
+    INSIDE: tl.constexpr,
 ):
     """Horizontal pass of padded input row ``r`` for the lanes whose windows start at padded column
     ``c0`` [BW] (element offsets ``x_lane`` / ``y_lane`` of column ``c0`` in row 0), around the row's
@@ -116,11 +117,14 @@ def hmoments(
     padding) or mirrors it ("reflect"). A row outside the image (zero padding) is read clamped to
     the nearest row and its sums and shift scaled by 0: no row test enters the tap loop. (A NaN /
     Inf in that border row gives the padded row NaN, in map rows whose windows hold the border row
-    anyway.)"""
+    anyway.) ``INSIDE``: the caller only passes rows inside the image (the forward under "valid"
+    padding), read as they are."""
     rr = r
     if REFLECT:  # padded position i holds input -i, or 2 (n - 1) - i past the end (no edge repeat)
         rr = tl.where(rr < 0, -rr, rr)
         rr = tl.where(rr >= H, 2 * (H - 1) - rr, rr)
+        rowf = 1.0
+    elif INSIDE:
         rowf = 1.0
     else:
         rowf = tl.where((rr >= 0) & (rr < H), 1.0, 0.0)
@@ -172,7 +176,7 @@ def hmoments(
                 xv = tl.load(xrow + a * sx_w).to(tl.float32)
                 yv = tl.load(yrow + a * sy_w).to(tl.float32)
         h1, h2, h11, h12, l1 = add_tap(h1, h2, h11, h12, l1, xv - s, yv - s, wt[a], ok, l1_own, l1_last, a, PAD, L1)
-    if not REFLECT:
+    if not (REFLECT or INSIDE):
         h1 *= rowf
         h2 *= rowf
         h11 *= rowf

@@ -8,7 +8,9 @@ The backward scales that gradient by the upstream one (one elementwise pass, 8 B
 
 Without a gradient (evaluation): the SSIM forward kernel in its "stats_l1" mode -- while the taps
 of each input row are in registers for the horizontal pass, each lane also sums ``|x - y|`` over
-the pixels it owns, so the loss costs one read of both images (8 B per pixel-channel, fp32).
+the pixels it owns, so the loss costs one read of both images (8 B per pixel-channel, fp32). It
+sums no cs (the loss does not need it), and under "same" padding it keeps its last rows' sums in
+scratch: then it fits the lean forward's 64 registers (32 warps per SM on sm_90).
 
 Either way the loss per image comes from the kernel's partial sums in one more launch
 (:func:`.partials.dssim_l1_loss`: the channels' sums of both quantities and the loss's scalar

@@ -53,9 +53,11 @@ KEPT_ROWS = tl.constexpr(4)
 
 @triton.jit
 def _store_row(
-    s_ptr, cs_ptr, bc, p, p_c, Ho, Wo, ok, ssim, cs, acc_s, acc_c, WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr
-):
-    """Write map row ``p`` (maps are contiguous ``[B*C, Ho, Wo]``) or add it to the lanes' sums."""
+    s_ptr, cs_ptr, bc, p, p_c, Ho, Wo, ok, ssim, cs, acc_s, acc_c, WRITE_MAP: tl.constexpr, WRITE_CS: tl.constexpr,
+    SUM_CS: tl.constexpr,
+):  # fmt: skip
+    """Write map row ``p`` (maps are contiguous ``[B*C, Ho, Wo]``) or add it to the lanes' sums (cs
+    only with ``SUM_CS``)."""
     if WRITE_MAP:
         offs = (bc.to(tl.int64) * Ho + p) * Wo + p_c
         tl.store(s_ptr + offs, ssim, mask=ok)
@@ -63,7 +65,8 @@ def _store_row(
             tl.store(cs_ptr + offs, cs, mask=ok)
     else:
         acc_s += tl.where(ok, ssim, 0.0)
-        acc_c += tl.where(ok, cs, 0.0)
+        if SUM_CS:
+            acc_c += tl.where(ok, cs, 0.0)
     return acc_s, acc_c
 
 
@@ -111,7 +114,7 @@ def _fwd_columns(
         r_in = p_r0 - PAD + i
         h1, h2, h11, h12, l1_row, s = hmoments(
             x_ptr, y_ptr, x_lane, y_lane, r_in, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
-            lane_ok, col_ok, last_col, wt, K, PAD, REFLECT, HAS_L1, EDGE,
+            lane_ok, col_ok, last_col, wt, K, PAD, REFLECT, HAS_L1, EDGE, PAD == 0,
         )  # fmt: skip
         if HAS_L1:
             row_own = ((r_in >= p_r0) & (r_in < p_r0 + n_rows)) | (last_chunk & (r_in >= Ho) & (r_in < H))
@@ -124,11 +127,14 @@ def _fwd_columns(
         ssim, cs = ssim_cs(mu1, mu2, e11, None, e12, c1, c2, shift, None, None)
         p = p_r0 + i - (K - 1)
         ok = col_ok & (i >= K - 1)
-        acc_s, acc_c = _store_row(s_ptr, cs_ptr, bc, p, p_c, Ho, Wo, ok, ssim, cs, acc_s, acc_c, WRITE_MAP, WRITE_CS)
+        acc_s, acc_c = _store_row(
+            s_ptr, cs_ptr, bc, p, p_c, Ho, Wo, ok, ssim, cs, acc_s, acc_c, WRITE_MAP, WRITE_CS, not HAS_L1
+        )
     if not WRITE_MAP:
         # one partial sum per (channel, chunk, strip): [BC, n_chunks * n_strips]
         store_sums(s_ptr, acc_s, BC, n_chunks * n_strips, 1, F, BW, pid)
-        store_sums(cs_ptr, acc_c, BC, n_chunks * n_strips, 1, F, BW, pid)
+        if not HAS_L1:  # the fused loss needs the SSIM sum alone
+            store_sums(cs_ptr, acc_c, BC, n_chunks * n_strips, 1, F, BW, pid)
         if HAS_L1:
             store_sums(l1_ptr, acc_l1, BC, n_chunks * n_strips, 1, F, BW, pid)
 
@@ -195,10 +201,13 @@ def _fwd_ring(
         ssim, cs = ssim_cs(mu1, mu2, e11, e22, e12, c1, c2, shift, None, None)
         p = p_r0 + i - (K - 1)
         ok = col_ok & (i >= K - 1)
-        acc_s, acc_c = _store_row(s_ptr, cs_ptr, bc, p, p_c, Ho, Wo, ok, ssim, cs, acc_s, acc_c, WRITE_MAP, WRITE_CS)
+        acc_s, acc_c = _store_row(
+            s_ptr, cs_ptr, bc, p, p_c, Ho, Wo, ok, ssim, cs, acc_s, acc_c, WRITE_MAP, WRITE_CS, not HAS_L1
+        )
     if not WRITE_MAP:
         store_sums(s_ptr, acc_s, BC, n_chunks * n_strips, 1, F, BW)
-        store_sums(cs_ptr, acc_c, BC, n_chunks * n_strips, 1, F, BW)
+        if not HAS_L1:
+            store_sums(cs_ptr, acc_c, BC, n_chunks * n_strips, 1, F, BW)
         if HAS_L1:
             store_sums(l1_ptr, acc_l1, BC, n_chunks * n_strips, 1, F, BW)
 
@@ -235,14 +244,17 @@ def ssim_fwd_kernel(
 
 def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str, raw: bool = False):
     """Run the forward kernel. ``mode``: "stats" -> ``(ssim_sum, cs_sum)``, each ``[B, C]`` fp32
-    sums over the map; "stats_l1" -> ``(ssim_sum, cs_sum, abs_diff_sum)``, the last summed over
-    the image (the fused photometric loss); "map" -> ``(ssim_map, empty)``; "map_cs" ->
-    ``(ssim_map, cs_map)``. ``raw`` (the stats modes): each sum as the programs' partial sums,
-    ``[B * C, P]`` (for :func:`.partials.means`)."""
+    sums over the map; "stats_l1" -> ``(ssim_sum, None, abs_diff_sum)``, the last summed over
+    the image (the fused photometric loss, which needs no cs); "map" -> ``(ssim_map, empty)``;
+    "map_cs" -> ``(ssim_map, cs_map)``. ``raw`` (the stats modes): each sum as the programs'
+    partial sums, ``[B * C, P]`` (for :func:`.partials.means`)."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
-    # the SSIM statistics under "same" padding of contiguous rows: 64 registers (fwd_maxnreg)
-    lean = mode == "stats" and pad > 0 and img1.stride(3) == 1 and img2.stride(3) == 1
+    # the SSIM statistics of contiguous rows, and the fused loss's SSIM and L1 sums under "same"
+    # padding: 64 registers (fwd_maxnreg; 128 under "reflect"; the fused loss under "valid", whose
+    # last map column sums the L1 of K pixels, spills 40 B at 64)
+    contiguous = img1.stride(3) == 1 and img2.stride(3) == 1
+    lean = contiguous and (mode == "stats" or (mode == "stats_l1" and pad > 0))
     maxnreg = fwd_maxnreg(K, reflect, mode == "map_cs", lean, device_arch(img1.device))
     keep = lean and not reflect  # the last rows' sums in scratch (elsewhere it spilled 8 B at 128)
     geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=maxnreg)
@@ -260,8 +272,8 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
         l1 = None
         if stats:
             s = torch.empty((BC, n_chunks * n_strips), dtype=torch.float32, device=dev)
-            cs = torch.empty_like(s)
             l1 = torch.empty_like(s) if mode == "stats_l1" else None
+            cs = torch.empty_like(s) if l1 is None else None  # the fused loss sums no cs
         else:
             s = torch.empty((B, C, Ho, Wo), dtype=torch.float32, device=dev)
             cs = torch.empty((B, C, Ho, Wo) if mode == "map_cs" else (0,), dtype=torch.float32, device=dev)
@@ -269,7 +281,8 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
         scratch = torch.empty((n_prog, per_prog), dtype=torch.float32, device=dev)
         with device_guard(img1):
             ssim_fwd_kernel[(n_prog,)](
-                img1, img2, window, s, cs if mode != "map" else s, l1 if l1 is not None else s, scratch,
+                img1, img2, window, s, cs if cs is not None and mode != "map" else s, l1 if l1 is not None else s,
+                scratch,
                 BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows, *img1.stride(), *img2.stride(), float(c1), float(c2),
                 K=K, KP=geo.kp, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw,
                 WRITE_MAP=not stats, WRITE_CS=mode == "map_cs", HAS_L1=l1 is not None, KEEP=keep,
@@ -283,8 +296,9 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
         return (s, cs, l1) if l1 is not None else (s, cs)
     if stats:
         # fixed-order reduction of the per-program partial sums: deterministic, no atomics
-        out = (s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C))
-        return out + (l1.sum(dim=1).view(B, C),) if l1 is not None else out
+        if l1 is not None:
+            return s.sum(dim=1).view(B, C), None, l1.sum(dim=1).view(B, C)
+        return s.sum(dim=1).view(B, C), cs.sum(dim=1).view(B, C)
     return s, cs
 
 

@@ -319,12 +319,12 @@ def fwd_maxnreg(
 ) -> int:
     """Register ceiling of a forward launch: :func:`lean_fwd_maxnreg` (64 on sm_90: eight 4-warp
     programs, 32 warps, per SM; 72 on sm_8x) for the ``lean`` column launches, those that keep
-    their last rows' sums in scratch (the SSIM statistics under "same" padding of contiguous rows,
-    and MS-SSIM's coarser scales; :func:`.forward.launch_fwd`); 128 for the other column kernels
-    (a map written, the fused L1 sum, "valid" padding or strided rows spill 8 to 40 B at 64; the
-    masked forward); 255 for the ring kernels and for the column kernel writing both maps (SSIM and
-    cs) under "reflect" (8 B of spills at 128, sm_90). ``arch``: the device's compute capability
-    (:func:`device_arch`)."""
+    their last rows' sums in scratch (the SSIM statistics of contiguous rows, the fused loss's SSIM
+    and L1 sums under "same" padding, and MS-SSIM's coarser scales; :func:`.forward.launch_fwd`);
+    128 for the other column kernels (a map written, strided rows or the fused loss under "valid"
+    spill 8 to 40 B at 64; the masked forward); 255 for the ring kernels and for
+    the column kernel writing both maps (SSIM and cs) under "reflect" (8 B of spills at 128,
+    sm_90). ``arch``: the device's compute capability (:func:`device_arch`)."""
     light = K <= COLUMN_TAPS.value and not (reflect and both_maps)
     if not light:
         return MAXNREG
