@@ -46,6 +46,7 @@ from .moments import partials
 from .partials import means as partial_means
 from .ring import hadjoint_moved as hadjoint_moved_ring
 from .ring import ring_vsum, row_moments, window_taus
+from .split import launch_bwd_split, split_eligible, split_geometry
 
 __all__ = ["ssim_bwd_kernel", "launch_bwd", "ssim_bwd_scales_kernel", "launch_bwd_scales"]
 
@@ -456,7 +457,23 @@ def launch_bwd(
         img1.dtype, None if out is None else out.dtype, upstream_map, g_cs is not None, cs_only, l1 is not None,
         need1, need2, sums, dev,
     )  # fmt: skip
-    sum_buf = tune.run(key, geo.rows, H, run, dev)
+    if split_eligible(img1, img2, K, reflect, need1, need2):
+        # the partials and their adjoint as two lean launches (:mod:`.split`, 32 warps per SM on
+        # sm_90; the same gradients), this one-launch kernel measured beside them on CUDA
+        geo_a, geo_b, _ = split_geometry(img1, img2, window, padding)
+
+        def run_split(cand):
+            if isinstance(cand, tuple):  # ("one launch", rows)
+                return run(cand[1])
+            return launch_bwd_split(
+                img1, img2, window, padding, c1, c2, g_s, g_cs, need1, need2, l1, gx, gy, sums, cs_only,
+                geo_a.rows, cand,
+            )  # fmt: skip
+
+        key = ("split", geo_a, geo_b) + key
+        sum_buf = tune.run(key, geo_b.rows, H, run_split, dev, alternatives=[("one launch", geo.rows)])
+    else:
+        sum_buf = tune.run(key, geo.rows, H, run, dev)
     if sums and raw_sums:
         return gx, gy, sum_buf, None
     if sums:

@@ -1,0 +1,431 @@
+"""The SSIM backward in two lean launches: the partials, then their adjoint.
+
+The one-launch backward (:mod:`.backward`) carries, per lane, the moments' vertical state and the
+adjoint's pending sums at once, which holds it at 128 registers (16 resident warps per SM on
+sm_90). Here the work is cut where the two meet, the map's partial derivatives:
+
+- ``ssim_partials_kernel`` is the lean forward (:func:`.forward._fwd_columns`'s geometry: one
+  lane per map column, the last rows' sums kept in scratch, :func:`.columns.vmoments_kept`) that
+  writes, per map pixel, the partials of ``gs * SSIM + gc * cs`` with respect to E[x'^2], E[x'y']
+  and the means (:func:`.moments.partials`) into float32 planes, and sums the SSIM (cs) values
+  per program;
+- ``ssim_adjoint_kernel`` walks the gradient rows as :func:`.backward._bwd_columns` does, its
+  steps 3 and 4 unchanged (the vertical adjoint through pending sums, moved to each row's shift,
+  then the horizontal one through a scratch row), reading the partials back instead of forming
+  them; it forms the rows' shifts again from the two pixels at each lane's centre, adds the L1
+  term and sums ``|x - y|``.
+
+Each launch fits 64 registers on sm_90 (32 resident warps per SM). The moments, partials, shifts
+and sums are the one-launch kernel's, computed by the same device functions in the same order:
+the gradients are the same bits. The cost is the planes: 8 B per map pixel-channel more written
+and read with one gradient (12 B with the mean partials of both images), and their memory while
+the backward runs. Windows up to ``COLUMN_TAPS`` taps, zero padding ("same", "valid"), one
+gradient, columns contiguous or a constant stride apart: the launches the one-launch kernel runs
+at 128 registers (:func:`.launch.bwd_maxnreg`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
+from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, vmoments_kept
+from .launch import (
+    COLUMN_TAPS,
+    SIZES,
+    cdiv,
+    device_arch,
+    device_guard,
+    fwd_maxnreg,
+    geometry,
+    launch_options,
+    problem,
+    shared_column_stride,
+)
+from .moments import partials
+
+__all__ = ["ssim_moments_kernel", "ssim_adjoint_kernel", "launch_bwd_split", "split_eligible"]
+
+#: Scratch rows per kept input row of the moments kernel (:func:`.columns.vmoments_kept`).
+KEPT_ROWS = tl.constexpr(4)
+
+
+@triton.jit
+def _vmoments_shifts_kept(state, h1, h2, h11, h12, s, wt, i, lane, K: tl.constexpr, BW: tl.constexpr):
+    """:func:`.columns.vmoments_kept` with the last ``K // 2`` rows' shifts kept in the program's
+    scratch too (the vertical pass reads no older one), twice over so that they are consecutive
+    from slot ``i % (K // 2)``, past the four sums' rows: ``state`` is the pending windows' sums
+    alone. The same moments bit for bit."""
+    HALF: tl.constexpr = K // 2
+    base = lane + (KEPT_ROWS * HALF + i % HALF) * BW
+    last = ()
+    for k in tl.static_range(HALF):  # slot base + k: row i - HALF + k
+        last = last + (tl.load(base + k * BW),)
+    hist = (tl.zeros_like(h1),) * (K - 1 - HALF) + last
+    done, full = vmoments_kept((hist,) + state, h1, h2, h11, h12, s, wt, i, lane, 0, K, BW)
+    tl.store(base, s)  # row i replaces row i - HALF
+    tl.store(base + HALF * BW, s)
+    return done, (full[1], full[2], full[3], full[4])
+
+
+@triton.jit
+def _moments_columns(
+    pid, x_ptr, y_ptr, w_ptr, mo_ptr, scr_ptr, BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS,
+    sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
+    K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, SAME: tl.constexpr, EDGE: tl.constexpr,
+):  # fmt: skip
+    group, chunk, strip, f, bc, lane_ok, b, ch = lanes(pid, BC, C, n_chunks, n_strips, F, BW)
+    p_c = strip * F + f  # map column of each lane
+    x_lane = b * sx_b + ch * sx_c + (p_c - PAD).to(tl.int64) * sx_w  # first tap of each lane's window, row 0
+    if SAME:  # both images' strides the same: one offset serves both
+        y_lane = x_lane
+    else:
+        y_lane = b * sy_b + ch * sy_c + (p_c - PAD).to(tl.int64) * sy_w
+    p_r0 = chunk * ROWS  # first map row of this chunk
+    n_rows = tl.minimum(ROWS, Ho - p_r0)
+    wt = load_taps(w_ptr, K)
+    zero = tl.zeros([BW], dtype=tl.float32)
+    ring = (zero,) * (K // 2)
+    state = (ring, ring, ring, ring)
+    lane = scr_ptr + pid.to(tl.int64) * ((KEPT_ROWS + 2) * (K // 2) * BW) + tl.arange(0, BW)
+    for j in tl.static_range((KEPT_ROWS + 2) * (K // 2)):
+        tl.store(lane + j * BW, zero)
+    # the window's first K - 1 rows complete no map row; then each row completes map row p
+    for i in tl.range(0, K - 1, num_stages=1):
+        h1, h2, h11, h12, _, s = hmoments(
+            x_ptr, y_ptr, x_lane, y_lane, p_r0 - PAD + i, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
+            lane_ok, lane_ok, lane_ok, wt, K, PAD, False, False, EDGE, PAD == 0,
+        )  # fmt: skip
+        _, state = _vmoments_shifts_kept(state, h1, h2, h11, h12, s, wt, i, lane, K, BW)
+    at = mo_ptr + 4 * ((bc.to(tl.int64) * Ho + p_r0) * WP + p_c)  # map row p's moments
+    for i in tl.range(K - 1, n_rows + K - 1, num_stages=1):
+        # padded input row p_r0 - PAD + i enters; map row p = p_r0 + i - (K - 1) completes
+        h1, h2, h11, h12, _, s = hmoments(
+            x_ptr, y_ptr, x_lane, y_lane, p_r0 - PAD + i, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
+            lane_ok, lane_ok, lane_ok, wt, K, PAD, False, False, EDGE, PAD == 0,
+        )  # fmt: skip
+        done, state = _vmoments_shifts_kept(state, h1, h2, h11, h12, s, wt, i, lane, K, BW)
+        mu1, mu2, e11, e12, _ = done  # around the map row's centre-row shift, which the adjoint forms again
+        # no mask: the buffer's rows and channels are padded to whole strips and lane groups
+        tl.store(at, mu1)
+        tl.store(at + 1, mu2)
+        tl.store(at + 2, e11)
+        tl.store(at + 3, e12)
+        at += 4 * WP
+
+
+@triton.jit(do_not_specialize=SIZES + ("WP",))
+def ssim_moments_kernel(
+    x_ptr, y_ptr, w_ptr, mo_ptr, scr_ptr, BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS,
+    sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
+    K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, SW: tl.constexpr,
+    SAME: tl.constexpr,
+):  # fmt: skip
+    if SW > 0:  # both images' columns SW apart: immediate tap offsets
+        sx_w = SW
+        sy_w = SW
+    strip = tl.program_id(0) % n_strips
+    if interior(strip * F - PAD, W, K, F, BW):
+        _moments_columns(
+            tl.program_id(0), x_ptr, y_ptr, w_ptr, mo_ptr, scr_ptr, BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS,
+            sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, K, PAD, F, BW, SAME, False,
+        )  # fmt: skip
+    else:
+        _moments_columns(
+            tl.program_id(0), x_ptr, y_ptr, w_ptr, mo_ptr, scr_ptr, BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS,
+            sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, K, PAD, F, BW, SAME, True,
+        )  # fmt: skip
+
+
+@triton.jit
+def _row_shift(x_ptr, y_ptr, x_lane, y_lane, r, c0, H, W, sx_h, sx_w, sy_h, sy_w, lane_ok, K: tl.constexpr,
+               EDGE: tl.constexpr):  # fmt: skip
+    """The shift of padded input row ``r`` at each lane's centre tap, as :func:`.columns.hmoments`
+    forms it under zero padding (``(x + y) / 2``; 0 where not finite or off the image)."""
+    rowf = tl.where((r >= 0) & (r < H), 1.0, 0.0)
+    rr = tl.minimum(tl.maximum(r, 0), H - 1)
+    xrow = x_ptr + x_lane + rr.to(tl.int64) * sx_h
+    yrow = y_ptr + y_lane + rr.to(tl.int64) * sy_h
+    CT: tl.constexpr = K // 2
+    if EDGE:
+        cc = c0 + CT
+        ok_c = lane_ok & (cc >= 0) & (cc < W)
+        dc = (cc - c0).to(tl.int64)
+        xc = tl.load(xrow + dc * sx_w, mask=ok_c, other=0.0).to(tl.float32)
+        yc = tl.load(yrow + dc * sy_w, mask=ok_c, other=0.0).to(tl.float32)
+    else:
+        xc = tl.load(xrow + CT * sx_w).to(tl.float32)
+        yc = tl.load(yrow + CT * sy_w).to(tl.float32)
+    s = 0.5 * xc + 0.5 * yc
+    s = tl.where(s - s == 0.0, s, 0.0)
+    return s * rowf
+
+
+@triton.jit
+def _adjoint_row(
+    i, pend, acc_s, acc_l, x_ptr, y_ptr, w_ptr, mo_lane, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
+    scr, x_lane, y_lane, b, ch, g_base, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c, wt,
+    H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2,
+    K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, UPSTREAM_MAP: tl.constexpr,
+    HAS_CS: tl.constexpr, HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr,
+    WRITE_SUMS: tl.constexpr, SAME: tl.constexpr, EDGE: tl.constexpr, OUT: tl.constexpr,
+):  # fmt: skip
+    """Step ``i >= K - 1`` of :func:`_adjoint_columns`: padded input row ``r`` enters (its shift),
+    map row ``p = r - (K - 1) + PAD`` (moments from the moments' launch, around the shift of their
+    centre row) forms its partials and enters the pending sums; with ``OUT`` gradient row ``p -
+    PAD`` completes and is stored (:func:`.backward._bwd_columns`, steps 2 to 4)."""
+    ar = tl.arange(0, BW)
+    a_sq, a_xy, a_1, a_2 = pend
+    # the shifts of the last K - 1 input rows, kept in the program's scratch (each lane its own
+    # slots, twice over, so that the K - 1 newest are consecutive from slot i % (K - 1))
+    ring = scr + 12 * BW + 32 + ar
+    base = ring + (i % (K - 1)) * BW
+    hist = ()
+    for j in tl.static_range(K - 1):
+        hist = hist + (tl.load(base + j * BW),)
+    r = q_r0 - (K - 1) + i
+    s = _row_shift(x_ptr, y_ptr, x_lane, y_lane, r, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, lane_ok, K, EDGE)
+    shift = hist[K // 2]
+    p = r - (K - 1) + PAD
+    valid = pcol_ok & (p >= 0) & (p < Ho)
+    at = mo_lane + 4 * p.to(tl.int64) * WP
+    mu1 = tl.load(at, mask=valid, other=0.0)
+    mu2 = tl.load(at + 1, mask=valid, other=0.0)
+    e11 = tl.load(at + 2, mask=valid, other=0.0)
+    e12 = tl.load(at + 3, mask=valid, other=0.0)
+    if UPSTREAM_MAP:
+        g_offs = g_base + p.to(tl.int64) * sg_h + p_c.to(tl.int64) * sg_w
+        gs = tl.load(gs_ptr + g_offs, mask=valid, other=0.0).to(tl.float32)
+        if HAS_CS:
+            gc = tl.load(gc_ptr + g_offs, mask=valid, other=0.0).to(tl.float32)
+        else:
+            gc = 0.0
+    d1, d2, dsq, dxy, ssim, cs = partials(mu1, mu2, e11, None, e12, gs, gc, c1, c2, shift, None, None, HAS_CS)
+    if WRITE_SUMS:  # the lanes' sums in the program's scratch (each lane its own slot): two fewer registers
+        own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
+        tl.store(scr + 10 * BW + 32 + ar, tl.load(scr + 10 * BW + 32 + ar) + tl.where(own, ssim, 0.0))
+    dsq = tl.where(valid, dsq, 0.0)
+    dxy = tl.where(valid, dxy, 0.0)
+    e = 2.0 * dsq + dxy
+    # vertical adjoint: map row p enters gradient rows p - PAD + j with tap j, the means' partials
+    # moved to each row's shift; gradient row q = p - PAD completes
+    g_sq, a_sq = push(a_sq, dsq, wt, K, False)
+    g_xy, a_xy = push(a_xy, dxy, wt, K, False)
+    if NEED1:
+        g1, a_1 = push_moved(a_1, tl.where(valid, d1, 0.0), e, hist, s, shift, wt, K)
+    if NEED2:
+        g2, a_2 = push_moved(a_2, tl.where(valid, d2, 0.0), e, hist, s, shift, wt, K)
+    q_shift = hist[0]
+    tl.store(base, s)  # row i replaces row i - (K - 1)
+    tl.store(base + (K - 1) * BW, s)
+    if OUT:
+        # horizontal adjoint of gradient row q through the scratch row (double-buffered: one barrier)
+        buf = scr + (i % 2) * (5 * BW)
+        tl.store(buf + ar, 2.0 * g_sq)
+        tl.store(buf + BW + ar, g_xy)
+        if NEED1:
+            tl.store(buf + 2 * BW + ar, g1)
+        if NEED2:
+            tl.store(buf + 3 * BW + ar, g2)
+        tl.store(buf + 4 * BW + ar, tl.where(pcol_ok, q_shift, 0.0))
+        tl.debug_barrier()
+        q64 = (p - PAD).to(tl.int64)
+        out = qcol_ok
+        xq = tl.load(x_ptr + x_lane + q64 * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32)
+        yq = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32)
+        gx, gy = hadjoint_moved(buf, wt, q_c0, W, f, xq, yq, NEED1, NEED2, F, BW, K, PAD, False, EDGE)
+        if SAME:  # gradient column q_c is the last tap of the lane's window
+            o_offs = x_lane + q64 * sx_h + (K - 1) * sx_w
+        else:
+            o_offs = b * so_b + ch * so_c + q64 * so_h + q_c.to(tl.int64) * so_w
+        if HAS_L1 and WRITE_SUMS:
+            l1_term, lane_l = l1_sign_term(xq, yq, l1, out, tl.load(scr + 11 * BW + 32 + ar), None, HAS_L1, True)
+            tl.store(scr + 11 * BW + 32 + ar, lane_l)
+        else:
+            l1_term, _ = l1_sign_term(xq, yq, l1, out, 0.0, None, HAS_L1, False)
+        if NEED1:
+            store_grad(gx_ptr, o_offs, out, gx, xq, yq, None, None, l1_term, 1, HAS_L1)
+        if NEED2:
+            store_grad(gy_ptr, o_offs, out, gy, yq, xq, None, None, l1_term, -1, HAS_L1)
+    return (a_sq, a_xy, a_1, a_2), acc_s, acc_l
+
+
+@triton.jit
+def _adjoint_columns(
+    pid, x_ptr, y_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
+    BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS,
+    sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sg_b, sg_c, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2,
+    K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, UPSTREAM_MAP: tl.constexpr,
+    HAS_CS: tl.constexpr, HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr,
+    WRITE_SUMS: tl.constexpr, SAME: tl.constexpr, EDGE: tl.constexpr,
+):  # fmt: skip
+    group, chunk, strip, f, bc, lane_ok, b, ch = lanes(pid, BC, C, n_chunks, n_strips, F, BW)
+    ar = tl.arange(0, BW)
+    STEP: tl.constexpr = F - (K - 1)  # gradient columns per strip
+    q_c0 = strip * STEP
+    q_c = q_c0 + f  # gradient column of each lane (valid for f < STEP)
+    qcol_ok = lane_ok & (f < STEP) & (q_c < W)
+    p_c = q_c0 - (K - 1) + PAD + f  # map column whose partials the lane holds
+    pcol_ok = lane_ok & (p_c >= 0) & (p_c < Wo)
+    own_c = pcol_ok & (p_c >= q_c0) & (p_c < q_c0 + STEP)  # map columns this strip sums
+    x_lane = b * sx_b + ch * sx_c + (p_c - PAD).to(tl.int64) * sx_w  # first tap of each lane's window, row 0
+    if SAME:  # the images and the gradient in one layout: one offset serves all three
+        y_lane = x_lane
+    else:
+        y_lane = b * sy_b + ch * sy_c + (p_c - PAD).to(tl.int64) * sy_w
+    q_r0 = chunk * ROWS
+    n_rows = tl.minimum(ROWS, H - q_r0)
+    wt = load_taps(w_ptr, K)
+    zero = tl.zeros([BW], dtype=tl.float32)
+    # scratch (stays in L1/L2): two rows of 5 values per lane (double-buffered: one barrier per row)
+    scr = scr_ptr + pid.to(tl.int64) * ((12 + 2 * (K - 1)) * BW + 32)
+    sel = group if F == BW else bc
+    sel_ok = True if F == BW else lane_ok
+    if UPSTREAM_MAP:
+        g_base = b * sg_b + ch * sg_c
+        gs = 0.0
+        gc = 0.0
+    else:
+        g_base = 0
+        gs = tl.load(gs_ptr + sel, mask=sel_ok, other=0.0).to(tl.float32)
+        if HAS_CS:
+            gc = tl.load(gc_ptr + sel, mask=sel_ok, other=0.0).to(tl.float32)
+        else:
+            gc = 0.0
+    if HAS_L1:
+        l1 = tl.load(l1_ptr + sel, mask=sel_ok, other=0.0).to(tl.float32)
+    else:
+        l1 = 0.0
+    acc_s = 0.0
+    acc_l = 0.0
+    if WRITE_SUMS:
+        tl.store(scr + 10 * BW + 32 + tl.arange(0, BW), zero)
+        tl.store(scr + 11 * BW + 32 + tl.arange(0, BW), zero)
+    mo_lane = mo_ptr + 4 * (bc.to(tl.int64) * Ho * WP + p_c)
+    # 1. the first K - 1 input rows complete no map row: their shifts only (the pending sums of
+    #    rows of zeros are zeros)
+    ring = scr + 12 * BW + 32 + tl.arange(0, BW)  # the rows' shifts (:func:`_adjoint_row`)
+    for j in tl.static_range(K - 1):
+        sj = _row_shift(x_ptr, y_ptr, x_lane, y_lane, q_r0 - (K - 1) + j, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
+                        lane_ok, K, EDGE)  # fmt: skip
+        tl.store(ring + j * BW, sj)
+        tl.store(ring + (j + K - 1) * BW, sj)
+    pend = ((zero,) * (K - 1), (zero,) * (K - 1), (zero,) * (K - 1), (zero,) * (K - 1))
+    # 2. the next K - 1 complete map rows whose gradient rows lie above the chunk: the pending sums
+    for i in tl.range(K - 1, 2 * (K - 1), num_stages=1):
+        pend, acc_s, acc_l = _adjoint_row(
+            i, pend, acc_s, acc_l, x_ptr, y_ptr, w_ptr, mo_lane, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
+            scr, x_lane, y_lane, b, ch, g_base, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c, wt,
+            H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2,
+            K, PAD, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, EDGE, False,
+        )  # fmt: skip
+    # 3. the chunk's gradient rows
+    for i in tl.range(2 * (K - 1), n_rows + 2 * (K - 1), num_stages=1):
+        pend, acc_s, acc_l = _adjoint_row(
+            i, pend, acc_s, acc_l, x_ptr, y_ptr, w_ptr, mo_lane, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
+            scr, x_lane, y_lane, b, ch, g_base, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c, wt,
+            H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2,
+            K, PAD, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, EDGE, True,
+        )  # fmt: skip
+    if WRITE_SUMS:
+        # per program and channel: the SSIM (cs) and, with HAS_L1, |x - y| sums of the pixels it owns
+        store_sums(sum_ptr, tl.load(scr + 10 * BW + 32 + tl.arange(0, BW)), BC, n_chunks * n_strips, 2, F, BW, pid)
+        if HAS_L1:
+            store_sums(sum_ptr + 1, tl.load(scr + 11 * BW + 32 + tl.arange(0, BW)), BC, n_chunks * n_strips, 2, F, BW, pid)
+
+
+@triton.jit(do_not_specialize=SIZES + ("WP",))
+def ssim_adjoint_kernel(
+    x_ptr, y_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
+    BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS,
+    sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sg_b, sg_c, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2,
+    K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, UPSTREAM_MAP: tl.constexpr,
+    HAS_CS: tl.constexpr, HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr,
+    WRITE_SUMS: tl.constexpr, SW: tl.constexpr, SAME: tl.constexpr,
+):  # fmt: skip
+    if SW > 0:  # both images' columns SW apart: immediate tap offsets
+        sx_w = SW
+        sy_w = SW
+    strip = tl.program_id(0) % n_strips
+    if interior(strip * (F - (K - 1)) - (K - 1), W, K, F, BW):
+        _adjoint_columns(
+            tl.program_id(0), x_ptr, y_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
+            BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
+            sg_b, sg_c, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2, K, PAD, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1,
+            NEED1, NEED2, WRITE_SUMS, SAME, False,
+        )  # fmt: skip
+    else:
+        _adjoint_columns(
+            tl.program_id(0), x_ptr, y_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
+            BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
+            sg_b, sg_c, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2, K, PAD, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1,
+            NEED1, NEED2, WRITE_SUMS, SAME, True,
+        )  # fmt: skip
+
+
+def split_eligible(img1, img2, K: int, reflect: bool, need1: bool, need2: bool) -> bool:
+    """Whether :func:`.backward.launch_bwd` runs the two lean launches: the launches its one-launch
+    kernel runs at 128 registers (:func:`.launch.bwd_maxnreg`: the column body, no "reflect", one
+    gradient, columns contiguous or a constant stride apart)."""
+    strided = (img1.stride(3) != 1 or img2.stride(3) != 1) and not shared_column_stride(img1, img2)
+    return K <= COLUMN_TAPS.value and not reflect and not (need1 and need2) and not strided
+
+
+def split_geometry(img1, img2, window, padding: str):
+    """The two launches' geometry: ``(geo_a, geo_b, maxnreg)`` (the lean forward's register ceiling)."""
+    B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
+    maxnreg = fwd_maxnreg(K, lean=True, arch=device_arch(img1.device))
+    geo_a = geometry(Wo, Ho, K, B * C, img1.device, maxnreg=maxnreg)
+    geo_b = geometry(W + K - 1, H, K, B * C, img1.device, halo=True, maxnreg=maxnreg)
+    return geo_a, geo_b, maxnreg
+
+
+def launch_bwd_split(
+    img1, img2, window, padding: str, c1: float, c2: float, g_s, g_cs, need1: bool, need2: bool,
+    l1, gx, gy, sums: bool, cs_only: bool, rows_a: int, rows_b: int,
+):  # fmt: skip
+    """Both launches, as :func:`.backward.launch_bwd` asks (its arguments; ``gx`` / ``gy`` the
+    gradients to write, None where not needed; ``l1`` float32 contiguous or None; ``g_s`` a
+    ``[B, C]`` float32 tensor or a map, ``g_cs`` likewise or None), with ``rows_a`` / ``rows_b``
+    rows per program. Returns the one-launch kernel's ``[B*C, P, 2]`` partial sums (SSIM or cs,
+    ``|x - y|``) when ``sums``, else a placeholder."""
+    B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
+    BC = B * C
+    dev = img1.device
+    geo_a, geo_b, maxnreg = split_geometry(img1, img2, window, padding)
+    sw = shared_column_stride(img1, img2)
+    same_xy = img1.stride() == img2.stride()
+    upstream_map = g_s.dim() == 4
+    g_strides = g_s.stride() if upstream_map else (0, 0, 0, 0)
+    n_strips_a = cdiv(Wo, geo_a.f)
+    # padded to whole strips and lane groups: the moments' launch stores without masks
+    wp = n_strips_a * geo_a.f
+    moments = torch.empty((cdiv(BC, geo_a.bw // geo_a.f) * (geo_a.bw // geo_a.f), Ho, wp, 4), dtype=torch.float32, device=dev)
+    n_chunks_a = cdiv(Ho, rows_a)
+    n_prog_a = cdiv(BC, geo_a.bw // geo_a.f) * n_chunks_a * n_strips_a
+    n_strips_b = cdiv(W, geo_b.f - (K - 1))
+    n_chunks_b = cdiv(H, rows_b)
+    n_prog_b = cdiv(BC, geo_b.bw // geo_b.f) * n_chunks_b * n_strips_b
+    sum_buf = torch.empty((BC, n_chunks_b * n_strips_b, 2) if sums else (1,), dtype=torch.float32, device=dev)
+    out = gx if gx is not None else gy
+    scratch_a = torch.empty((n_prog_a, (KEPT_ROWS.value + 2) * (K // 2) * geo_a.bw), dtype=torch.float32, device=dev)
+    scratch_b = torch.empty((n_prog_b, (12 + 2 * (K - 1)) * geo_b.bw + 32), dtype=torch.float32, device=dev)
+    with device_guard(img1):
+        ssim_moments_kernel[(n_prog_a,)](
+            img1, img2, window, moments, scratch_a, BC, C, H, W, Ho, Wo, wp, n_chunks_a, n_strips_a, rows_a,
+            *img1.stride(), *img2.stride(), K=K, PAD=pad, F=geo_a.f, BW=geo_a.bw, SW=sw, SAME=same_xy,
+            **launch_options(geo_a.warps, maxnreg=maxnreg),
+        )  # fmt: skip
+        ssim_adjoint_kernel[(n_prog_b,)](
+            img1, img2, window, moments, g_s, g_cs if g_cs is not None else g_s, l1 if l1 is not None else g_s,
+            gx if gx is not None else scratch_b, gy if gy is not None else scratch_b, scratch_b, sum_buf,
+            BC, C, H, W, Ho, Wo, wp, n_chunks_b, n_strips_b, rows_b,
+            *img1.stride(), *img2.stride(), *g_strides, *out.stride(), float(c1), float(c2),
+            K=K, PAD=pad, F=geo_b.f, BW=geo_b.bw, UPSTREAM_MAP=upstream_map,
+            HAS_CS=2 if cs_only else g_cs is not None, HAS_L1=l1 is not None, NEED1=need1, NEED2=need2,
+            WRITE_SUMS=sums, SW=sw, SAME=same_xy and out.stride() == img1.stride(),
+            **launch_options(geo_b.warps, maxnreg=maxnreg),
+        )  # fmt: skip
+    return sum_buf
