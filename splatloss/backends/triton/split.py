@@ -165,7 +165,7 @@ def _row_shift(x_ptr, y_ptr, x_lane, y_lane, r, c0, H, W, sx_h, sx_w, sy_h, sy_w
 
 @triton.jit
 def _adjoint_row(
-    i, pend, acc_s, acc_l, x_ptr, y_ptr, w_ptr, mo_lane, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
+    i, pend, x_ptr, y_ptr, w_ptr, mo_lane, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
     scr, x_lane, y_lane, b, ch, g_base, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c, wt,
     H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, UPSTREAM_MAP: tl.constexpr,
@@ -180,7 +180,9 @@ def _adjoint_row(
     a_sq, a_xy, a_1, a_2 = pend
     # the shifts of the last K - 1 input rows, kept in the program's scratch (each lane its own
     # slots, twice over, so that the K - 1 newest are consecutive from slot i % (K - 1))
-    ring = scr + 12 * BW + 32 + ar
+    SUMS_AT: tl.constexpr = 10 * BW + 32  # the scratch's layout (:func:`_adjoint_columns`)
+    RING_AT: tl.constexpr = SUMS_AT + 2 * BW
+    ring = scr + RING_AT + ar
     base = ring + (i % (K - 1)) * BW
     hist = ()
     for j in tl.static_range(K - 1):
@@ -205,7 +207,7 @@ def _adjoint_row(
     d1, d2, dsq, dxy, ssim, cs = partials(mu1, mu2, e11, None, e12, gs, gc, c1, c2, shift, None, None, HAS_CS)
     if WRITE_SUMS:  # the lanes' sums in the program's scratch (each lane its own slot): two fewer registers
         own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
-        tl.store(scr + 10 * BW + 32 + ar, tl.load(scr + 10 * BW + 32 + ar) + tl.where(own, ssim, 0.0))
+        tl.store(scr + SUMS_AT + ar, tl.load(scr + SUMS_AT + ar) + tl.where(own, ssim, 0.0))
     dsq = tl.where(valid, dsq, 0.0)
     dxy = tl.where(valid, dxy, 0.0)
     e = 2.0 * dsq + dxy
@@ -241,15 +243,15 @@ def _adjoint_row(
         else:
             o_offs = b * so_b + ch * so_c + q64 * so_h + q_c.to(tl.int64) * so_w
         if HAS_L1 and WRITE_SUMS:
-            l1_term, lane_l = l1_sign_term(xq, yq, l1, out, tl.load(scr + 11 * BW + 32 + ar), None, HAS_L1, True)
-            tl.store(scr + 11 * BW + 32 + ar, lane_l)
+            l1_term, lane_l = l1_sign_term(xq, yq, l1, out, tl.load(scr + SUMS_AT + BW + ar), None, HAS_L1, True)
+            tl.store(scr + SUMS_AT + BW + ar, lane_l)
         else:
             l1_term, _ = l1_sign_term(xq, yq, l1, out, 0.0, None, HAS_L1, False)
         if NEED1:
             store_grad(gx_ptr, o_offs, out, gx, xq, yq, None, None, l1_term, 1, HAS_L1)
         if NEED2:
             store_grad(gy_ptr, o_offs, out, gy, yq, xq, None, None, l1_term, -1, HAS_L1)
-    return (a_sq, a_xy, a_1, a_2), acc_s, acc_l
+    return a_sq, a_xy, a_1, a_2
 
 
 @triton.jit
@@ -262,7 +264,6 @@ def _adjoint_columns(
     WRITE_SUMS: tl.constexpr, SAME: tl.constexpr, EDGE: tl.constexpr,
 ):  # fmt: skip
     group, chunk, strip, f, bc, lane_ok, b, ch = lanes(pid, BC, C, n_chunks, n_strips, F, BW)
-    ar = tl.arange(0, BW)
     STEP: tl.constexpr = F - (K - 1)  # gradient columns per strip
     q_c0 = strip * STEP
     q_c = q_c0 + f  # gradient column of each lane (valid for f < STEP)
@@ -279,8 +280,12 @@ def _adjoint_columns(
     n_rows = tl.minimum(ROWS, H - q_r0)
     wt = load_taps(w_ptr, K)
     zero = tl.zeros([BW], dtype=tl.float32)
-    # scratch (stays in L1/L2): two rows of 5 values per lane (double-buffered: one barrier per row)
-    scr = scr_ptr + pid.to(tl.int64) * ((12 + 2 * (K - 1)) * BW + 32)
+    # scratch (stays in L1/L2): two rows of 5 values per lane (the horizontal adjoint's, double-buffered:
+    # one barrier per row; read up to K - 1 past a row), then the lanes' two sums and the rows' shifts,
+    # each lane its own slots
+    SUMS_AT: tl.constexpr = 10 * BW + 32
+    RING_AT: tl.constexpr = SUMS_AT + 2 * BW
+    scr = scr_ptr + pid.to(tl.int64) * (RING_AT + 2 * (K - 1) * BW)
     sel = group if F == BW else bc
     sel_ok = True if F == BW else lane_ok
     if UPSTREAM_MAP:
@@ -298,15 +303,13 @@ def _adjoint_columns(
         l1 = tl.load(l1_ptr + sel, mask=sel_ok, other=0.0).to(tl.float32)
     else:
         l1 = 0.0
-    acc_s = 0.0
-    acc_l = 0.0
     if WRITE_SUMS:
-        tl.store(scr + 10 * BW + 32 + tl.arange(0, BW), zero)
-        tl.store(scr + 11 * BW + 32 + tl.arange(0, BW), zero)
+        tl.store(scr + SUMS_AT + tl.arange(0, BW), zero)
+        tl.store(scr + SUMS_AT + BW + tl.arange(0, BW), zero)
     mo_lane = mo_ptr + 4 * (bc.to(tl.int64) * Ho * WP + p_c)
     # 1. the first K - 1 input rows complete no map row: their shifts only (the pending sums of
     #    rows of zeros are zeros)
-    ring = scr + 12 * BW + 32 + tl.arange(0, BW)  # the rows' shifts (:func:`_adjoint_row`)
+    ring = scr + RING_AT + tl.arange(0, BW)  # the rows' shifts (:func:`_adjoint_row`)
     for j in tl.static_range(K - 1):
         sj = _row_shift(x_ptr, y_ptr, x_lane, y_lane, q_r0 - (K - 1) + j, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
                         lane_ok, K, EDGE)  # fmt: skip
@@ -315,25 +318,27 @@ def _adjoint_columns(
     pend = ((zero,) * (K - 1), (zero,) * (K - 1), (zero,) * (K - 1), (zero,) * (K - 1))
     # 2. the next K - 1 complete map rows whose gradient rows lie above the chunk: the pending sums
     for i in tl.range(K - 1, 2 * (K - 1), num_stages=1):
-        pend, acc_s, acc_l = _adjoint_row(
-            i, pend, acc_s, acc_l, x_ptr, y_ptr, w_ptr, mo_lane, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
+        pend = _adjoint_row(
+            i, pend, x_ptr, y_ptr, w_ptr, mo_lane, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
             scr, x_lane, y_lane, b, ch, g_base, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c, wt,
             H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2,
             K, PAD, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, EDGE, False,
         )  # fmt: skip
     # 3. the chunk's gradient rows
     for i in tl.range(2 * (K - 1), n_rows + 2 * (K - 1), num_stages=1):
-        pend, acc_s, acc_l = _adjoint_row(
-            i, pend, acc_s, acc_l, x_ptr, y_ptr, w_ptr, mo_lane, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
+        pend = _adjoint_row(
+            i, pend, x_ptr, y_ptr, w_ptr, mo_lane, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
             scr, x_lane, y_lane, b, ch, g_base, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c, wt,
             H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2,
             K, PAD, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, EDGE, True,
         )  # fmt: skip
     if WRITE_SUMS:
         # per program and channel: the SSIM (cs) and, with HAS_L1, |x - y| sums of the pixels it owns
-        store_sums(sum_ptr, tl.load(scr + 10 * BW + 32 + tl.arange(0, BW)), BC, n_chunks * n_strips, 2, F, BW, pid)
+        store_sums(sum_ptr, tl.load(scr + SUMS_AT + tl.arange(0, BW)), BC, n_chunks * n_strips, 2, F, BW, pid)
         if HAS_L1:
-            store_sums(sum_ptr + 1, tl.load(scr + 11 * BW + 32 + tl.arange(0, BW)), BC, n_chunks * n_strips, 2, F, BW, pid)
+            store_sums(
+                sum_ptr + 1, tl.load(scr + SUMS_AT + BW + tl.arange(0, BW)), BC, n_chunks * n_strips, 2, F, BW, pid
+            )
 
 
 @triton.jit(do_not_specialize=SIZES + ("WP",))
@@ -382,6 +387,11 @@ def split_geometry(img1, img2, window, padding: str):
     return geo_a, geo_b, maxnreg
 
 
+#: The moments buffer of one pair of launches at most (bytes): a larger batch runs in groups of
+#: images one after the other, each group at least one image (16 B per map pixel and channel).
+MAX_MOMENTS_BYTES = 512 * 2**20
+
+
 def launch_bwd_split(
     img1, img2, window, padding: str, c1: float, c2: float, g_s, g_cs, need1: bool, need2: bool,
     l1, gx, gy, sums: bool, cs_only: bool, rows_a: int, rows_b: int,
@@ -389,43 +399,57 @@ def launch_bwd_split(
     """Both launches, as :func:`.backward.launch_bwd` asks (its arguments; ``gx`` / ``gy`` the
     gradients to write, None where not needed; ``l1`` float32 contiguous or None; ``g_s`` a
     ``[B, C]`` float32 tensor or a map, ``g_cs`` likewise or None), with ``rows_a`` / ``rows_b``
-    rows per program. Returns the one-launch kernel's ``[B*C, P, 2]`` partial sums (SSIM or cs,
-    ``|x - y|``) when ``sums``, else a placeholder."""
+    rows per program, over groups of images whose moments take at most :data:`MAX_MOMENTS_BYTES`.
+    Returns the one-launch kernel's ``[B*C, P, 2]`` partial sums (SSIM or cs, ``|x - y|``) when
+    ``sums``, else a placeholder."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
-    BC = B * C
     dev = img1.device
     geo_a, geo_b, maxnreg = split_geometry(img1, img2, window, padding)
+    G = geo_a.bw // geo_a.f  # channels per program of the moments' launch
+    n_strips_a = cdiv(Wo, geo_a.f)
+    wp = n_strips_a * geo_a.f  # map rows padded to whole strips: the moments' launch stores without masks
+    per_image = C * Ho * wp * 16
+    group = max(1, min(B, MAX_MOMENTS_BYTES // per_image))
+    # channels padded to whole lane groups, for the same reason
+    moments = torch.empty((cdiv(group * C, G) * G, Ho, wp, 4), dtype=torch.float32, device=dev)
+    n_strips_b = cdiv(W, geo_b.f - (K - 1))
+    n_chunks_a = cdiv(Ho, rows_a)
+    n_chunks_b = cdiv(H, rows_b)
+    sum_buf = torch.empty((B * C, n_chunks_b * n_strips_b, 2) if sums else (1,), dtype=torch.float32, device=dev)
     sw = shared_column_stride(img1, img2)
     same_xy = img1.stride() == img2.stride()
-    upstream_map = g_s.dim() == 4
-    g_strides = g_s.stride() if upstream_map else (0, 0, 0, 0)
-    n_strips_a = cdiv(Wo, geo_a.f)
-    # padded to whole strips and lane groups: the moments' launch stores without masks
-    wp = n_strips_a * geo_a.f
-    moments = torch.empty((cdiv(BC, geo_a.bw // geo_a.f) * (geo_a.bw // geo_a.f), Ho, wp, 4), dtype=torch.float32, device=dev)
-    n_chunks_a = cdiv(Ho, rows_a)
-    n_prog_a = cdiv(BC, geo_a.bw // geo_a.f) * n_chunks_a * n_strips_a
-    n_strips_b = cdiv(W, geo_b.f - (K - 1))
-    n_chunks_b = cdiv(H, rows_b)
-    n_prog_b = cdiv(BC, geo_b.bw // geo_b.f) * n_chunks_b * n_strips_b
-    sum_buf = torch.empty((BC, n_chunks_b * n_strips_b, 2) if sums else (1,), dtype=torch.float32, device=dev)
     out = gx if gx is not None else gy
-    scratch_a = torch.empty((n_prog_a, (KEPT_ROWS.value + 2) * (K // 2) * geo_a.bw), dtype=torch.float32, device=dev)
-    scratch_b = torch.empty((n_prog_b, (12 + 2 * (K - 1)) * geo_b.bw + 32), dtype=torch.float32, device=dev)
-    with device_guard(img1):
-        ssim_moments_kernel[(n_prog_a,)](
-            img1, img2, window, moments, scratch_a, BC, C, H, W, Ho, Wo, wp, n_chunks_a, n_strips_a, rows_a,
-            *img1.stride(), *img2.stride(), K=K, PAD=pad, F=geo_a.f, BW=geo_a.bw, SW=sw, SAME=same_xy,
-            **launch_options(geo_a.warps, maxnreg=maxnreg),
-        )  # fmt: skip
-        ssim_adjoint_kernel[(n_prog_b,)](
-            img1, img2, window, moments, g_s, g_cs if g_cs is not None else g_s, l1 if l1 is not None else g_s,
-            gx if gx is not None else scratch_b, gy if gy is not None else scratch_b, scratch_b, sum_buf,
-            BC, C, H, W, Ho, Wo, wp, n_chunks_b, n_strips_b, rows_b,
-            *img1.stride(), *img2.stride(), *g_strides, *out.stride(), float(c1), float(c2),
-            K=K, PAD=pad, F=geo_b.f, BW=geo_b.bw, UPSTREAM_MAP=upstream_map,
-            HAS_CS=2 if cs_only else g_cs is not None, HAS_L1=l1 is not None, NEED1=need1, NEED2=need2,
-            WRITE_SUMS=sums, SW=sw, SAME=same_xy and out.stride() == img1.stride(),
-            **launch_options(geo_b.warps, maxnreg=maxnreg),
-        )  # fmt: skip
+    same = same_xy and out.stride() == img1.stride()
+    scratch_a = scratch_b = None
+    for b0 in range(0, B, group):
+        b1 = min(B, b0 + group)
+        BC = (b1 - b0) * C
+        x, y = img1[b0:b1], img2[b0:b1]
+        gs = g_s[b0:b1]
+        gc = g_cs[b0:b1] if g_cs is not None else gs
+        w1 = l1[b0:b1] if l1 is not None else gs
+        sb = sum_buf[b0 * C : b1 * C] if sums else sum_buf
+        n_prog_a = cdiv(BC, G) * n_chunks_a * n_strips_a
+        n_prog_b = cdiv(BC, geo_b.bw // geo_b.f) * n_chunks_b * n_strips_b
+        if scratch_a is None or scratch_a.shape[0] < n_prog_a:
+            scratch_a = torch.empty(
+                (n_prog_a, (KEPT_ROWS.value + 2) * (K // 2) * geo_a.bw), dtype=torch.float32, device=dev
+            )
+            scratch_b = torch.empty((n_prog_b, (12 + 2 * (K - 1)) * geo_b.bw + 32), dtype=torch.float32, device=dev)
+        ox = gx[b0:b1] if gx is not None else scratch_b
+        oy = gy[b0:b1] if gy is not None else scratch_b
+        with device_guard(img1):
+            ssim_moments_kernel[(n_prog_a,)](
+                x, y, window, moments, scratch_a, BC, C, H, W, Ho, Wo, wp, n_chunks_a, n_strips_a, rows_a,
+                *x.stride(), *y.stride(), K=K, PAD=pad, F=geo_a.f, BW=geo_a.bw, SW=sw, SAME=same_xy,
+                **launch_options(geo_a.warps, maxnreg=maxnreg),
+            )  # fmt: skip
+            ssim_adjoint_kernel[(n_prog_b,)](
+                x, y, window, moments, gs, gc, w1, ox, oy, scratch_b, sb,
+                BC, C, H, W, Ho, Wo, wp, n_chunks_b, n_strips_b, rows_b,
+                *x.stride(), *y.stride(), *(gs.stride() if gs.dim() == 4 else (0, 0, 0, 0)), *out.stride(),
+                float(c1), float(c2), K=K, PAD=pad, F=geo_b.f, BW=geo_b.bw, UPSTREAM_MAP=gs.dim() == 4,
+                HAS_CS=2 if cs_only else g_cs is not None, HAS_L1=l1 is not None, NEED1=need1, NEED2=need2,
+                WRITE_SUMS=sums, SW=sw, SAME=same, **launch_options(geo_b.warps, maxnreg=maxnreg),
+            )  # fmt: skip
     return sum_buf

@@ -1,0 +1,137 @@
+"""The Triton backward in two lean launches (``split``: the moments, then their adjoint) against the
+one-launch backward kernel it replaces where that one needed 128 registers.
+
+Both walk the same rows with the same device functions in the same order, so in the interpreter
+their gradients and per-program sums are the same bits; on CUDA the compiler may contract the two
+kernels' arithmetic differently, so there they agree to a few float32 ulps. Each case runs the
+CUDA geometry (row chunks of 8 or 9 rows, column strips of 128 map columns or 256 gradient columns,
+several channels per program on narrow images), so that the adjoint's three phases (the first rows'
+shifts, the rows above the chunk, the chunk's gradient rows) and the strips' edges are all crossed.
+"""
+
+import pytest
+import torch
+
+from conftest import device_for, make_pair
+from splatloss.backends.triton import backward, launch, split
+from splatloss.backends.triton.glue import window_taps
+from splatloss.config import SSIMConfig
+
+pytestmark = pytest.mark.triton
+DEV = device_for("triton")
+EXACT = DEV.type == "cpu"  # the interpreter: bit for bit
+
+
+def _run(x, y, cfg, g_s, g_cs, need1, need2, l1, sums, cs_only, one_launch, monkeypatch):
+    with monkeypatch.context() as m:
+        if one_launch:
+            m.setattr(backward, "split_eligible", lambda *a: False)
+        return backward.launch_bwd(
+            x, y, window_taps(cfg, x.device), cfg.padding, float(cfg.C1), float(cfg.C2), g_s, g_cs, need1, need2,
+            l1=l1, sums=sums, cs_only=cs_only,
+        )  # fmt: skip
+
+
+# (id, shape, padding, window, what): "loss" a per-channel upstream (the SSIM loss), "l1" the fused
+# 3DGS loss with its sums, "map" a map-sized upstream of SSIM and cs (ssim_map), "cs" the cs sum
+# alone (MS-SSIM's finer scales), "y" the second image's gradient, "hwc" an (H, W, C) render's layout
+_CASES = [
+    ("loss-same-11", (1, 2, 30, 41), "same", 11, "loss"),
+    ("l1-same-7", (2, 3, 26, 37), "same", 7, "l1"),
+    ("map-valid-11", (1, 2, 31, 36), "valid", 11, "map"),
+    ("cs-valid-5", (1, 3, 27, 22), "valid", 5, "cs"),
+    ("y-same-3", (2, 1, 19, 29), "same", 3, "y"),
+    ("hwc-same-9", (1, 3, 25, 33), "same", 9, "hwc"),
+]
+
+
+@pytest.mark.parametrize(
+    "shape,padding,window,what",
+    [pytest.param(*c[1:], id=c[0], marks=() if c[0] == "l1-same-7" else (pytest.mark.slow,)) for c in _CASES],
+)
+def test_two_launches_equal_the_one_launch_kernel(monkeypatch, shape, padding, window, what):
+    monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
+    monkeypatch.setattr(launch, "CUDA_ROWS", 9)
+    x, y = make_pair(shape, seed=window, device=DEV)
+    x[..., 4:12, 3:15] = 0.25  # a flat patch: the moved shifts' exact zeros
+    y[..., 4:12, 3:15] = 0.25
+    if what == "hwc":
+        x, y = (t[0].permute(1, 2, 0).contiguous().permute(2, 0, 1)[None] for t in (x, y))
+    cfg = SSIMConfig(window_size=window, padding=padding)
+    B, C, H, W = shape
+    g = torch.Generator().manual_seed(1)
+    Ho = H if padding == "same" else H - window + 1
+    Wo = W if padding == "same" else W - window + 1
+    if what == "map":
+        g_s, g_cs = (torch.randn(B, C, Ho, Wo, generator=g).to(DEV) for _ in range(2))
+    else:
+        g_s = torch.randn(B, C, generator=g).to(DEV)
+        g_cs = g_s * 0.5 if what == "cs" else None
+    l1 = torch.randn(B, C, generator=g).to(DEV) if what == "l1" else None
+    need1, need2 = what != "y", what == "y"
+    sums = what in ("l1", "cs", "loss")
+    args = (x, y, cfg, g_s, g_cs, need1, need2, l1, sums, what == "cs")
+    assert split.split_eligible(x, y, window, False, need1, need2)
+    two = _run(*args, False, monkeypatch)
+    one = _run(*args, True, monkeypatch)
+    assert len(two) == len(one)
+    for a, b in zip(two, one):
+        if b is None:
+            assert a is None
+            continue
+        assert torch.isfinite(b).all()
+        if EXACT:
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6 * float(b.abs().max()))
+
+
+@pytest.mark.slow
+def test_a_batch_over_the_memory_bound_runs_in_groups_of_images(monkeypatch):
+    # three images, the moments of one at a time: the same bits as all three in one pair of launches
+    monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
+    monkeypatch.setattr(launch, "CUDA_ROWS", 9)
+    x, y = make_pair((3, 2, 21, 27), seed=3, device=DEV)
+    cfg = SSIMConfig(window_size=7, padding="same")
+    g_s = torch.randn(3, 2, generator=torch.Generator().manual_seed(2)).to(DEV)
+    l1 = -0.5 * g_s
+    calls = []
+    real = split.ssim_adjoint_kernel
+    out = {}
+    room = split.MAX_MOMENTS_BYTES
+    for cap in (room, 1):  # room for all; for none (one image per group)
+        monkeypatch.setattr(split, "MAX_MOMENTS_BYTES", cap)
+        calls.clear()
+
+        class Counting:  # counts the adjoint's launches, launches it unchanged
+            def __getitem__(self, grid):
+                calls.append(grid)
+                return real[grid]
+
+        monkeypatch.setattr(split, "ssim_adjoint_kernel", Counting())
+        out[cap] = _run(x, y, cfg, g_s, None, True, False, l1, True, False, False, monkeypatch)
+        out[cap, "launches"] = len(calls)
+    monkeypatch.setattr(split, "ssim_adjoint_kernel", real)
+    assert out[room, "launches"] == 1 and out[1, "launches"] == 3
+    for a, b in zip(out[1], out[room]):
+        if b is None:
+            assert a is None
+            continue
+        if EXACT:
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_the_two_launches_take_the_one_launch_kernels_128_register_cases():
+    # the column body without "reflect", one gradient, columns contiguous or a constant stride apart
+    x, y = make_pair((1, 3, 16, 20))
+    assert split.split_eligible(x, y, 11, False, True, False)
+    assert split.split_eligible(x, y, 11, False, False, True)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    assert split.split_eligible(cl, cl, 11, False, True, False)  # a stride of 3, shared
+    assert not split.split_eligible(x, y, 11, True, True, False)  # "reflect"
+    assert not split.split_eligible(x, y, 11, False, True, True)  # both gradients
+    assert not split.split_eligible(x, y, 13, False, True, False)  # the ring body
+    assert not split.split_eligible(cl, y, 11, False, True, False)  # columns 3 and 1 apart
+    assert launch.bwd_maxnreg(11, False) == launch.COLUMN_MAXNREG  # what the two launches replace
