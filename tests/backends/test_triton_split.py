@@ -135,3 +135,33 @@ def test_the_two_launches_take_the_one_launch_kernels_128_register_cases():
     assert not split.split_eligible(x, y, 13, False, True, False)  # the ring body
     assert not split.split_eligible(cl, y, 11, False, True, False)  # columns 3 and 1 apart
     assert launch.bwd_maxnreg(11, False) == launch.COLUMN_MAXNREG  # what the two launches replace
+
+
+@pytest.mark.slow
+def test_the_coarser_scales_two_launches_equal_their_one_launch(monkeypatch):
+    # MS-SSIM's coarser scales in one pair of launches (each program finding its scale) against the
+    # one-launch kernel over the same scales (launch_bwd_scales with the width given); "same" padding,
+    # the second image's gradient, three scales of 2 x 3 channels in the CUDA geometry
+    from splatloss.backends.triton.ms_ssim import _coarse_dims
+
+    monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
+    monkeypatch.setattr(launch, "CUDA_ROWS", 9)
+    B, C = 2, 3
+    dims = _coarse_dims(70, 64, 4)
+    n = sum(B * C * h * w for h, w in dims)
+    g = torch.Generator().manual_seed(4)
+    fx = torch.rand(n, generator=g)
+    fy = (0.6 * fx + 0.4 * torch.rand(n, generator=g)).to(DEV)
+    fx = fx.to(DEV)
+    cfg = SSIMConfig(window_size=7, padding="same")
+    args = (fx, fy, B, C, dims, window_taps(cfg, DEV), "same", float(cfg.C1), float(cfg.C2), False, True)
+    two = backward.launch_bwd_scales(*args)
+    one = backward.launch_bwd_scales(*args, wide=True)
+    assert two[0] is None and one[0] is None
+    pairs = [(two[1], one[1])] + list(zip(two[2], one[2]))
+    for a, b in pairs:
+        assert torch.isfinite(b).all()
+        if EXACT:
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6 * float(b.abs().max()))

@@ -46,7 +46,7 @@ from .moments import partials
 from .partials import means as partial_means
 from .ring import hadjoint_moved as hadjoint_moved_ring
 from .ring import ring_vsum, row_moments, window_taus
-from .split import launch_bwd_split, split_eligible, split_geometry
+from .split import launch_bwd_scales_split, launch_bwd_split, scales_split_geometry, split_eligible, split_geometry
 
 __all__ = ["ssim_bwd_kernel", "launch_bwd", "ssim_bwd_scales_kernel", "launch_bwd_scales"]
 
@@ -592,5 +592,22 @@ def launch_bwd_scales(
 
     key = ("bwd_scales", K, pad, reflect, geos[first][0], wide, BC, C, tuple(dims), need1, need2, dev)
     others = [(wd, r) for wd in geos if wd != first for r in tune.candidates(plans[wd], H1)]
-    terms = tune.run(key, plans[first], H1, run, dev, alternatives=others)
+    if wide is None and not reflect and not (need1 and need2):
+        # the moments and their adjoint as two lean launches (:mod:`.split`; the same gradients and
+        # sums), this one-launch kernel's planned geometries measured beside them on CUDA
+        _, _, geo_b, _, chunks_b, lean = scales_split_geometry(B, C, dims, K, padding, dev)
+        plan_b = batched_rows(chunks_b, heights, K, geo_b.warps, lean, dev)
+
+        def run_split(cand):
+            if isinstance(cand, tuple):  # ("one launch", rows or (width, rows))
+                return run(cand[1])
+            slots, sum_buf = launch_bwd_scales_split(x, y, B, C, dims, window, padding, c1, c2, u, gx, gy, cand)
+            partial_means(sum_buf, BC, slots, sizes, out.view(BC, len(dims)), width=2)  # fixed order
+            return [out[:, :, j] for j in range(len(dims))]
+
+        key = ("split", geo_b) + key
+        alternatives = [("one launch", plans[first])] + [("one launch", o) for o in others]
+        terms = tune.run(key, plan_b, H1, run_split, dev, alternatives=alternatives)
+    else:
+        terms = tune.run(key, plans[first], H1, run, dev, alternatives=others)
     return gx, gy, terms

@@ -30,17 +30,20 @@ import torch
 import triton
 import triton.language as tl
 
-from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
+from .bodies import interior, l1_sign_term, lanes, scale_of, store_grad, store_sums
 from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, vmoments_kept
 from .launch import (
     COLUMN_TAPS,
     SIZES,
+    batched_rows,
     cdiv,
     device_arch,
     device_guard,
     fwd_maxnreg,
     geometry,
     launch_options,
+    out_size,
+    padding_shape,
     problem,
     shared_column_stride,
 )
@@ -184,12 +187,9 @@ def _adjoint_row(
     RING_AT: tl.constexpr = SUMS_AT + 2 * BW
     ring = scr + RING_AT + ar
     base = ring + (i % (K - 1)) * BW
-    hist = ()
-    for j in tl.static_range(K - 1):
-        hist = hist + (tl.load(base + j * BW),)
+    shift = tl.load(base + (K // 2) * BW)  # map row p's centre row
     r = q_r0 - (K - 1) + i
     s = _row_shift(x_ptr, y_ptr, x_lane, y_lane, r, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, lane_ok, K, EDGE)
-    shift = hist[K // 2]
     p = r - (K - 1) + PAD
     valid = pcol_ok & (p >= 0) & (p < Ho)
     at = mo_lane + 4 * p.to(tl.int64) * WP
@@ -215,6 +215,9 @@ def _adjoint_row(
     # moved to each row's shift; gradient row q = p - PAD completes
     g_sq, a_sq = push(a_sq, dsq, wt, K, False)
     g_xy, a_xy = push(a_xy, dxy, wt, K, False)
+    hist = ()  # read where the moved sums need them, not before the partials
+    for j in tl.static_range(K - 1):
+        hist = hist + (shift if j == K // 2 else tl.load(base + j * BW),)
     if NEED1:
         g1, a_1 = push_moved(a_1, tl.where(valid, d1, 0.0), e, hist, s, shift, wt, K)
     if NEED2:
@@ -453,3 +456,124 @@ def launch_bwd_split(
                 WRITE_SUMS=sums, SW=sw, SAME=same, **launch_options(geo_b.warps, maxnreg=maxnreg),
             )  # fmt: skip
     return sum_buf
+
+
+# ------------------------------------------------------------------------------------------------
+# MS-SSIM's coarser scales: both launches over every coarser scale at once, as
+# .backward.ssim_bwd_scales_kernel (the scales' pairs one after the other in one flat buffer, each
+# program finding its scale: .bodies.scale_of), each scale's moments one after the other in one
+# buffer (channels and rows padded as above).
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _moments_offset(scale, GP, H1, W1, DH, NS: tl.constexpr, FA: tl.constexpr):
+    """Element offset of scale ``scale``'s moments: the scales before it, each ``GP`` (padded)
+    channels x ``H_s + DH`` map rows x its map rows padded to whole ``FA``-lane strips x 4."""
+    h = H1
+    w = W1
+    off = (scale * 0).to(tl.int64)
+    for s in tl.static_range(NS):
+        size = GP.to(tl.int64) * (h + DH) * (((w + DH + FA - 1) // FA) * FA) * 4
+        off += tl.where(s < scale, size, 0)
+        h = (h + 1) // 2
+        w = (w + 1) // 2
+    return off
+
+
+@triton.jit(do_not_specialize=("BC", "C", "H1", "W1", "DH", "ROWS", "GP"))
+def ssim_moments_scales_kernel(
+    x_ptr, y_ptr, w_ptr, mo_ptr, scr_ptr, BC, C, H1, W1, DH, ROWS, GP,
+    NS: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    scale, H, W, start, o, _, n_chunks, n_strips = scale_of(pid, BC, H1, W1, ROWS, DH, DH, NS, F, BW // F, 1)
+    hw = H.to(tl.int64) * W
+    chw = hw * C
+    WP = ((W + DH + F - 1) // F) * F
+    _moments_columns(
+        pid - start, x_ptr + o, y_ptr + o, w_ptr, mo_ptr + _moments_offset(scale, GP, H1, W1, DH, NS, F),
+        scr_ptr + start.to(tl.int64) * ((KEPT_ROWS + 2) * (K // 2) * BW), BC, C, H, W, H + DH, W + DH, WP,
+        n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, K, PAD, F, BW, True, True,
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=("BC", "C", "H1", "W1", "DH", "ROWS", "GP"))
+def ssim_adjoint_scales_kernel(
+    x_ptr, y_ptr, w_ptr, mo_ptr, u_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H1, W1, DH, ROWS, GP, c1, c2,
+    NS: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, FA: tl.constexpr,
+    NEED1: tl.constexpr, NEED2: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    STEP: tl.constexpr = F - (K - 1)
+    scale, H, W, start, o, so, n_chunks, n_strips = scale_of(pid, BC, H1, W1, ROWS, 0, 0, NS, STEP, BW // F, 2)
+    hw = H.to(tl.int64) * W
+    chw = hw * C
+    WP = ((W + DH + FA - 1) // FA) * FA
+    mo = mo_ptr + _moments_offset(scale, GP, H1, W1, DH, NS, FA)
+    scr = scr_ptr + start.to(tl.int64) * ((12 + 2 * (K - 1)) * BW + 32)
+    u = u_ptr + scale * BC
+    if scale == NS - 1:  # the last scale: the SSIM map's mean
+        _adjoint_columns(
+            pid - start, x_ptr + o, y_ptr + o, w_ptr, mo, u, u, u, gx_ptr + o, gy_ptr + o, scr, sum_ptr + so,
+            BC, C, H, W, H + DH, W + DH, WP, n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, 0, 0, 0, 0,
+            chw, hw, W, 1, c1, c2, K, PAD, F, BW, False, 0, False, NEED1, NEED2, True, True, True,
+        )  # fmt: skip
+    else:  # the cs map's mean
+        _adjoint_columns(
+            pid - start, x_ptr + o, y_ptr + o, w_ptr, mo, u, u, u, gx_ptr + o, gy_ptr + o, scr, sum_ptr + so,
+            BC, C, H, W, H + DH, W + DH, WP, n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, 0, 0, 0, 0,
+            chw, hw, W, 1, c1, c2, K, PAD, F, BW, False, 2, False, NEED1, NEED2, True, True, True,
+        )  # fmt: skip
+
+
+def scales_split_geometry(B: int, C: int, dims, K: int, padding: str, device):
+    """The coarser scales' two launches: ``(geo_a, rows_a, geo_b, n_groups_b, chunks_b, maxnreg)``,
+    the moments' geometry and rows, the adjoint's geometry, lane groups and programs per row chunk
+    of each scale (:func:`.launch.batched_rows` plans its rows)."""
+    BC = B * C
+    maxnreg = fwd_maxnreg(K, lean=True, arch=device_arch(device))
+    maps = [(out_size(h, K, padding), out_size(w, K, padding)) for h, w in dims]
+    geo_a = geometry(maps[0][1], maps[0][0], K, BC, device, maxnreg=maxnreg)
+    per_chunk_a = [cdiv(BC, geo_a.bw // geo_a.f) * cdiv(wo, geo_a.f) for _, wo in maps]
+    rows_a = batched_rows(per_chunk_a, [ho for ho, _ in maps], K, geo_a.warps, maxnreg, device, halo=False)
+    geo_b = geometry(dims[0][1] + K - 1, dims[0][0], K, BC, device, halo=True, maxnreg=maxnreg)
+    n_groups_b = cdiv(BC, geo_b.bw // geo_b.f)
+    chunks_b = [n_groups_b * cdiv(w, geo_b.f - (K - 1)) for _, w in dims]
+    return geo_a, rows_a, geo_b, n_groups_b, chunks_b, maxnreg
+
+
+def launch_bwd_scales_split(x, y, B: int, C: int, dims, window, padding: str, c1, c2, u, gx, gy, rows_b: int):
+    """Both launches over MS-SSIM's coarser scales (:func:`.backward.launch_bwd_scales`'s arguments;
+    ``u`` the scales' unit upstreams ``[len(dims), B*C]``, ``gx`` / ``gy`` the flat gradients or
+    None), the adjoint at ``rows_b`` rows per program. Returns ``(slots, sum_buf)``: each scale's
+    programs per channel group and their partial sums (SSIM or cs)."""
+    K = window.shape[0]
+    pad, _ = padding_shape(K, padding)
+    BC = B * C
+    dev = x.device
+    geo_a, rows_a, geo_b, n_groups_b, chunks_b, maxnreg = scales_split_geometry(B, C, dims, K, padding, dev)
+    dh = out_size(dims[0][0], K, padding) - dims[0][0]
+    G = geo_a.bw // geo_a.f
+    gp = cdiv(BC, G) * G
+    sizes = [gp * (h + dh) * cdiv(w + dh, geo_a.f) * geo_a.f * 4 for h, w in dims]
+    moments = torch.empty(sum(sizes), dtype=torch.float32, device=dev)
+    n_prog_a = sum(cdiv(BC, G) * cdiv(h + dh, rows_a) * cdiv(w + dh, geo_a.f) for h, w in dims)
+    heights = [h for h, _ in dims]
+    slots = [p // n_groups_b * cdiv(h, rows_b) for p, h in zip(chunks_b, heights)]  # programs per group
+    n_prog_b = sum(n_groups_b * s for s in slots)
+    scratch_a = torch.empty((n_prog_a, (KEPT_ROWS.value + 2) * (K // 2) * geo_a.bw), dtype=torch.float32, device=dev)
+    scratch_b = torch.empty((n_prog_b, (12 + 2 * (K - 1)) * geo_b.bw + 32), dtype=torch.float32, device=dev)
+    sum_buf = torch.empty(2 * BC * sum(slots), dtype=torch.float32, device=dev)
+    with device_guard(x):
+        ssim_moments_scales_kernel[(n_prog_a,)](
+            x, y, window, moments, scratch_a, BC, C, dims[0][0], dims[0][1], dh, rows_a, gp, NS=len(dims), K=K,
+            PAD=pad, F=geo_a.f, BW=geo_a.bw, **launch_options(geo_a.warps, maxnreg=maxnreg),
+        )  # fmt: skip
+        ssim_adjoint_scales_kernel[(n_prog_b,)](
+            x, y, window, moments, u, gx if gx is not None else scratch_b, gy if gy is not None else scratch_b,
+            scratch_b, sum_buf, BC, C, dims[0][0], dims[0][1], dh, rows_b, gp, float(c1), float(c2), NS=len(dims),
+            K=K, PAD=pad, F=geo_b.f, BW=geo_b.bw, FA=geo_a.f, NEED1=gx is not None, NEED2=gy is not None,
+            **launch_options(geo_b.warps, maxnreg=maxnreg),
+        )  # fmt: skip
+    return slots, sum_buf
