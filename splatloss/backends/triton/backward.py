@@ -460,7 +460,7 @@ def launch_bwd(
     if split_eligible(img1, img2, K, reflect, need1, need2):
         # the partials and their adjoint as two lean launches (:mod:`.split`, 32 warps per SM on
         # sm_90; the same gradients), this one-launch kernel measured beside them on CUDA
-        geo_a, geo_b, _ = split_geometry(img1, img2, window, padding)
+        geo_a, geo_b, _, _ = split_geometry(img1, img2, window, padding)
 
         def run_split(cand):
             if isinstance(cand, tuple):  # ("one launch", rows)
@@ -595,8 +595,8 @@ def launch_bwd_scales(
     if wide is None and not reflect and not (need1 and need2):
         # the moments and their adjoint as two lean launches (:mod:`.split`; the same gradients and
         # sums), this one-launch kernel's planned geometries measured beside them on CUDA
-        _, _, geo_b, _, chunks_b, lean = scales_split_geometry(B, C, dims, K, padding, dev)
-        plan_b = batched_rows(chunks_b, heights, K, geo_b.warps, lean, dev)
+        _, _, geo_b, _, chunks_b, _, reg_b = scales_split_geometry(B, C, dims, K, padding, dev)
+        plan_b = batched_rows(chunks_b, heights, K, geo_b.warps, reg_b, dev)
 
         def run_split(cand):
             if isinstance(cand, tuple):  # ("one launch", rows or (width, rows))

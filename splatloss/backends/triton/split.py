@@ -33,6 +33,7 @@ import triton.language as tl
 from .bodies import interior, l1_sign_term, lanes, scale_of, store_grad, store_sums
 from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, vmoments_kept
 from .launch import (
+    COLUMN_MAXNREG,
     COLUMN_TAPS,
     SIZES,
     batched_rows,
@@ -382,12 +383,24 @@ def split_eligible(img1, img2, K: int, reflect: bool, need1: bool, need2: bool) 
 
 
 def split_geometry(img1, img2, window, padding: str):
-    """The two launches' geometry: ``(geo_a, geo_b, maxnreg)`` (the lean forward's register ceiling)."""
+    """The two launches' geometry and register ceilings: ``(geo_a, geo_b, reg_a, reg_b)``
+    (:func:`lean_geometry`)."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
-    maxnreg = fwd_maxnreg(K, lean=True, arch=device_arch(img1.device))
-    geo_a = geometry(Wo, Ho, K, B * C, img1.device, maxnreg=maxnreg)
-    geo_b = geometry(W + K - 1, H, K, B * C, img1.device, halo=True, maxnreg=maxnreg)
-    return geo_a, geo_b, maxnreg
+    geo_a, reg_a = lean_geometry(Wo, Ho, K, B * C, img1.device, False)
+    geo_b, reg_b = lean_geometry(W + K - 1, H, K, B * C, img1.device, True)
+    return geo_a, geo_b, reg_a, reg_b
+
+
+def lean_geometry(frame: int, rows: int, K: int, bc: int, device, halo: bool):
+    """A launch's geometry (:func:`.launch.geometry`) and register ceiling: the lean forward's
+    (:func:`.launch.fwd_maxnreg`: 64 on sm_90) where a program holds one channel; 128 where its
+    rows are short enough that it holds several (each lane then loads its own channel's upstream
+    and L1 weights: 8 to 40 B spilled at 64), images narrower than half a program."""
+    lean = fwd_maxnreg(K, lean=True, arch=device_arch(device))
+    geo = geometry(frame, rows, K, bc, device, halo=halo, maxnreg=lean)
+    if geo.f < geo.bw:
+        return geometry(frame, rows, K, bc, device, halo=halo, maxnreg=COLUMN_MAXNREG), COLUMN_MAXNREG
+    return geo, lean
 
 
 #: The moments buffer of one pair of launches at most (bytes): a larger batch runs in groups of
@@ -407,7 +420,7 @@ def launch_bwd_split(
     ``sums``, else a placeholder."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     dev = img1.device
-    geo_a, geo_b, maxnreg = split_geometry(img1, img2, window, padding)
+    geo_a, geo_b, reg_a, reg_b = split_geometry(img1, img2, window, padding)
     G = geo_a.bw // geo_a.f  # channels per program of the moments' launch
     n_strips_a = cdiv(Wo, geo_a.f)
     wp = n_strips_a * geo_a.f  # map rows padded to whole strips: the moments' launch stores without masks
@@ -445,7 +458,7 @@ def launch_bwd_split(
             ssim_moments_kernel[(n_prog_a,)](
                 x, y, window, moments, scratch_a, BC, C, H, W, Ho, Wo, wp, n_chunks_a, n_strips_a, rows_a,
                 *x.stride(), *y.stride(), K=K, PAD=pad, F=geo_a.f, BW=geo_a.bw, SW=sw, SAME=same_xy,
-                **launch_options(geo_a.warps, maxnreg=maxnreg),
+                **launch_options(geo_a.warps, maxnreg=reg_a),
             )  # fmt: skip
             ssim_adjoint_kernel[(n_prog_b,)](
                 x, y, window, moments, gs, gc, w1, ox, oy, scratch_b, sb,
@@ -453,7 +466,7 @@ def launch_bwd_split(
                 *x.stride(), *y.stride(), *(gs.stride() if gs.dim() == 4 else (0, 0, 0, 0)), *out.stride(),
                 float(c1), float(c2), K=K, PAD=pad, F=geo_b.f, BW=geo_b.bw, UPSTREAM_MAP=gs.dim() == 4,
                 HAS_CS=2 if cs_only else g_cs is not None, HAS_L1=l1 is not None, NEED1=need1, NEED2=need2,
-                WRITE_SUMS=sums, SW=sw, SAME=same, **launch_options(geo_b.warps, maxnreg=maxnreg),
+                WRITE_SUMS=sums, SW=sw, SAME=same, **launch_options(geo_b.warps, maxnreg=reg_b),
             )  # fmt: skip
     return sum_buf
 
@@ -528,19 +541,18 @@ def ssim_adjoint_scales_kernel(
 
 
 def scales_split_geometry(B: int, C: int, dims, K: int, padding: str, device):
-    """The coarser scales' two launches: ``(geo_a, rows_a, geo_b, n_groups_b, chunks_b, maxnreg)``,
+    """The coarser scales' two launches: ``(geo_a, rows_a, geo_b, n_groups_b, chunks_b, reg_a, reg_b)``,
     the moments' geometry and rows, the adjoint's geometry, lane groups and programs per row chunk
     of each scale (:func:`.launch.batched_rows` plans its rows)."""
     BC = B * C
-    maxnreg = fwd_maxnreg(K, lean=True, arch=device_arch(device))
     maps = [(out_size(h, K, padding), out_size(w, K, padding)) for h, w in dims]
-    geo_a = geometry(maps[0][1], maps[0][0], K, BC, device, maxnreg=maxnreg)
+    geo_a, reg_a = lean_geometry(maps[0][1], maps[0][0], K, BC, device, False)
     per_chunk_a = [cdiv(BC, geo_a.bw // geo_a.f) * cdiv(wo, geo_a.f) for _, wo in maps]
-    rows_a = batched_rows(per_chunk_a, [ho for ho, _ in maps], K, geo_a.warps, maxnreg, device, halo=False)
-    geo_b = geometry(dims[0][1] + K - 1, dims[0][0], K, BC, device, halo=True, maxnreg=maxnreg)
+    rows_a = batched_rows(per_chunk_a, [ho for ho, _ in maps], K, geo_a.warps, reg_a, device, halo=False)
+    geo_b, reg_b = lean_geometry(dims[0][1] + K - 1, dims[0][0], K, BC, device, True)
     n_groups_b = cdiv(BC, geo_b.bw // geo_b.f)
     chunks_b = [n_groups_b * cdiv(w, geo_b.f - (K - 1)) for _, w in dims]
-    return geo_a, rows_a, geo_b, n_groups_b, chunks_b, maxnreg
+    return geo_a, rows_a, geo_b, n_groups_b, chunks_b, reg_a, reg_b
 
 
 def launch_bwd_scales_split(x, y, B: int, C: int, dims, window, padding: str, c1, c2, u, gx, gy, rows_b: int):
@@ -552,7 +564,7 @@ def launch_bwd_scales_split(x, y, B: int, C: int, dims, window, padding: str, c1
     pad, _ = padding_shape(K, padding)
     BC = B * C
     dev = x.device
-    geo_a, rows_a, geo_b, n_groups_b, chunks_b, maxnreg = scales_split_geometry(B, C, dims, K, padding, dev)
+    geo_a, rows_a, geo_b, n_groups_b, chunks_b, reg_a, reg_b = scales_split_geometry(B, C, dims, K, padding, dev)
     dh = out_size(dims[0][0], K, padding) - dims[0][0]
     G = geo_a.bw // geo_a.f
     gp = cdiv(BC, G) * G
@@ -568,12 +580,12 @@ def launch_bwd_scales_split(x, y, B: int, C: int, dims, window, padding: str, c1
     with device_guard(x):
         ssim_moments_scales_kernel[(n_prog_a,)](
             x, y, window, moments, scratch_a, BC, C, dims[0][0], dims[0][1], dh, rows_a, gp, NS=len(dims), K=K,
-            PAD=pad, F=geo_a.f, BW=geo_a.bw, **launch_options(geo_a.warps, maxnreg=maxnreg),
+            PAD=pad, F=geo_a.f, BW=geo_a.bw, **launch_options(geo_a.warps, maxnreg=reg_a),
         )  # fmt: skip
         ssim_adjoint_scales_kernel[(n_prog_b,)](
             x, y, window, moments, u, gx if gx is not None else scratch_b, gy if gy is not None else scratch_b,
             scratch_b, sum_buf, BC, C, dims[0][0], dims[0][1], dh, rows_b, gp, float(c1), float(c2), NS=len(dims),
             K=K, PAD=pad, F=geo_b.f, BW=geo_b.bw, FA=geo_a.f, NEED1=gx is not None, NEED2=gy is not None,
-            **launch_options(geo_b.warps, maxnreg=maxnreg),
+            **launch_options(geo_b.warps, maxnreg=reg_b),
         )  # fmt: skip
     return slots, sum_buf
