@@ -48,7 +48,7 @@ def test_device_guard_selects_the_tensors_cuda_device():
 @pytest.mark.slow  # (the interpreter runs every launcher's kernels)
 def test_launchers_enter_the_device_guard(monkeypatch):
     # every launcher goes through device_guard with the tensor it launches on (real kernels run)
-    from splatloss.backends.triton import backward, forward, ms_ssim
+    from splatloss.backends.triton import backward, forward, ms_ssim, split
 
     seen = []
     real = launch.device_guard
@@ -60,10 +60,11 @@ def test_launchers_enter_the_device_guard(monkeypatch):
     monkeypatch.setattr(forward, "device_guard", recording)
     monkeypatch.setattr(backward, "device_guard", recording)
     monkeypatch.setattr(ms_ssim, "device_guard", recording)
+    monkeypatch.setattr(split, "device_guard", recording)
     x = torch.rand(1, 1, 12, 12, device=DEV, requires_grad=True)
     y = torch.rand(1, 1, 12, 12, device=DEV)
     splatloss.ssim(x, y, window_size=3, backend="triton").backward()
-    assert len(seen) == 1  # the loss's forward launch computes its gradient too
+    assert len(seen) == 1  # the loss's forward launches (one guard) compute its gradient too
     splatloss.ssim_map(x, y, window_size=3, backend="triton").sum().backward()
     assert len(seen) == 3 and all(d == x.device for d in seen)  # the map: forward and backward
 

@@ -96,8 +96,9 @@ def _moments_columns(
     lane = scr_ptr + pid.to(tl.int64) * ((KEPT_ROWS + 2) * (K // 2) * BW) + tl.arange(0, BW)
     for j in tl.static_range((KEPT_ROWS + 2) * (K // 2)):
         tl.store(lane + j * BW, zero)
-    # the window's first K - 1 rows complete no map row; then each row completes map row p
-    for i in tl.range(0, K - 1, num_stages=1):
+    # the window's first K - 1 rows complete no map row (unrolled: a loop of a constant count
+    # that ptxas unrolls on some architectures and not others); then each row completes map row p
+    for i in tl.static_range(K - 1):
         h1, h2, h11, h12, _, s = hmoments(
             x_ptr, y_ptr, x_lane, y_lane, p_r0 - PAD + i, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
             lane_ok, lane_ok, lane_ok, wt, K, PAD, False, False, EDGE, PAD == 0,
@@ -321,7 +322,7 @@ def _adjoint_columns(
         tl.store(ring + (j + K - 1) * BW, sj)
     pend = ((zero,) * (K - 1), (zero,) * (K - 1), (zero,) * (K - 1), (zero,) * (K - 1))
     # 2. the next K - 1 complete map rows whose gradient rows lie above the chunk: the pending sums
-    for i in tl.range(K - 1, 2 * (K - 1), num_stages=1):
+    for i in tl.static_range(K - 1, 2 * (K - 1)):  # unrolled, as the moments' first rows
         pend = _adjoint_row(
             i, pend, x_ptr, y_ptr, w_ptr, mo_lane, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
             scr, x_lane, y_lane, b, ch, g_base, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c, wt,
@@ -337,12 +338,13 @@ def _adjoint_columns(
             K, PAD, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, EDGE, True,
         )  # fmt: skip
     if WRITE_SUMS:
-        # per program and channel: the SSIM (cs) and, with HAS_L1, |x - y| sums of the pixels it owns
-        store_sums(sum_ptr, tl.load(scr + SUMS_AT + tl.arange(0, BW)), BC, n_chunks * n_strips, 2, F, BW, pid)
+        # per program and channel: the SSIM (cs) and, with HAS_L1, |x - y| sums of the pixels it owns.
+        # The slots' address formed anew (program_id(1) is 0 in this 1-D grid, which the compiler
+        # cannot know): the loops' address would otherwise be held past them, spilled (8 B)
+        sums = scr + SUMS_AT + tl.program_id(1) * BW + tl.arange(0, BW)
+        store_sums(sum_ptr, tl.load(sums), BC, n_chunks * n_strips, 2, F, BW, pid)
         if HAS_L1:
-            store_sums(
-                sum_ptr + 1, tl.load(scr + SUMS_AT + BW + tl.arange(0, BW)), BC, n_chunks * n_strips, 2, F, BW, pid
-            )
+            store_sums(sum_ptr + 1, tl.load(sums + BW), BC, n_chunks * n_strips, 2, F, BW, pid)
 
 
 @triton.jit(do_not_specialize=SIZES + ("WP",))
@@ -495,7 +497,7 @@ def _moments_offset(scale, GP, H1, W1, DH, NS: tl.constexpr, FA: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=("BC", "C", "H1", "W1", "DH", "ROWS", "GP"))
-def ssim_moments_scales_kernel(
+def moments_scales_kernel(
     x_ptr, y_ptr, w_ptr, mo_ptr, scr_ptr, BC, C, H1, W1, DH, ROWS, GP,
     NS: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
 ):  # fmt: skip
@@ -512,7 +514,7 @@ def ssim_moments_scales_kernel(
 
 
 @triton.jit(do_not_specialize=("BC", "C", "H1", "W1", "DH", "ROWS", "GP"))
-def ssim_adjoint_scales_kernel(
+def adjoint_scales_kernel(
     x_ptr, y_ptr, w_ptr, mo_ptr, u_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H1, W1, DH, ROWS, GP, c1, c2,
     NS: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, FA: tl.constexpr,
     NEED1: tl.constexpr, NEED2: tl.constexpr,
@@ -578,11 +580,11 @@ def launch_bwd_scales_split(x, y, B: int, C: int, dims, window, padding: str, c1
     scratch_b = torch.empty((n_prog_b, (12 + 2 * (K - 1)) * geo_b.bw + 32), dtype=torch.float32, device=dev)
     sum_buf = torch.empty(2 * BC * sum(slots), dtype=torch.float32, device=dev)
     with device_guard(x):
-        ssim_moments_scales_kernel[(n_prog_a,)](
+        moments_scales_kernel[(n_prog_a,)](
             x, y, window, moments, scratch_a, BC, C, dims[0][0], dims[0][1], dh, rows_a, gp, NS=len(dims), K=K,
             PAD=pad, F=geo_a.f, BW=geo_a.bw, **launch_options(geo_a.warps, maxnreg=reg_a),
         )  # fmt: skip
-        ssim_adjoint_scales_kernel[(n_prog_b,)](
+        adjoint_scales_kernel[(n_prog_b,)](
             x, y, window, moments, u, gx if gx is not None else scratch_b, gy if gy is not None else scratch_b,
             scratch_b, sum_buf, BC, C, dims[0][0], dims[0][1], dh, rows_b, gp, float(c1), float(c2), NS=len(dims),
             K=K, PAD=pad, F=geo_b.f, BW=geo_b.bw, FA=geo_a.f, NEED1=gx is not None, NEED2=gy is not None,
