@@ -398,14 +398,9 @@ def test_cost_json_structure_no_spills(tmp_path):
         # the targets the kernels are designed to (docs/triton.md, "Targets"); fused-ssim, counted
         # the same way, issues 42.8 warp-instructions per pixel-channel for its loss (27.6 with its
         # row loop counted once). Moments around each row's own shift (exact in flat windows) and
-        # the clamped ratios took 25.3 in one backward launch at 16 warps per SM, one shift per
-        # program 18.1; the backward's two lean launches take 28.9 at 32 warps per SM on sm_90
-        # (24 on sm_80, at 72 registers), the issue-bound count's 14 % for twice the resident warps
-        assert one["warp_instructions_per_pixel"] <= 30, (arch, one)
+        # the clamped ratios take 25.3, one shift per program 18.1
+        assert one["warp_instructions_per_pixel"] <= 26, (arch, one)
         assert one["bar_per_pixel"] <= 0.05 and one["min_warps_per_sm"] >= 16, (arch, one)
-        if arch == "sm_90":
-            for name in ("ssim_loss_fwd_bwd", "dssim_l1_fwd_bwd", "ms_ssim_loss_fwd_bwd"):
-                assert calls[name]["min_warps_per_sm"] >= 32, (name, calls[name])
         assert one["dram_bytes_per_pixel"] <= 32, (arch, one)
         ratio = {n: calls[n]["warp_instructions_per_pixel"] / one["warp_instructions_per_pixel"] for n in calls}
         # MS-SSIM: the coarser scales' one launch is under one wave at 128 rows, so its programs
@@ -569,17 +564,16 @@ def _launch_tables(tmp_path, *ops):
 @pytest.mark.triton
 @pytest.mark.slow
 def test_launch_tables_propose_full_waves(tmp_path):
-    """The launch tables on the 1080p SSIM loss at 99 rows per program: the backward's adjoint
-    launch (8-warp programs of 246 gradient columns at 64 registers, 4 per SM on 132 SMs: 528
-    slots) makes 3 x 11 x 8 = 264 programs, half a wave; the search proposes fewer rows, a wave
-    at least 85 % full."""
+    """The launch tables on the 1080p SSIM loss: 128 rows per program would make the backward
+    kernel's 216 programs (2 per SM on 132 SMs) fill 82 % of one wave; the launchers step down to
+    99 rows, 264 programs, one full wave (launch.ROW_STEPS), and the search finds nothing better."""
     proc, calls = _launch_tables(tmp_path, "ssim")
     assert "Modelled, not measured" in proc.stdout
     call = calls["ssim fwd+bwd 1x3x1080x1920 float32"]
-    (cur,) = [k for k in call["current_launches"] if k["kernel"] == "ssim_adjoint_kernel"]
-    (new,) = [k for k in call["proposed_launches"] if k["kernel"] == "ssim_adjoint_kernel"]
-    assert (cur["programs"], cur["rows"], cur["ctas"], cur["efficiency"]) == (264, 99, 4, 0.5)
-    assert new["rows"] < 99 and new["programs"] > 264 and new["efficiency"] >= 0.85
+    (cur,) = [k for k in call["current_launches"] if k["kernel"] == "ssim_bwd_kernel"]
+    (new,) = [k for k in call["proposed_launches"] if k["kernel"] == "ssim_bwd_kernel"]
+    assert (cur["programs"], cur["rows"], cur["ctas"], cur["efficiency"]) == (264, 99, 2, 1.0)
+    assert (new["programs"], new["rows"], new["efficiency"]) == (264, 99, 1.0)
     assert call["proposed"]["model_s"] <= call["current"]["model_s"]
     assert call["current"]["issue_s"] <= call["current"]["latency_s"] <= call["current"]["wave_s"]
     assert call["fused_ssim"]["model_s"] > 0

@@ -22,6 +22,12 @@ DEV = device_for("triton")
 EXACT = DEV.type == "cpu"  # the interpreter: bit for bit
 
 
+@pytest.fixture(autouse=True)
+def _two_launches(monkeypatch):
+    # opt-in (SPLATLOSS_TRITON_SPLIT=1): each test here turns it on for itself
+    monkeypatch.setattr(split, "ENABLED", True)
+
+
 def _run(x, y, cfg, g_s, g_cs, need1, need2, l1, sums, cs_only, one_launch, monkeypatch):
     with monkeypatch.context() as m:
         if one_launch:
@@ -135,6 +141,22 @@ def test_the_two_launches_take_the_one_launch_kernels_128_register_cases():
     assert not split.split_eligible(x, y, 13, False, True, False)  # the ring body
     assert not split.split_eligible(cl, y, 11, False, True, False)  # columns 3 and 1 apart
     assert launch.bwd_maxnreg(11, False) == launch.COLUMN_MAXNREG  # what the two launches replace
+
+
+def test_the_two_launches_are_opt_in(monkeypatch):
+    import subprocess
+    import sys
+
+    x, y = make_pair((1, 3, 16, 20))
+    monkeypatch.setattr(split, "ENABLED", False)
+    assert not split.split_eligible(x, y, 11, False, True, False)
+    code = "from splatloss.backends.triton import split; print(split.ENABLED)"
+    for value, want in (("", "False"), ("1", "True"), ("0", "False")):
+        env = {k: v for k, v in __import__("os").environ.items() if k != "SPLATLOSS_TRITON_SPLIT"}
+        if value:
+            env["SPLATLOSS_TRITON_SPLIT"] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want, (value, out.stdout, out.stderr)
 
 
 @pytest.mark.slow

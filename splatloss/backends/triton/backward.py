@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import tune
+from . import split, tune
 from .bodies import interior, l1_sign_term, lanes, scale_of, store_grad, store_sums
 from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, vadjoint_taps, vmoments
 from .launch import (
@@ -592,7 +592,7 @@ def launch_bwd_scales(
 
     key = ("bwd_scales", K, pad, reflect, geos[first][0], wide, BC, C, tuple(dims), need1, need2, dev)
     others = [(wd, r) for wd in geos if wd != first for r in tune.candidates(plans[wd], H1)]
-    if wide is None and not reflect and not (need1 and need2):
+    if split.ENABLED and wide is None and not reflect and not (need1 and need2):
         # the moments and their adjoint as two lean launches (:mod:`.split`; the same gradients and
         # sums), this one-launch kernel's planned geometries measured beside them on CUDA
         _, _, geo_b, _, chunks_b, _, reg_b = scales_split_geometry(B, C, dims, K, padding, dev)

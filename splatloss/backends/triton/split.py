@@ -26,6 +26,8 @@ at 128 registers (:func:`.launch.bwd_maxnreg`).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -96,14 +98,13 @@ def _moments_columns(
     lane = scr_ptr + pid.to(tl.int64) * ((KEPT_ROWS + 2) * (K // 2) * BW) + tl.arange(0, BW)
     for j in tl.static_range((KEPT_ROWS + 2) * (K // 2)):
         tl.store(lane + j * BW, zero)
-    # the window's first K - 1 rows complete no map row (unrolled: a loop of a constant count
-    # that ptxas unrolls on some architectures and not others); then each row completes map row p
-    for i in tl.static_range(K - 1):
-        h1, h2, h11, h12, _, s = hmoments(
+    # the window's first K - 1 rows complete no map row; then each row completes map row p
+    for i in tl.range(0, K - 1, num_stages=1):
+        f1, f2, f11, f12, f_l1, f_s = hmoments(
             x_ptr, y_ptr, x_lane, y_lane, p_r0 - PAD + i, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
             lane_ok, lane_ok, lane_ok, wt, K, PAD, False, False, EDGE, PAD == 0,
         )  # fmt: skip
-        _, state = _vmoments_shifts_kept(state, h1, h2, h11, h12, s, wt, i, lane, K, BW)
+        f_done, state = _vmoments_shifts_kept(state, f1, f2, f11, f12, f_s, wt, i, lane, K, BW)
     at = mo_ptr + 4 * ((bc.to(tl.int64) * Ho + p_r0) * WP + p_c)  # map row p's moments
     for i in tl.range(K - 1, n_rows + K - 1, num_stages=1):
         # padded input row p_r0 - PAD + i enters; map row p = p_r0 + i - (K - 1) completes
@@ -322,7 +323,7 @@ def _adjoint_columns(
         tl.store(ring + (j + K - 1) * BW, sj)
     pend = ((zero,) * (K - 1), (zero,) * (K - 1), (zero,) * (K - 1), (zero,) * (K - 1))
     # 2. the next K - 1 complete map rows whose gradient rows lie above the chunk: the pending sums
-    for i in tl.static_range(K - 1, 2 * (K - 1)):  # unrolled, as the moments' first rows
+    for i in tl.range(K - 1, 2 * (K - 1), num_stages=1):
         pend = _adjoint_row(
             i, pend, x_ptr, y_ptr, w_ptr, mo_lane, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
             scr, x_lane, y_lane, b, ch, g_base, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c, wt,
@@ -376,10 +377,18 @@ def ssim_adjoint_kernel(
         )  # fmt: skip
 
 
+#: Run the two lean launches where they apply (``SPLATLOSS_TRITON_SPLIT=1`` in the environment, read
+#: at import; off by default until the cost tools match their compiled loops on every architecture
+#: and a GPU has timed them).
+ENABLED = os.environ.get("SPLATLOSS_TRITON_SPLIT", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
 def split_eligible(img1, img2, K: int, reflect: bool, need1: bool, need2: bool) -> bool:
-    """Whether :func:`.backward.launch_bwd` runs the two lean launches: the launches its one-launch
-    kernel runs at 128 registers (:func:`.launch.bwd_maxnreg`: the column body, no "reflect", one
-    gradient, columns contiguous or a constant stride apart)."""
+    """Whether :func:`.backward.launch_bwd` runs the two lean launches (with :data:`ENABLED`): the
+    launches its one-launch kernel runs at 128 registers (:func:`.launch.bwd_maxnreg`: the column
+    body, no "reflect", one gradient, columns contiguous or a constant stride apart)."""
+    if not ENABLED:
+        return False
     strided = (img1.stride(3) != 1 or img2.stride(3) != 1) and not shared_column_stride(img1, img2)
     return K <= COLUMN_TAPS.value and not reflect and not (need1 and need2) and not strided
 
