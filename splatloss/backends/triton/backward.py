@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import split, tune
+from . import tune
 from .bodies import interior, l1_sign_term, lanes, scale_of, store_grad, store_sums
 from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, vadjoint_taps, vmoments
 from .launch import (
@@ -46,7 +46,14 @@ from .moments import partials
 from .partials import means as partial_means
 from .ring import hadjoint_moved as hadjoint_moved_ring
 from .ring import ring_vsum, row_moments, window_taus
-from .split import launch_bwd_scales_split, launch_bwd_split, scales_split_geometry, split_eligible, split_geometry
+from .split import (
+    launch_bwd_scales_split,
+    launch_bwd_split,
+    scales_split_eligible,
+    scales_split_geometry,
+    split_eligible,
+    split_geometry,
+)
 
 __all__ = ["ssim_bwd_kernel", "launch_bwd", "ssim_bwd_scales_kernel", "launch_bwd_scales"]
 
@@ -458,7 +465,7 @@ def launch_bwd(
         need1, need2, sums, dev,
     )  # fmt: skip
     if split_eligible(img1, img2, K, reflect, need1, need2):
-        # the partials and their adjoint as two lean launches (:mod:`.split`, 32 warps per SM on
+        # the moments and their adjoint as two lean launches (:mod:`.split`, 32 warps per SM on
         # sm_90; the same gradients), this one-launch kernel measured beside them on CUDA
         geo_a, geo_b, _, _ = split_geometry(img1, img2, window, padding)
 
@@ -592,7 +599,7 @@ def launch_bwd_scales(
 
     key = ("bwd_scales", K, pad, reflect, geos[first][0], wide, BC, C, tuple(dims), need1, need2, dev)
     others = [(wd, r) for wd in geos if wd != first for r in tune.candidates(plans[wd], H1)]
-    if split.ENABLED and wide is None and not reflect and not (need1 and need2):
+    if wide is None and scales_split_eligible(reflect, need1, need2):
         # the moments and their adjoint as two lean launches (:mod:`.split`; the same gradients and
         # sums), this one-launch kernel's planned geometries measured beside them on CUDA
         _, _, geo_b, _, chunks_b, _, reg_b = scales_split_geometry(B, C, dims, K, padding, dev)

@@ -1,27 +1,28 @@
-"""The SSIM backward in two lean launches: the partials, then their adjoint.
+"""The SSIM backward in two lean launches: the moments, then their adjoint (opt-in, :data:`ENABLED`).
 
 The one-launch backward (:mod:`.backward`) carries, per lane, the moments' vertical state and the
 adjoint's pending sums at once, which holds it at 128 registers (16 resident warps per SM on
-sm_90). Here the work is cut where the two meet, the map's partial derivatives:
+sm_90). Here the work is cut where the two meet, the map's moments:
 
-- ``ssim_partials_kernel`` is the lean forward (:func:`.forward._fwd_columns`'s geometry: one
-  lane per map column, the last rows' sums kept in scratch, :func:`.columns.vmoments_kept`) that
-  writes, per map pixel, the partials of ``gs * SSIM + gc * cs`` with respect to E[x'^2], E[x'y']
-  and the means (:func:`.moments.partials`) into float32 planes, and sums the SSIM (cs) values
-  per program;
-- ``ssim_adjoint_kernel`` walks the gradient rows as :func:`.backward._bwd_columns` does, its
-  steps 3 and 4 unchanged (the vertical adjoint through pending sums, moved to each row's shift,
-  then the horizontal one through a scratch row), reading the partials back instead of forming
-  them; it forms the rows' shifts again from the two pixels at each lane's centre, adds the L1
-  term and sums ``|x - y|``.
+- ``ssim_moments_kernel`` is the lean forward's walk (:func:`.forward._fwd_columns`'s geometry:
+  one lane per map column, the last rows' sums and shifts kept in scratch) that stores each map
+  pixel's four moments (E[x'], E[y'], E[x'^2 + y'^2], E[x'y'] around the centre row's shift;
+  rows and channels padded to whole programs, so that the stores take no mask);
+- ``ssim_adjoint_kernel`` walks the gradient rows as :func:`.backward._bwd_columns` does, reading
+  the moments back: the partials of ``gs * SSIM + gc * cs`` (:func:`.moments.partials`), the
+  vertical adjoint through pending sums moved to each row's shift, the horizontal one through a
+  scratch row; the rows' shifts (formed again from the two pixels at each lane's centre) and the
+  lanes' SSIM (cs) and ``|x - y|`` sums in its scratch, its rows in three loops (shifts only,
+  pending sums only, the chunk's gradient rows);
+- ``moments_scales_kernel`` / ``adjoint_scales_kernel``: the same over MS-SSIM's coarser scales.
 
-Each launch fits 64 registers on sm_90 (32 resident warps per SM). The moments, partials, shifts
-and sums are the one-launch kernel's, computed by the same device functions in the same order:
-the gradients are the same bits. The cost is the planes: 8 B per map pixel-channel more written
-and read with one gradient (12 B with the mean partials of both images), and their memory while
-the backward runs. Windows up to ``COLUMN_TAPS`` taps, zero padding ("same", "valid"), one
-gradient, columns contiguous or a constant stride apart: the launches the one-launch kernel runs
-at 128 registers (:func:`.launch.bwd_maxnreg`).
+Each launch fits 64 registers on sm_90 (32 resident warps per SM) without a spill in its loops.
+The moments, partials, shifts and sums are the one-launch kernel's, computed by the same device
+functions in the same order: the same bits (in the interpreter). The cost is the moments: 16 B per
+map pixel-channel written and read back, and their memory while the backward runs (at most
+:data:`MAX_MOMENTS_BYTES` per pair of launches). Windows up to ``COLUMN_TAPS`` taps, zero padding
+("same", "valid"), one gradient, columns contiguous or a constant stride apart: the launches the
+one-launch kernel runs at 128 registers (:func:`.launch.bwd_maxnreg`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,16 @@ from .launch import (
 )
 from .moments import partials
 
-__all__ = ["ssim_moments_kernel", "ssim_adjoint_kernel", "launch_bwd_split", "split_eligible"]
+__all__ = [
+    "ssim_moments_kernel",
+    "ssim_adjoint_kernel",
+    "moments_scales_kernel",
+    "adjoint_scales_kernel",
+    "launch_bwd_split",
+    "launch_bwd_scales_split",
+    "split_eligible",
+    "scales_split_eligible",
+]
 
 #: Scratch rows per kept input row of the moments kernel (:func:`.columns.vmoments_kept`).
 KEPT_ROWS = tl.constexpr(4)
@@ -391,6 +401,12 @@ def split_eligible(img1, img2, K: int, reflect: bool, need1: bool, need2: bool) 
         return False
     strided = (img1.stride(3) != 1 or img2.stride(3) != 1) and not shared_column_stride(img1, img2)
     return K <= COLUMN_TAPS.value and not reflect and not (need1 and need2) and not strided
+
+
+def scales_split_eligible(reflect: bool, need1: bool, need2: bool) -> bool:
+    """Whether :func:`.backward.launch_bwd_scales` runs the two lean launches (with :data:`ENABLED`;
+    its windows are column windows): zero padding, one gradient."""
+    return ENABLED and not reflect and not (need1 and need2)
 
 
 def split_geometry(img1, img2, window, padding: str):
