@@ -398,9 +398,14 @@ def test_cost_json_structure_no_spills(tmp_path):
         # the targets the kernels are designed to (docs/triton.md, "Targets"); fused-ssim, counted
         # the same way, issues 42.8 warp-instructions per pixel-channel for its loss (27.6 with its
         # row loop counted once). Moments around each row's own shift (exact in flat windows) and
-        # the clamped ratios take 25.3, one shift per program 18.1
-        assert one["warp_instructions_per_pixel"] <= 26, (arch, one)
+        # the clamped ratios took 25.3 in one backward launch at 16 warps per SM, one shift per
+        # program 18.1; the backward's two lean launches take 28.9 at 32 warps per SM on sm_90
+        # (24 on sm_80, at 72 registers), the issue-bound count's 14 % for twice the resident warps
+        assert one["warp_instructions_per_pixel"] <= 30, (arch, one)
         assert one["bar_per_pixel"] <= 0.05 and one["min_warps_per_sm"] >= 16, (arch, one)
+        if arch == "sm_90":
+            for name in ("ssim_loss_fwd_bwd", "dssim_l1_fwd_bwd", "ms_ssim_loss_fwd_bwd"):
+                assert calls[name]["min_warps_per_sm"] >= 32, (name, calls[name])
         assert one["dram_bytes_per_pixel"] <= 32, (arch, one)
         ratio = {n: calls[n]["warp_instructions_per_pixel"] / one["warp_instructions_per_pixel"] for n in calls}
         # MS-SSIM: the coarser scales' one launch is under one wave at 128 rows, so its programs
@@ -409,11 +414,14 @@ def test_cost_json_structure_no_spills(tmp_path):
         # at the 50 rows before the equal-chunk rows): more instructions, less time on an idle GPU
         assert ratio["dssim_l1_fwd_bwd"] <= 1.1 and ratio["ms_ssim_loss_fwd_bwd"] <= 1.55, (arch, ratio)
         # MS-SSIM's scales as one op: the whole pyramid, the coarser scales' terms and gradients,
-        # the product, the joins one launch each: 18 launches and 33.3 B per pixel-channel at 1080p
-        # (the scale-by-scale composition: 89 launches, 62.5 B, its per-scale multiply, adjoint and
-        # add 25 B a scale)
+        # the product, the joins one launch each: 20 launches and 45.4 B per pixel-channel at 1080p,
+        # 33.3 B before the backward's moments went through memory (the two lean launches: the
+        # moments written and read back buy twice the resident warps; the scale-by-scale
+        # composition: 89 launches, 62.5 B, its per-scale multiply, adjoint and add 25 B a scale).
+        # What the moments must not do is make it slower than the SSIM loss allows
         ms = calls["ms_ssim_loss_fwd_bwd"]
-        assert ms["launches"] <= 20 and ms["dram_bytes_per_pixel"] <= 35, (arch, ms)
+        assert ms["launches"] <= 20 and ms["dram_bytes_per_pixel"] <= 48, (arch, ms)
+        assert ms["estimate_us"] <= 1.5 * one["estimate_us"], (arch, ms, one)
         # the masked 3DGS loss, its L1 fused in the masked kernel's pass, its weights and loss one
         # launch each (11 launches), its one-gradient backward at 128 registers (16 warps per SM,
         # as the unmasked one). The target is 1.15x the unmasked loss, not met: with the moments
@@ -564,16 +572,17 @@ def _launch_tables(tmp_path, *ops):
 @pytest.mark.triton
 @pytest.mark.slow
 def test_launch_tables_propose_full_waves(tmp_path):
-    """The launch tables on the 1080p SSIM loss: 128 rows per program would make the backward
-    kernel's 216 programs (2 per SM on 132 SMs) fill 82 % of one wave; the launchers step down to
-    99 rows, 264 programs, one full wave (launch.ROW_STEPS), and the search finds nothing better."""
+    """The launch tables on the 1080p SSIM loss: the backward's adjoint launch (8-warp programs of
+    246 gradient columns at 64 registers, 4 per SM on 132 SMs: 528 slots) is planned at 50 rows,
+    3 x 22 x 8 = 528 programs, one full wave (at 99 rows it would be 264, half a wave); the search
+    keeps a wave at least 85 % full and proposes nothing slower."""
     proc, calls = _launch_tables(tmp_path, "ssim")
     assert "Modelled, not measured" in proc.stdout
     call = calls["ssim fwd+bwd 1x3x1080x1920 float32"]
-    (cur,) = [k for k in call["current_launches"] if k["kernel"] == "ssim_bwd_kernel"]
-    (new,) = [k for k in call["proposed_launches"] if k["kernel"] == "ssim_bwd_kernel"]
-    assert (cur["programs"], cur["rows"], cur["ctas"], cur["efficiency"]) == (264, 99, 2, 1.0)
-    assert (new["programs"], new["rows"], new["efficiency"]) == (264, 99, 1.0)
+    (cur,) = [k for k in call["current_launches"] if k["kernel"] == "ssim_adjoint_kernel"]
+    (new,) = [k for k in call["proposed_launches"] if k["kernel"] == "ssim_adjoint_kernel"]
+    assert (cur["programs"], cur["rows"], cur["ctas"], cur["efficiency"]) == (528, 50, 4, 1.0)
+    assert new["efficiency"] >= 0.85
     assert call["proposed"]["model_s"] <= call["current"]["model_s"]
     assert call["current"]["issue_s"] <= call["current"]["latency_s"] <= call["current"]["wave_s"]
     assert call["fused_ssim"]["model_s"] > 0

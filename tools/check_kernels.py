@@ -225,6 +225,19 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
         out[f"ssim same no grad {dtype}"] = Call(loss(), small, dtype, grads=(False, False))
         out[f"dssim_l1 same no grad {dtype}"] = Call(fused(), small, dtype, grads=(False, False))
         out[f"ssim valid no grad {dtype}"] = Call(loss("valid"), small, dtype, grads=(False, False))
+    # the backward's two lean launches (split.ssim_moments_kernel, split.ssim_adjoint_kernel; one
+    # gradient, zero padding): the smallest windows, half precision, the fused L1 term, a map-sized
+    # upstream with cs (ssim_map), the second image's gradient (the default window: the calls above)
+    out["ssim same grad x K=3"] = Call(loss(K=3), small)
+    out["ssim valid grad x K=5"] = Call(loss("valid", 5), small)
+    out["dssim_l1 same grad x K=7"] = Call(
+        lambda x, y: splatloss.dssim_l1(x, y, padding="same", window_size=7, backend=T), small
+    )
+    out["ssim same grad x bfloat16"] = Call(loss(), small, "bfloat16")
+    out["dssim_l1 valid grad y float16"] = Call(
+        lambda x, y: splatloss.dssim_l1(x, y, padding="valid", backend=T), small, "float16", grads=(False, True)
+    )
+    out["ssim_map same +cs grad x"] = Call(map_cs("same"), small)
     out["ms_ssim same no grad"] = Call(
         lambda x, y: splatloss.ms_ssim(x, y, padding="same", backend=T), (1, 3, 176, 200), grads=(False, False)
     )

@@ -24,7 +24,7 @@ EXACT = DEV.type == "cpu"  # the interpreter: bit for bit
 
 @pytest.fixture(autouse=True)
 def _two_launches(monkeypatch):
-    # opt-in (SPLATLOSS_TRITON_SPLIT=1): each test here turns it on for itself
+    # on by default; each test here turns it on for itself whatever SPLATLOSS_TRITON_SPLIT says
     monkeypatch.setattr(split, "ENABLED", True)
 
 
@@ -143,20 +143,27 @@ def test_the_two_launches_take_the_one_launch_kernels_128_register_cases():
     assert launch.bwd_maxnreg(11, False) == launch.COLUMN_MAXNREG  # what the two launches replace
 
 
-def test_the_two_launches_are_opt_in(monkeypatch):
+def test_the_two_launches_are_on_unless_turned_off(monkeypatch):
     import subprocess
     import sys
+
+    from splatloss.backends.triton import tune
 
     x, y = make_pair((1, 3, 16, 20))
     monkeypatch.setattr(split, "ENABLED", False)
     assert not split.split_eligible(x, y, 11, False, True, False)
+    assert not split.scales_split_eligible(False, True, False)
+    for value, want in (("1", True), ("0", False), ("off", False), (" Yes ", True)):
+        monkeypatch.setenv("SPLATLOSS_TRITON_SPLIT", value)
+        assert tune._switch("SPLATLOSS_TRITON_SPLIT", "1") is want, value
+    monkeypatch.setenv("SPLATLOSS_TRITON_SPLIT", "maybe")  # refused, naming the variable and the value
+    with pytest.raises(ValueError, match="SPLATLOSS_TRITON_SPLIT must be one of .*'maybe'"):
+        tune._switch("SPLATLOSS_TRITON_SPLIT", "1")
+    # read at import, on when unset
     code = "from splatloss.backends.triton import split; print(split.ENABLED)"
-    for value, want in (("", "False"), ("1", "True"), ("0", "False")):
-        env = {k: v for k, v in __import__("os").environ.items() if k != "SPLATLOSS_TRITON_SPLIT"}
-        if value:
-            env["SPLATLOSS_TRITON_SPLIT"] = value
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-        assert out.stdout.strip() == want, (value, out.stdout, out.stderr)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "SPLATLOSS_TRITON_SPLIT"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "True", (out.stdout, out.stderr)
 
 
 @pytest.mark.slow

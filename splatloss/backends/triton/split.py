@@ -1,4 +1,4 @@
-"""The SSIM backward in two lean launches: the moments, then their adjoint (opt-in, :data:`ENABLED`).
+"""The SSIM backward in two lean launches: the moments, then their adjoint (:data:`ENABLED`).
 
 The one-launch backward (:mod:`.backward`) carries, per lane, the moments' vertical state and the
 adjoint's pending sums at once, which holds it at 128 registers (16 resident warps per SM on
@@ -27,8 +27,6 @@ one-launch kernel runs at 128 registers (:func:`.launch.bwd_maxnreg`).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -52,6 +50,7 @@ from .launch import (
     shared_column_stride,
 )
 from .moments import partials
+from .tune import _switch
 
 __all__ = [
     "ssim_moments_kernel",
@@ -108,28 +107,25 @@ def _moments_columns(
     lane = scr_ptr + pid.to(tl.int64) * ((KEPT_ROWS + 2) * (K // 2) * BW) + tl.arange(0, BW)
     for j in tl.static_range((KEPT_ROWS + 2) * (K // 2)):
         tl.store(lane + j * BW, zero)
-    # the window's first K - 1 rows complete no map row; then each row completes map row p
-    for i in tl.range(0, K - 1, num_stages=1):
-        f1, f2, f11, f12, f_l1, f_s = hmoments(
-            x_ptr, y_ptr, x_lane, y_lane, p_r0 - PAD + i, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
-            lane_ok, lane_ok, lane_ok, wt, K, PAD, False, False, EDGE, PAD == 0,
-        )  # fmt: skip
-        f_done, state = _vmoments_shifts_kept(state, f1, f2, f11, f12, f_s, wt, i, lane, K, BW)
+    # the window's first K - 1 rows complete no map row; then each row completes map row p. One loop
+    # (a constant-count loop for the first rows would be unrolled by ptxas, its SASS no longer the
+    # IR's loops that the cost tools match)
     at = mo_ptr + 4 * ((bc.to(tl.int64) * Ho + p_r0) * WP + p_c)  # map row p's moments
-    for i in tl.range(K - 1, n_rows + K - 1, num_stages=1):
-        # padded input row p_r0 - PAD + i enters; map row p = p_r0 + i - (K - 1) completes
+    for i in tl.range(0, n_rows + K - 1, num_stages=1):
+        # padded input row p_r0 - PAD + i enters; from i = K - 1 map row p = p_r0 + i - (K - 1) completes
         h1, h2, h11, h12, _, s = hmoments(
             x_ptr, y_ptr, x_lane, y_lane, p_r0 - PAD + i, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
             lane_ok, lane_ok, lane_ok, wt, K, PAD, False, False, EDGE, PAD == 0,
         )  # fmt: skip
         done, state = _vmoments_shifts_kept(state, h1, h2, h11, h12, s, wt, i, lane, K, BW)
-        mu1, mu2, e11, e12, _ = done  # around the map row's centre-row shift, which the adjoint forms again
-        # no mask: the buffer's rows and channels are padded to whole strips and lane groups
-        tl.store(at, mu1)
-        tl.store(at + 1, mu2)
-        tl.store(at + 2, e11)
-        tl.store(at + 3, e12)
-        at += 4 * WP
+        if i >= K - 1:
+            mu1, mu2, e11, e12, _ = done  # around the map row's centre-row shift, which the adjoint forms again
+            # no mask: the buffer's rows and channels are padded to whole strips and lane groups
+            tl.store(at, mu1)
+            tl.store(at + 1, mu2)
+            tl.store(at + 2, e11)
+            tl.store(at + 3, e12)
+            at += 4 * WP
 
 
 @triton.jit(do_not_specialize=SIZES + ("WP",))
@@ -387,10 +383,10 @@ def ssim_adjoint_kernel(
         )  # fmt: skip
 
 
-#: Run the two lean launches where they apply (``SPLATLOSS_TRITON_SPLIT=1`` in the environment, read
-#: at import; off by default until the cost tools match their compiled loops on every architecture
-#: and a GPU has timed them).
-ENABLED = os.environ.get("SPLATLOSS_TRITON_SPLIT", "0").strip().lower() in ("1", "true", "on", "yes")
+#: Run the two lean launches where they apply (``SPLATLOSS_TRITON_SPLIT=0`` in the environment, read
+#: at import: the one-launch kernel everywhere). On CUDA the one-launch kernel is timed beside them
+#: on a shape's first call (:mod:`.tune`) either way.
+ENABLED = _switch("SPLATLOSS_TRITON_SPLIT", "1")
 
 
 def split_eligible(img1, img2, K: int, reflect: bool, need1: bool, need2: bool) -> bool:
