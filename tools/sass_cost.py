@@ -458,6 +458,14 @@ _BIN = {
 }
 
 
+def _has_loop(items: List) -> bool:
+    """Whether a region holds an ``scf.for``, in its branches included."""
+    for it in items:
+        if it[0] == "for" or (it[0] == "if" and (_has_loop(it[1].then) or _has_loop(it[1].other))):
+            return True
+    return False
+
+
 class _Eval:
     def __init__(self, env: Dict[str, int], counts: List[float], entries: List[float]):
         self.env = env
@@ -549,7 +557,10 @@ class _Eval:
         self.counts[node.line] += n
         self.entries[node.line] += 1
         scalar_carried = [a for a, b in inits if self.val(b) is not None]
-        needs_body = any(i[0] in ("for", "if") for i in node.body) or scalar_carried
+        # the body matters for the counts only through the loops nested in it (their bounds may
+        # follow the iteration) or the scalars it carries to the next iteration; a branch without a
+        # loop inside changes no count (the moments kernel's stores from the K-th row on)
+        needs_body = _has_loop(node.body) or scalar_carried
         if not needs_body or n == 0:
             return
         for a, b in inits:
