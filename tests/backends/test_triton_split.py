@@ -155,10 +155,10 @@ def test_the_two_launches_are_on_unless_turned_off(monkeypatch):
     assert not split.scales_split_eligible(False, True, False)
     for value, want in (("1", True), ("0", False), ("off", False), (" Yes ", True)):
         monkeypatch.setenv("SPLATLOSS_TRITON_SPLIT", value)
-        assert tune._switch("SPLATLOSS_TRITON_SPLIT", "1") is want, value
+        assert tune.env_switch("SPLATLOSS_TRITON_SPLIT", "1") is want, value
     monkeypatch.setenv("SPLATLOSS_TRITON_SPLIT", "maybe")  # refused, naming the variable and the value
     with pytest.raises(ValueError, match="SPLATLOSS_TRITON_SPLIT must be one of .*'maybe'"):
-        tune._switch("SPLATLOSS_TRITON_SPLIT", "1")
+        tune.env_switch("SPLATLOSS_TRITON_SPLIT", "1")
     # read at import, on when unset
     code = "from splatloss.backends.triton import split; print(split.ENABLED)"
     env = {k: v for k, v in __import__("os").environ.items() if k != "SPLATLOSS_TRITON_SPLIT"}

@@ -184,9 +184,9 @@ def test_the_coarser_scales_measure_both_widths_and_keep_the_gradients(forced, m
 
 def test_the_switch_takes_on_off_values_and_refuses_others(monkeypatch):
     monkeypatch.setenv("SPLATLOSS_TRITON_TUNE", " Off ")
-    assert tune._switch("SPLATLOSS_TRITON_TUNE", "1") is False
+    assert tune.env_switch("SPLATLOSS_TRITON_TUNE", "1") is False
     monkeypatch.setenv("SPLATLOSS_TRITON_TUNE", "yes")
-    assert tune._switch("SPLATLOSS_TRITON_TUNE", "1") is True
+    assert tune.env_switch("SPLATLOSS_TRITON_TUNE", "1") is True
     monkeypatch.setenv("SPLATLOSS_TRITON_TUNE", "fast")
     with pytest.raises(ValueError, match=r"SPLATLOSS_TRITON_TUNE must be one of .* got 'fast'"):
-        tune._switch("SPLATLOSS_TRITON_TUNE", "1")
+        tune.env_switch("SPLATLOSS_TRITON_TUNE", "1")

@@ -50,7 +50,7 @@ from .launch import (
     shared_column_stride,
 )
 from .moments import partials
-from .tune import _switch
+from .tune import env_switch
 
 __all__ = [
     "ssim_moments_kernel",
@@ -386,7 +386,7 @@ def ssim_adjoint_kernel(
 #: Run the two lean launches where they apply (``SPLATLOSS_TRITON_SPLIT=0`` in the environment, read
 #: at import: the one-launch kernel everywhere). On CUDA the one-launch kernel is timed beside them
 #: on a shape's first call (:mod:`.tune`) either way.
-ENABLED = _switch("SPLATLOSS_TRITON_SPLIT", "1")
+ENABLED = env_switch("SPLATLOSS_TRITON_SPLIT", "1")
 
 
 def split_eligible(img1, img2, K: int, reflect: bool, need1: bool, need2: bool) -> bool:

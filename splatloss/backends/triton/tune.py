@@ -39,14 +39,27 @@ import torch
 
 from . import launch
 
-__all__ = ["ENABLED", "LAUNCHES", "MARGIN", "MAX_SHAPES", "REPEATS", "candidates", "chosen", "clear", "run"]
+__all__ = [
+    "ENABLED",
+    "LAUNCHES",
+    "MARGIN",
+    "MAX_SHAPES",
+    "REPEATS",
+    "candidates",
+    "chosen",
+    "clear",
+    "env_switch",
+    "run",
+]
 
 T = TypeVar("T")
 
 _SWITCH = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
 
 
-def _switch(name: str, default: str) -> bool:
+def env_switch(name: str, default: str) -> bool:
+    """The on/off switch in environment variable ``name`` (``default`` when unset); any other value
+    is refused, naming the variable and the value."""
     value = os.environ.get(name, default)
     if value.strip().lower() not in _SWITCH:
         raise ValueError(f"{name} must be one of 1/0, true/false, on/off, yes/no, got {value!r}")
@@ -54,7 +67,7 @@ def _switch(name: str, default: str) -> bool:
 
 
 #: Measure the rows per launch shape on CUDA (``SPLATLOSS_TRITON_TUNE=0``: plan them only).
-ENABLED = _switch("SPLATLOSS_TRITON_TUNE", "1")
+ENABLED = env_switch("SPLATLOSS_TRITON_TUNE", "1")
 #: Timed rounds per candidate (each round alternates the candidates; the minimum counts), and the
 #: launches timed back to back in each.
 REPEATS = 3
