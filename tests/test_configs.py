@@ -49,7 +49,10 @@ def test_every_config_file_is_covered():
     assert _choices("trainer") == ["cpu", "ddp", "default", "gpu"]
 
 
-@pytest.mark.parametrize("group", GROUPS)
+# the fast tier: the groups a loss ablation changes; the others in the whole suite
+@pytest.mark.parametrize(
+    "group", [g if g in ("model", "loss", "callbacks") else pytest.param(g, marks=pytest.mark.slow) for g in GROUPS]
+)
 def test_group_choices_compose_and_resolve(group, tmp_path):
     for choice in _choices(group):
         overrides = [f"{group}={choice}"]

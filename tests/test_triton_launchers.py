@@ -327,7 +327,12 @@ def test_the_coarser_scales_launch_takes_the_rows_of_least_wave_time(monkeypatch
 
 @pytest.mark.parametrize(
     "op, padding, lean",
-    [("dssim_l1", "same", True), ("dssim_l1", "valid", False), ("ssim", "valid", True), ("ms_ssim", "valid", True)],
+    [
+        ("dssim_l1", "same", True),
+        ("dssim_l1", "valid", False),
+        ("ssim", "valid", True),
+        pytest.param("ms_ssim", "valid", True, marks=pytest.mark.slow),  # an 80x96 image: its five scales
+    ],
 )
 def test_forwards_without_a_gradient_launch_lean(monkeypatch, op, padding, lean):
     # Without a gradient (evaluation) the losses run the forward kernel. Its statistics of contiguous

@@ -43,7 +43,7 @@ def _run(x, y, cfg, g_s, g_cs, need1, need2, l1, sums, cs_only, one_launch, monk
 # alone (MS-SSIM's finer scales), "y" the second image's gradient, "hwc" an (H, W, C) render's layout
 _CASES = [
     ("loss-same-11", (1, 2, 30, 41), "same", 11, "loss"),
-    ("l1-same-7", (2, 3, 26, 37), "same", 7, "l1"),
+    ("l1-same-7", (2, 2, 21, 30), "same", 7, "l1"),
     ("map-valid-11", (1, 2, 31, 36), "valid", 11, "map"),
     ("cs-valid-5", (1, 3, 27, 22), "valid", 5, "cs"),
     ("y-same-3", (2, 1, 19, 29), "same", 3, "y"),
@@ -144,9 +144,6 @@ def test_the_two_launches_take_the_one_launch_kernels_128_register_cases():
 
 
 def test_the_two_launches_are_on_unless_turned_off(monkeypatch):
-    import subprocess
-    import sys
-
     from splatloss.backends.triton import tune
 
     x, y = make_pair((1, 3, 16, 20))
@@ -159,9 +156,17 @@ def test_the_two_launches_are_on_unless_turned_off(monkeypatch):
     monkeypatch.setenv("SPLATLOSS_TRITON_SPLIT", "maybe")  # refused, naming the variable and the value
     with pytest.raises(ValueError, match="SPLATLOSS_TRITON_SPLIT must be one of .*'maybe'"):
         tune.env_switch("SPLATLOSS_TRITON_SPLIT", "1")
-    # read at import, on when unset
+
+
+@pytest.mark.slow
+def test_the_two_launches_are_on_where_the_variable_is_unset():
+    import os
+    import subprocess
+    import sys
+
+    # read at import, on when unset (a fresh interpreter: the test run's has imported it already)
     code = "from splatloss.backends.triton import split; print(split.ENABLED)"
-    env = {k: v for k, v in __import__("os").environ.items() if k != "SPLATLOSS_TRITON_SPLIT"}
+    env = {k: v for k, v in os.environ.items() if k != "SPLATLOSS_TRITON_SPLIT"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "True", (out.stdout, out.stderr)
 
