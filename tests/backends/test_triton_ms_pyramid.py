@@ -187,7 +187,7 @@ def test_the_pyramid_and_its_adjoint_in_one_launch_equal_the_step_by_step_kernel
     from splatloss.backends.triton import launch as L
 
     monkeypatch.setattr(L, "FORCE_CUDA_GEOMETRY", True)
-    assert M._pyramid_tile(4, 19, 150, torch.device("cpu")) == (8, 128)
+    assert M._pyramid_tile(4, 19, 150, torch.device("cpu")) == (8, 64)
     B, C, H, W = 2, 2, 37, 299
     x, y = make_pair((B, C, H, W), seed=50, device=device_for("triton"))
     x = x.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)

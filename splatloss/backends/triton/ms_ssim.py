@@ -39,8 +39,11 @@ __all__ = ["downsample2x", "ms_ssim"]
 Tensor = torch.Tensor
 
 WARPS = 4
-#: Warps of the whole-pyramid launches (_pyramid_kernel, _chain_kernel).
-WARPS_PYRAMID = 8
+#: Warps of the whole-pyramid launches: _pyramid_kernel's 8 x 64 tiles of the first coarser scale
+#: (4 elements a thread; 1632 programs of 8 make 3.09 waves of an H100's 528, 3060 of 4 make 2.90
+#: of its 1056), _chain_kernel's 16 x 128 of the image.
+WARPS_PYRAMID = 4
+WARPS_CHAIN = 8
 
 
 def _tile(width: int, rows: int, device: torch.device) -> tuple:
@@ -187,10 +190,10 @@ def _pyramid_kernel(
 
 def _pyramid_tile(levels: int, H1: int, W1: int, device: torch.device) -> tuple:
     """(rows, columns) of a program's tile of the first coarser scale (``H1 x W1``): powers of two
-    that halve ``levels - 1`` times to at least one row and 16 columns; on CUDA 8 x 128 (for up to
-    four levels), in the interpreter (one program at a time, at a cost per operation) as large as
-    makes about 16k elements."""
-    rows, cols = max(8, 1 << (levels - 1)), max(128, 16 << (levels - 1))
+    that halve ``levels - 1`` times to at least one row and 8 columns; on CUDA 8 x 64 (for up to
+    four levels: the image's tile of :func:`_chain_tile`), in the interpreter (one program at a
+    time, at a cost per operation) as large as makes about 16k elements."""
+    rows, cols = max(8, 1 << (levels - 1)), max(64, 8 << (levels - 1))
     if device.type == "cuda" or launch.FORCE_CUDA_GEOMETRY:
         return rows, cols
     cols = max(cols, min(1024, next_power_of_2(W1)))
@@ -396,7 +399,7 @@ def _chain_impl(d: Tensor, g0: Tensor, gc: Tensor) -> Tensor:
     with device_guard(g0):
         _chain_kernel[(B * C * cdiv(H, rows), cdiv(W, cols))](
             g0, gc if M > 1 else g0, d, scratch if M > 1 else g0, out, B * C, C, H, W, M, *g0.stride(),
-            *out.stride(), LEVELS=M - 1, TILE_ROWS=rows, TILE_COLS=cols, **launch_options(WARPS_PYRAMID),
+            *out.stride(), LEVELS=M - 1, TILE_ROWS=rows, TILE_COLS=cols, **launch_options(WARPS_CHAIN),
         )  # fmt: skip
     return out
 
