@@ -7,8 +7,8 @@ registers. As the unmasked backward does (:mod:`.split`), the work is cut where 
 - ``masked_moments_kernel`` walks the rows as :func:`.masked_kernels.masked_fwd_kernel` does
   (the last rows' five sums and shifts in the program's scratch) and stores, per map pixel, the
   four mask-weighted moment sums ``F(M x')``, ``F(M y')``, ``F(M (x'^2 + y'^2))``, ``F(M x'y')``
-  around the centre row's shift, and ``1 / F(M)`` (1 where ``F(M)`` is 0) in a plane of its own:
-  20 B per map pixel-channel;
+  around the centre row's shift, and ``1 / F(M)`` (1 where ``F(M)`` is 0), each map row's four
+  moments per column then its inverses: 20 B per map pixel-channel;
 - ``masked_adjoint_kernel`` is :func:`.split.ssim_adjoint_kernel`'s walk with the masked partials:
   with ``N_P = F(M P)`` and ``mu_P = N_P / F(M)``, the partials with respect to the sums are the
   unmasked ones with respect to the means over ``F(M)``, the upstream at map position ``p`` is the
@@ -42,15 +42,17 @@ from .columns import (
     vmoments_masked,
 )
 from .launch import (
+    COLUMN_MAXNREG,
     SIZES,
     cdiv,
     device_guard,
+    geometry,
     launch_options,
     problem,
     shared_column_stride,
 )
 from .moments import partials
-from .split import MAX_MOMENTS_BYTES, lean_geometry, row_shift, split_eligible
+from .split import MAX_MOMENTS_BYTES, row_shift, split_eligible
 
 __all__ = [
     "masked_moments_kernel",
@@ -60,8 +62,37 @@ __all__ = [
     "masked_split_geometry",
 ]
 
+#: Register ceilings of the two launches where a program holds one channel (several: 128, as
+#: :func:`.split.lean_geometry`). At the unmasked pair's 64 the masked moments spill 104 B (the
+#: fifth sum's pending windows and the mask's taps) and the adjoint 32 B (the centre mask and the
+#: inverse beside the partials, sm_90, float32); at 80 and 72 neither spills
+#: (tools/check_kernels.py): six 4-warp programs (24 warps) and three 8-warp programs (24 warps)
+#: per SM on sm_90, against the one-launch masked kernel's 16 or 12.
+MOMENTS_MAXNREG = 80
+ADJOINT_MAXNREG = 72
+
 #: Scratch rows per kept input row of the moments kernel: the five sums, then the shifts twice.
 KEPT_SUMS = tl.constexpr(5)
+
+
+@triton.jit
+def _mask_and_planes(m_ptr, mo_ptr, group, bc, b, ch, p_c, C, Ho, WP, sm_b, sm_c, sm_w, PAD: tl.constexpr,
+                     F: tl.constexpr, BW: tl.constexpr):  # fmt: skip
+    """The mask's and the moments' bases and per-lane offsets: ``(m_base, m_col, mo_base)``, the
+    mask read at ``m_base + m_col + row * sm_h`` (``m_col``: column ``p_c - PAD``), a map row's
+    moments at ``mo_base + 5 WP p`` (four per column, then the inverses). With one channel per
+    program the bases are the program's (scalars) and ``m_col`` a 32-bit column offset: no 64-bit
+    offset per lane to hold through the rows."""
+    if F == BW:
+        g64 = group.to(tl.int64)
+        m_base = m_ptr + (g64 // C) * sm_b + (g64 % C) * sm_c
+        m_col = (p_c - PAD) * sm_w
+        mo_base = mo_ptr + g64 * Ho * (5 * WP)
+    else:
+        m_base = m_ptr
+        m_col = b * sm_b + ch * sm_c + (p_c - PAD).to(tl.int64) * sm_w
+        mo_base = mo_ptr + bc.to(tl.int64) * Ho * (5 * WP)
+    return m_base, m_col, mo_base
 
 
 @triton.jit
@@ -86,7 +117,7 @@ def _vmoments_masked_shifts_kept(state, h0, h1, h2, h11, h12, s, wt, i, lane, K:
 
 @triton.jit
 def _masked_moments_columns(
-    pid, x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, iv_ptr, scr_ptr, BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS,
+    pid, x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, scr_ptr, BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w,
     K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, SAME: tl.constexpr, EDGE: tl.constexpr,
 ):  # fmt: skip
@@ -97,7 +128,8 @@ def _masked_moments_columns(
         y_lane = x_lane
     else:
         y_lane = b * sy_b + ch * sy_c + (p_c - PAD).to(tl.int64) * sy_w
-    m_lane = b * sm_b + ch * sm_c + (p_c - PAD).to(tl.int64) * sm_w
+    m_base, m_col, mo_base = _mask_and_planes(m_ptr, mo_ptr, group, bc, b, ch, p_c, C, Ho, WP, sm_b, sm_c, sm_w, PAD,
+                                              F, BW)  # fmt: skip
     p_r0 = chunk * ROWS  # first map row of this chunk
     n_rows = tl.minimum(ROWS, Ho - p_r0)
     wt = load_taps(w_ptr, K)
@@ -108,27 +140,27 @@ def _masked_moments_columns(
     for j in tl.static_range((KEPT_SUMS + 2) * (K // 2)):
         tl.store(lane + j * BW, zero)
     # one loop from the window's first row, the stores from its K-th (as .split's moments kernel)
-    at = (bc.to(tl.int64) * Ho + p_r0) * WP + p_c  # map row p's place in the planes
+    at = mo_base + p_r0.to(tl.int64) * (5 * WP) + 4 * p_c  # map row p's moments; its inverses 4 WP on
     for i in tl.range(0, n_rows + K - 1, num_stages=1):
         h0, h1, h2, h11, h12, s, _ = hmoments_masked(
-            x_ptr, y_ptr, m_ptr, x_lane, y_lane, m_lane, p_r0 - PAD + i, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
+            x_ptr, y_ptr, m_base, x_lane, y_lane, m_col, p_r0 - PAD + i, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
             sm_h, sm_w, lane_ok, wt, K, False, EDGE,
         )  # fmt: skip
         done, state = _vmoments_masked_shifts_kept(state, h0, h1, h2, h11, h12, s, wt, i, lane, K, BW)
         if i >= K - 1:
             fm, f1, f2, f11, f12, _ = done  # around the centre row's shift, which the adjoint forms again
             # no mask: the planes' rows and channels are padded to whole strips and lane groups
-            tl.store(mo_ptr + 4 * at, f1)
-            tl.store(mo_ptr + 4 * at + 1, f2)
-            tl.store(mo_ptr + 4 * at + 2, f11)
-            tl.store(mo_ptr + 4 * at + 3, f12)
-            tl.store(iv_ptr + at, 1.0 / tl.where(fm > 0, fm, 1.0))
-            at += WP
+            tl.store(at, f1)
+            tl.store(at + 1, f2)
+            tl.store(at + 2, f11)
+            tl.store(at + 3, f12)
+            tl.store(at + 4 * WP - 3 * p_c, 1.0 / tl.where(fm > 0, fm, 1.0))
+            at += 5 * WP
 
 
 @triton.jit(do_not_specialize=SIZES + ("WP",))
 def masked_moments_kernel(
-    x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, iv_ptr, scr_ptr, BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS,
+    x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, scr_ptr, BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w,
     K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, SW: tl.constexpr, SAME: tl.constexpr,
 ):  # fmt: skip
@@ -138,13 +170,13 @@ def masked_moments_kernel(
     strip = tl.program_id(0) % n_strips
     if interior(strip * F - PAD, W, K, F, BW):
         _masked_moments_columns(
-            tl.program_id(0), x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, iv_ptr, scr_ptr, BC, C, H, W, Ho, Wo, WP,
+            tl.program_id(0), x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, scr_ptr, BC, C, H, W, Ho, Wo, WP,
             n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w,
             K, PAD, F, BW, SAME, False,
         )  # fmt: skip
     else:
         _masked_moments_columns(
-            tl.program_id(0), x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, iv_ptr, scr_ptr, BC, C, H, W, Ho, Wo, WP,
+            tl.program_id(0), x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, scr_ptr, BC, C, H, W, Ho, Wo, WP,
             n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w,
             K, PAD, F, BW, SAME, True,
         )  # fmt: skip
@@ -152,8 +184,8 @@ def masked_moments_kernel(
 
 @triton.jit
 def _masked_adjoint_row(
-    i, pend, x_ptr, y_ptr, m_ptr, w_ptr, mo_lane, iv_lane, gs, gc, l1, gx_ptr, gy_ptr,
-    scr, x_lane, y_lane, m_lane, b, ch, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c, wt,
+    i, pend, x_ptr, y_ptr, m_base, w_ptr, mo_base, gs, gc, l1, gx_ptr, gy_ptr,
+    scr, x_lane, y_lane, m_col, b, ch, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c, wt,
     H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, HAS_CS: tl.constexpr,
     HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr, WRITE_SUMS: tl.constexpr,
@@ -174,14 +206,14 @@ def _masked_adjoint_row(
     s = row_shift(x_ptr, y_ptr, x_lane, y_lane, r, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, lane_ok, K, EDGE)
     p = r - (K - 1) + PAD
     valid = pcol_ok & (p >= 0) & (p < Ho)
-    at = mo_lane + 4 * p.to(tl.int64) * WP
+    at = mo_base + p.to(tl.int64) * (5 * WP) + 4 * p_c
     f1 = tl.load(at, mask=valid, other=0.0)
     f2 = tl.load(at + 1, mask=valid, other=0.0)
     f11 = tl.load(at + 2, mask=valid, other=0.0)
     f12 = tl.load(at + 3, mask=valid, other=0.0)
-    inv = tl.load(iv_lane + p.to(tl.int64) * WP, mask=valid, other=1.0)
+    inv = tl.load(at + 4 * WP - 3 * p_c, mask=valid, other=1.0)
     # the centre mask of map position p (image row p + K // 2 - PAD, the window's centre column)
-    mc = tl.load(m_ptr + m_lane + (p + (K // 2 - PAD)).to(tl.int64) * sm_h + (K // 2) * sm_w, mask=valid, other=0.0)
+    mc = tl.load(m_base + m_col + (p + (K // 2 - PAD)).to(tl.int64) * sm_h + (K // 2) * sm_w, mask=valid, other=0.0)
     dmu = (f1 - f2) * inv  # the differences from the sums, as in the forward kernel
     dvar = (f11 - 2.0 * f12) * inv
     d1, d2, dsq, dxy, ssim, cs = partials(
@@ -222,7 +254,7 @@ def _masked_adjoint_row(
         out = qcol_ok
         xq = tl.load(x_ptr + x_lane + q64 * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32)
         yq = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32)
-        mq = tl.load(m_ptr + m_lane + q64 * sm_h + (K - 1) * sm_w, mask=out, other=0.0)
+        mq = tl.load(m_base + m_col + q64 * sm_h + (K - 1) * sm_w, mask=out, other=0.0)
         gx, gy = hadjoint_moved(buf, wt, q_c0, W, f, xq, yq, NEED1, NEED2, F, BW, K, PAD, False, EDGE)
         if SAME:  # gradient column q_c is the last tap of the lane's window
             o_offs = x_lane + q64 * sx_h + (K - 1) * sx_w
@@ -243,7 +275,7 @@ def _masked_adjoint_row(
 
 @triton.jit
 def _masked_adjoint_columns(
-    pid, x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, iv_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
+    pid, x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
     BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, HAS_CS: tl.constexpr,
@@ -263,7 +295,8 @@ def _masked_adjoint_columns(
         y_lane = x_lane
     else:
         y_lane = b * sy_b + ch * sy_c + (p_c - PAD).to(tl.int64) * sy_w
-    m_lane = b * sm_b + ch * sm_c + (p_c - PAD).to(tl.int64) * sm_w
+    m_base, m_col, mo_base = _mask_and_planes(m_ptr, mo_ptr, group, bc, b, ch, p_c, C, Ho, WP, sm_b, sm_c, sm_w, PAD,
+                                              F, BW)  # fmt: skip
     q_r0 = chunk * ROWS
     n_rows = tl.minimum(ROWS, H - q_r0)
     wt = load_taps(w_ptr, K)
@@ -288,8 +321,6 @@ def _masked_adjoint_columns(
     if WRITE_SUMS:
         tl.store(scr + SUMS_AT + tl.arange(0, BW), zero)
         tl.store(scr + SUMS_AT + BW + tl.arange(0, BW), zero)
-    mo_lane = mo_ptr + 4 * (bc.to(tl.int64) * Ho * WP + p_c)
-    iv_lane = iv_ptr + (bc.to(tl.int64) * Ho * WP + p_c)
     # 1. the first K - 1 input rows complete no map row: their shifts only
     ring = scr + RING_AT + tl.arange(0, BW)
     for j in tl.static_range(K - 1):
@@ -301,16 +332,16 @@ def _masked_adjoint_columns(
     # 2. the next K - 1 complete map rows whose gradient rows lie above the chunk: the pending sums
     for i in tl.range(K - 1, 2 * (K - 1), num_stages=1):
         pend = _masked_adjoint_row(
-            i, pend, x_ptr, y_ptr, m_ptr, w_ptr, mo_lane, iv_lane, gs, gc, l1, gx_ptr, gy_ptr,
-            scr, x_lane, y_lane, m_lane, b, ch, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c,
+            i, pend, x_ptr, y_ptr, m_base, w_ptr, mo_base, gs, gc, l1, gx_ptr, gy_ptr,
+            scr, x_lane, y_lane, m_col, b, ch, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c,
             wt, H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
             K, PAD, F, BW, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, EDGE, False,
         )  # fmt: skip
     # 3. the chunk's gradient rows
     for i in tl.range(2 * (K - 1), n_rows + 2 * (K - 1), num_stages=1):
         pend = _masked_adjoint_row(
-            i, pend, x_ptr, y_ptr, m_ptr, w_ptr, mo_lane, iv_lane, gs, gc, l1, gx_ptr, gy_ptr,
-            scr, x_lane, y_lane, m_lane, b, ch, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c,
+            i, pend, x_ptr, y_ptr, m_base, w_ptr, mo_base, gs, gc, l1, gx_ptr, gy_ptr,
+            scr, x_lane, y_lane, m_col, b, ch, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c,
             wt, H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
             K, PAD, F, BW, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, EDGE, True,
         )  # fmt: skip
@@ -325,7 +356,7 @@ def _masked_adjoint_columns(
 
 @triton.jit(do_not_specialize=SIZES + ("WP",))
 def masked_adjoint_kernel(
-    x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, iv_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
+    x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
     BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, HAS_CS: tl.constexpr,
@@ -338,14 +369,14 @@ def masked_adjoint_kernel(
     strip = tl.program_id(0) % n_strips
     if interior(strip * (F - (K - 1)) - (K - 1), W, K, F, BW):
         _masked_adjoint_columns(
-            tl.program_id(0), x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, iv_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr,
+            tl.program_id(0), x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr,
             scr_ptr, sum_ptr, BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w,
             sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2, K, PAD, F, BW,
             HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, False,
         )  # fmt: skip
     else:
         _masked_adjoint_columns(
-            tl.program_id(0), x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, iv_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr,
+            tl.program_id(0), x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr,
             scr_ptr, sum_ptr, BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w,
             sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2, K, PAD, F, BW,
             HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, True,
@@ -360,11 +391,19 @@ def masked_split_eligible(img1, img2, K: int, reflect: bool, need1: bool, need2:
 
 def masked_split_geometry(img1, window, padding: str):
     """The two launches' geometry and register ceilings: ``(geo_a, geo_b, reg_a, reg_b)``
-    (:func:`.split.lean_geometry`, as the unmasked pair's)."""
+    (:data:`MOMENTS_MAXNREG`, :data:`ADJOINT_MAXNREG`)."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
-    geo_a, reg_a = lean_geometry(Wo, Ho, K, B * C, img1.device, False)
-    geo_b, reg_b = lean_geometry(W + K - 1, H, K, B * C, img1.device, True)
+    geo_a, reg_a = _geometry(Wo, Ho, K, B * C, img1.device, False, MOMENTS_MAXNREG)
+    geo_b, reg_b = _geometry(W + K - 1, H, K, B * C, img1.device, True, ADJOINT_MAXNREG)
     return geo_a, geo_b, reg_a, reg_b
+
+
+def _geometry(frame: int, rows: int, K: int, bc: int, device, halo: bool, maxnreg: int):
+    """:func:`.split.lean_geometry` at the ceiling ``maxnreg``."""
+    geo = geometry(frame, rows, K, bc, device, halo=halo, maxnreg=maxnreg)
+    if geo.f < geo.bw:
+        return geometry(frame, rows, K, bc, device, halo=halo, maxnreg=COLUMN_MAXNREG), COLUMN_MAXNREG
+    return geo, maxnreg
 
 
 def launch_masked_bwd_split(
@@ -385,8 +424,8 @@ def launch_masked_bwd_split(
     per_image = C * Ho * wp * 20
     group = max(1, min(B, MAX_MOMENTS_BYTES // per_image))
     gp = cdiv(group * C, G) * G  # channels padded to whole lane groups, for the same reason
-    moments = torch.empty((gp, Ho, wp, 4), dtype=torch.float32, device=dev)
-    inv = torch.empty((gp, Ho, wp), dtype=torch.float32, device=dev)
+    # per map row: four moments per column, then the columns' 1 / F(M)
+    moments = torch.empty((gp, Ho, 5 * wp), dtype=torch.float32, device=dev)
     n_strips_b = cdiv(W, geo_b.f - (K - 1))
     n_chunks_a = cdiv(Ho, rows_a)
     n_chunks_b = cdiv(H, rows_b)
@@ -415,12 +454,12 @@ def launch_masked_bwd_split(
         oy = gy[b0:b1] if gy is not None else scratch_b
         with device_guard(img1):
             masked_moments_kernel[(n_prog_a,)](
-                x, y, m, window, moments, inv, scratch_a, BC, C, H, W, Ho, Wo, wp, n_chunks_a, n_strips_a, rows_a,
+                x, y, m, window, moments, scratch_a, BC, C, H, W, Ho, Wo, wp, n_chunks_a, n_strips_a, rows_a,
                 *x.stride(), *y.stride(), *m.stride(), K=K, PAD=pad, F=geo_a.f, BW=geo_a.bw, SW=sw, SAME=same_xy,
                 **launch_options(geo_a.warps, maxnreg=reg_a),
             )  # fmt: skip
             masked_adjoint_kernel[(n_prog_b,)](
-                x, y, m, window, moments, inv, gs, gc, w1, ox, oy, scratch_b, sb,
+                x, y, m, window, moments, gs, gc, w1, ox, oy, scratch_b, sb,
                 BC, C, H, W, Ho, Wo, wp, n_chunks_b, n_strips_b, rows_b,
                 *x.stride(), *y.stride(), *m.stride(), *out.stride(), float(c1), float(c2),
                 K=K, PAD=pad, F=geo_b.f, BW=geo_b.bw, HAS_CS=g_cs is not None, HAS_L1=l1 is not None,
