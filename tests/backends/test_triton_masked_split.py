@@ -54,7 +54,7 @@ def _run(x, y, m, cfg, g_s, g_cs, need1, need2, l1, one_launch, monkeypatch):
 # SSIM loss's per-channel upstream, "l1" the fused 3DGS loss with its L1 term and sums, "cs" an
 # upstream of SSIM and cs, "y" the second image's gradient, "hwc" an (H, W, C) render's layout
 _CASES = [
-    ("l1-same-7-perchannel", (2, 2, 20, 30), "same", 7, 2, "l1"),
+    ("l1-same-7-perchannel", (1, 2, 20, 30), "same", 7, 2, "l1"),
     ("loss-same-11-broadcast", (1, 2, 30, 41), "same", 11, 1, "loss"),
     ("loss-valid-11-perchannel", (1, 2, 31, 36), "valid", 11, 2, "loss"),
     ("cs-valid-5-broadcast", (1, 3, 27, 40), "valid", 5, 1, "cs"),
