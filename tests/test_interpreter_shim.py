@@ -19,7 +19,8 @@ def _switch(config):
 
 
 def _every_kernel_family():
-    """Values and gradients of the forward, backward (one launch and two), masked and downsampling kernels."""
+    """Values and gradients of the forward, backward (one launch and two), masked (one launch and two)
+    and downsampling kernels."""
     g = torch.Generator().manual_seed(3)
     x = torch.rand(1, 2, 17, 19, generator=g)
     y = (0.7 * x + 0.3 * torch.rand(1, 2, 17, 19, generator=g)).requires_grad_(True)
@@ -31,6 +32,8 @@ def _every_kernel_family():
         splatloss.ssim(x, y, backend="triton", mask=mask, padding="reflect", window_size=5),
         # one gradient under zero padding: the backward's two lean launches (moments, adjoint)
         splatloss.dssim_l1(x, y.detach(), backend="triton", padding="valid", window_size=5),
+        # and masked: the masked backward's two lean launches (masked moments, adjoint)
+        splatloss.dssim_l1(x, y.detach(), backend="triton", mask=mask, padding="same", window_size=5),
     ]
     grads = torch.autograd.grad(sum(o.sum() for o in out), (x, y))
     return [o.detach() for o in out] + list(grads)
@@ -81,6 +84,6 @@ def test_kernels_give_the_plain_interpreters_bits(request):
         plain = _every_kernel_family()
     finally:
         switch(True)
-    assert len(quick) == len(plain) == 6
+    assert len(quick) == len(plain) == 7
     for q, p in zip(quick, plain):
         assert torch.equal(q, p)

@@ -422,14 +422,14 @@ def test_cost_json_structure_no_spills(tmp_path):
         ms = calls["ms_ssim_loss_fwd_bwd"]
         assert ms["launches"] <= 20 and ms["dram_bytes_per_pixel"] <= 48, (arch, ms)
         assert ms["estimate_us"] <= 1.5 * one["estimate_us"], (arch, ms, one)
-        # the masked 3DGS loss, its L1 fused in the masked kernel's pass, its weights and loss one
-        # launch each (11 launches), its one-gradient backward at 128 registers (16 warps per SM,
-        # as the unmasked one). The target is 1.15x the unmasked loss, not met: with the moments
-        # around each row's own shift (exact in flat windows) it counts about 1.3x the instructions;
-        # measured on an H200 at 50 rows and 12 warps per SM, 1.64x the unmasked loss's device time
-        # (docs/triton.md, "Masks"). This keeps it from growing further
+        # the masked 3DGS loss, its L1 fused in the masked adjoint's pass, its weights and loss one
+        # launch each (12 launches), its one-gradient backward in two lean launches at 80 and 72
+        # registers (masked_split: 24 warps per SM; 16 in one launch at 128). The target is 1.15x
+        # the unmasked loss, not met: the launch tables model it at 1.51x (2.13x in one launch);
+        # measured on an H200 in one launch at 50 rows and 12 warps per SM, 1.64x the unmasked
+        # loss's device time (docs/triton.md, "Masks"). This keeps it from growing further
         masked, plain = calls["dssim_l1_masked_fwd_bwd"], calls["dssim_l1_fwd_bwd"]
-        assert masked["launches"] <= 12 and masked["min_warps_per_sm"] >= 16, (arch, masked)
+        assert masked["launches"] <= 12 and masked["min_warps_per_sm"] >= 24, (arch, masked)
         assert masked["warp_instructions_per_pixel"] <= 1.4 * plain["warp_instructions_per_pixel"], (arch, masked)
         assert masked["estimate_us"] <= 1.4 * plain["estimate_us"], (arch, masked)
 

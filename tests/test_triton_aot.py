@@ -18,8 +18,8 @@ for both architectures; with an empty Triton cache each variant costs seconds of
   than sm_90: the fused backward at the default window (255 registers) and at the largest
   (K = 31), the forward at both, the map with ``cs`` (the heaviest 4-warp forward), the
   channels-last backward, the evaluation's forward (at 72 registers there) at the default window
-  and at 9 taps, MS-SSIM's lean forward, the masked light backward at 128 registers and in
-  bfloat16 at 168, MS-SSIM in fp16 (the downsampling, pyramid
+  and at 9 taps, MS-SSIM's lean forward, the masked backward's two lean launches (float32,
+  and bfloat16 with a mask per channel and the second image's gradient), MS-SSIM in fp16 (the downsampling, pyramid
   backward and combine kernels, half-precision stores, the coarser scales' backward launch) and
   without a gradient (their forward launch), the pyramid step's own backward (called
   alone) and the masked kernels under "reflect" (254 / 255 registers). A spill of
@@ -60,6 +60,8 @@ FAMILIES = {
     "combine_bwd_kernel",
     "masked_bwd_kernel",
     "masked_fwd_kernel",
+    "masked_moments_kernel",
+    "masked_adjoint_kernel",
     "masked_weights_kernel",
     "masked_reduce_kernel",
 }

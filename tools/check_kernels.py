@@ -291,8 +291,10 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
         masked(masked_loss, per_channel=True), small, grads=(False, False)
     )
     out["masked ms_ssim reflect K=9"] = Call(masked(masked_ms, "reflect", 9), (1, 3, 176, 200), grads=(True, True))
-    # one gradient ("same" / "valid"): the light launch at 128 registers, which the images' shared
-    # strides keep from spilling (float32); other images take 168 (masked_kernels.BWD_LAUNCH)
+    # one gradient ("same" / "valid"): the two lean launches (masked_split.masked_moments_kernel,
+    # masked_split.masked_adjoint_kernel at 80 and 72 registers) where the images' columns are
+    # contiguous or share their stride, else the one-launch kernel's light launch at 168
+    # (masked_kernels.BWD_LAUNCH; images whose strides differ, below)
     for padding, K in (("valid", 11), ("valid", 3)):
         out[f"masked dssim_l1 {padding} K={K} grad x"] = Call(masked(masked_loss, padding, K), small)
     out["masked dssim_l1 same K=11 grad y, per channel bf16"] = Call(

@@ -17,7 +17,9 @@ Kernels (column bodies, windows up to ``COLUMN_TAPS``; wider windows take the sh
   to each gradient row's shift, then its horizontal adjoint against each map column's shift
   (:func:`.columns.push_moved`, :func:`.columns.hadjoint_moved`). The upstream at map position
   ``p`` is the channel's scalar times the centre mask at ``p`` (already divided by the channel's
-  weight sum on the host).
+  weight sum on the host). With one gradient under zero padding the backward runs as two lean
+  launches instead, the masked moments and their adjoint (:mod:`.masked_split`, the same
+  gradients; this kernel is measured beside them on CUDA and runs where they do not apply).
 
 Costs per pixel-channel beyond the unmasked kernels: one more read (the mask, 4 B, or none where
 it broadcasts over channels and stays in cache), a fifth filtered sum and a multiply per tap.
@@ -51,6 +53,7 @@ from .launch import (
     problem,
     shared_column_stride,
 )
+from .masked_split import launch_masked_bwd_split, masked_split_eligible, masked_split_geometry
 from .moments import partials, ssim_cs
 
 __all__ = ["launch_masked_bwd", "launch_masked_fwd", "masked_bwd_kernel", "masked_fwd_kernel"]
@@ -444,5 +447,20 @@ def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy
         "masked_bwd", K, pad, reflect, geo, BC, C, H, W, img1.stride(), img2.stride(), mask.stride(), out.stride(),
         img1.dtype, out.dtype, mask.dtype, g_cs is not None, l1 is not None, need1, need2, sums, dev,
     )  # fmt: skip
-    sum_buf = tune.run(key, geo.rows, H, run, dev)
+    if masked_split_eligible(img1, img2, K, reflect, need1, need2):
+        # the masked moments and their adjoint as two lean launches (:mod:`.masked_split`, 32 warps
+        # per SM on sm_90; the same gradients), this one-launch kernel measured beside them on CUDA
+        geo_a, geo_b, _, _ = masked_split_geometry(img1, window, padding)
+
+        def run_split(cand):
+            if isinstance(cand, tuple):  # ("one launch", rows)
+                return run(cand[1])
+            return launch_masked_bwd_split(
+                img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy, sums, geo_a.rows, cand
+            )
+
+        key = ("split", geo_a, geo_b) + key
+        sum_buf = tune.run(key, geo_b.rows, H, run_split, dev, alternatives=[("one launch", geo.rows)])
+    else:
+        sum_buf = tune.run(key, geo.rows, H, run, dev)
     return sum_buf if sums else None

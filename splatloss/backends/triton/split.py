@@ -61,6 +61,10 @@ __all__ = [
     "launch_bwd_scales_split",
     "split_eligible",
     "scales_split_eligible",
+    "row_shift",
+    "lean_geometry",
+    "KEPT_ROWS",
+    "MAX_MOMENTS_BYTES",
 ]
 
 #: Scratch rows per kept input row of the moments kernel (:func:`.columns.vmoments_kept`).
@@ -152,7 +156,7 @@ def ssim_moments_kernel(
 
 
 @triton.jit
-def _row_shift(x_ptr, y_ptr, x_lane, y_lane, r, c0, H, W, sx_h, sx_w, sy_h, sy_w, lane_ok, K: tl.constexpr,
+def row_shift(x_ptr, y_ptr, x_lane, y_lane, r, c0, H, W, sx_h, sx_w, sy_h, sy_w, lane_ok, K: tl.constexpr,
                EDGE: tl.constexpr):  # fmt: skip
     """The shift of padded input row ``r`` at each lane's centre tap, as :func:`.columns.hmoments`
     forms it under zero padding (``(x + y) / 2``; 0 where not finite or off the image)."""
@@ -198,7 +202,7 @@ def _adjoint_row(
     base = ring + (i % (K - 1)) * BW
     shift = tl.load(base + (K // 2) * BW)  # map row p's centre row
     r = q_r0 - (K - 1) + i
-    s = _row_shift(x_ptr, y_ptr, x_lane, y_lane, r, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, lane_ok, K, EDGE)
+    s = row_shift(x_ptr, y_ptr, x_lane, y_lane, r, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, lane_ok, K, EDGE)
     p = r - (K - 1) + PAD
     valid = pcol_ok & (p >= 0) & (p < Ho)
     at = mo_lane + 4 * p.to(tl.int64) * WP
@@ -323,7 +327,7 @@ def _adjoint_columns(
     #    rows of zeros are zeros)
     ring = scr + RING_AT + tl.arange(0, BW)  # the rows' shifts (:func:`_adjoint_row`)
     for j in tl.static_range(K - 1):
-        sj = _row_shift(x_ptr, y_ptr, x_lane, y_lane, q_r0 - (K - 1) + j, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
+        sj = row_shift(x_ptr, y_ptr, x_lane, y_lane, q_r0 - (K - 1) + j, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
                         lane_ok, K, EDGE)  # fmt: skip
         tl.store(ring + j * BW, sj)
         tl.store(ring + (j + K - 1) * BW, sj)
