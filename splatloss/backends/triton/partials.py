@@ -29,24 +29,23 @@ __all__ = ["means", "dssim_l1_loss", "masked_weights", "masked_means", "masked_d
 
 Tensor = torch.Tensor
 
-#: Segments one launch takes (MS-SSIM's default five scales: the finest in its own launch, which
-#: runs before the pyramid, the four coarser ones in one).
-MAX_SEGMENTS = 4
+#: Segments one launch takes: MS-SSIM's default five scales.
+MAX_SEGMENTS = 5
 
 #: Sizes compiled as plain integers (no variant per shape; see launch.SIZES).
-_SIZES = ("BC", "S0", "S1", "S2", "S3", "OUT_ROW", "OUT_COL")
+_SIZES = ("BC", "S0", "S1", "S2", "S3", "S4", "OUT_ROW", "OUT_COL")
 
 
 @triton.jit(do_not_specialize=_SIZES)
 def _means_kernel(
-    a_ptr, b_ptr, out_ptr, BC, S0, S1, S2, S3, N0, N1, N2, N3, OUT_ROW, OUT_COL,
+    a_ptr, b_ptr, out_ptr, BC, S0, S1, S2, S3, S4, N0, N1, N2, N3, N4, OUT_ROW, OUT_COL,
     NSEG: tl.constexpr, WIDTH: tl.constexpr, LAST_B: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     bc = tl.program_id(0)
     k = tl.program_id(1)
-    S = tl.where(k == 0, S0, tl.where(k == 1, S1, tl.where(k == 2, S2, S3)))
-    N = tl.where(k == 0, N0, tl.where(k == 1, N1, tl.where(k == 2, N2, N3)))
-    before = tl.where(k > 0, S0, 0) + tl.where(k > 1, S1, 0) + tl.where(k > 2, S2, 0)  # rows' sizes
+    S = tl.where(k == 0, S0, tl.where(k == 1, S1, tl.where(k == 2, S2, tl.where(k == 3, S3, S4))))
+    N = tl.where(k == 0, N0, tl.where(k == 1, N1, tl.where(k == 2, N2, tl.where(k == 3, N3, N4))))
+    before = tl.where(k > 0, S0, 0) + tl.where(k > 1, S1, 0) + tl.where(k > 2, S2, 0) + tl.where(k > 3, S3, 0)
     start = (before.to(tl.int64) * BC + bc.to(tl.int64) * S) * WIDTH
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for s0 in range(0, S, BLOCK):
