@@ -408,20 +408,26 @@ def test_cost_json_structure_no_spills(tmp_path):
                 assert calls[name]["min_warps_per_sm"] >= 32, (name, calls[name])
         assert one["dram_bytes_per_pixel"] <= 32, (arch, one)
         ratio = {n: calls[n]["warp_instructions_per_pixel"] / one["warp_instructions_per_pixel"] for n in calls}
-        # MS-SSIM: the coarser scales' one launch is under one wave at 128 rows, so its programs
-        # stream 34 rows (one wave nearly full, launch.plan_rows) and re-stream the window's halo
-        # more often than 128-row programs (1.53x the SSIM loss's instructions per pixel here, 1.43x
-        # at the 50 rows before the equal-chunk rows): more instructions, less time on an idle GPU
-        assert ratio["dssim_l1_fwd_bwd"] <= 1.1 and ratio["ms_ssim_loss_fwd_bwd"] <= 1.55, (arch, ratio)
-        # MS-SSIM's scales as one op: the whole pyramid, the coarser scales' terms and gradients,
-        # the product, the joins one launch each: 20 launches and 45.4 B per pixel-channel at 1080p,
-        # 33.3 B before the backward's moments went through memory (the two lean launches: the
-        # moments written and read back buy twice the resident warps; the scale-by-scale
-        # composition: 89 launches, 62.5 B, its per-scale multiply, adjoint and add 25 B a scale).
-        # What the moments must not do is make it slower than the SSIM loss allows
+        # MS-SSIM: on their own, the coarser scales' launches were under one wave at 128 rows, so
+        # their programs streamed 17 rows (one wave nearly full, launch.plan_rows) and re-streamed
+        # the window's halo more often (1.53x the SSIM loss's instructions per pixel at 34 rows).
+        # With the finest scale's programs in the same launches every scale streams 63 (moments)
+        # and 68 (adjoint) rows at 1080p: 1.35x (sm_90) and 1.37x (sm_80)
+        assert ratio["dssim_l1_fwd_bwd"] <= 1.1 and ratio["ms_ssim_loss_fwd_bwd"] <= 1.4, (arch, ratio)
+        # MS-SSIM's scales as one op: the whole pyramid, every scale's terms and gradients (the
+        # finest scale's programs in the coarser scales' two launches), the product, the joins one
+        # launch each: 12 launches and 49.4 B per pixel-channel at 1080p. With the finest scale in
+        # launches of its own: 20 launches, 45.4 B; the bytes moved are the same, but the tool's
+        # pointer analysis counted that scale's image reads as cached scratch in its own launches
+        # (16.5 us of DRAM at 1080p that it now counts). 33.3 B before the backward's moments went
+        # through memory (the two lean launches: the moments written and read back buy twice the
+        # resident warps; the scale-by-scale composition: 89 launches, 62.5 B, its per-scale
+        # multiply, adjoint and add 25 B a scale). Its time against the SSIM loss's: 1.31x on sm_90
+        # (1.33x on sm_80) by this estimate, 1.30x in the launch model (docs/cost_model.md); 1.45x
+        # with the finest scale in launches of its own
         ms = calls["ms_ssim_loss_fwd_bwd"]
-        assert ms["launches"] <= 20 and ms["dram_bytes_per_pixel"] <= 48, (arch, ms)
-        assert ms["estimate_us"] <= 1.5 * one["estimate_us"], (arch, ms, one)
+        assert ms["launches"] <= 12 and ms["dram_bytes_per_pixel"] <= 50, (arch, ms)
+        assert ms["estimate_us"] <= 1.35 * one["estimate_us"], (arch, ms, one)
         # the masked 3DGS loss, its L1 fused in the masked adjoint's pass, its weights and loss one
         # launch each (12 launches), its one-gradient backward in two lean launches at 80 and 72
         # registers (masked_split: 24 warps per SM; 16 in one launch at 128). The target is 1.15x

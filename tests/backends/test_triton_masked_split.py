@@ -121,3 +121,36 @@ def test_the_masked_two_launches_take_the_unmasked_pairs_cases(monkeypatch):
     assert not masked_split.masked_split_eligible(x, y, 13, False, True, False)  # the ring body
     monkeypatch.setattr(split, "ENABLED", False)
     assert not masked_split.masked_split_eligible(x, y, 11, False, True, False)
+
+
+@pytest.mark.slow
+def test_a_masked_batch_over_the_memory_bound_runs_in_even_groups(monkeypatch):
+    # three images whose moments fit two at a time: two groups (2 + 1), the gradients the same bits
+    # as all three in one pair of launches, the rows planned for a group
+    monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
+    monkeypatch.setattr(launch, "CUDA_ROWS", 9)
+    shape = (3, 2, 20, 30)
+    x, y = make_pair(shape, seed=6, device=DEV)
+    m = _mask(3, 2, 20, 30, seed=6).to(DEV)
+    cfg = SSIMConfig(window_size=7, padding="same")
+    g_s = torch.rand(3, 2, generator=torch.Generator().manual_seed(2)).to(DEV) + 0.5
+    launches = []
+    real = masked_split.masked_adjoint_kernel
+
+    class Counting:  # counts the adjoint's launches, launches it unchanged
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(masked_split, "masked_adjoint_kernel", Counting())
+    whole = _run(x, y, m, cfg, g_s, None, True, False, None, False, monkeypatch)
+    assert len(launches) == 1
+    per_image = masked_split.MOMENTS_BYTES * 2 * 20 * 32  # two channels, 20 map rows of 32 (a strip)
+    monkeypatch.setattr(split, "MAX_MOMENTS_BYTES", 2 * per_image)
+    assert split.split_group(x, window_taps(cfg, DEV), "same", masked_split.MOMENTS_BYTES) == 2
+    grouped = _run(x, y, m, cfg, g_s, None, True, False, None, False, monkeypatch)
+    assert len(launches) == 3
+    if EXACT:
+        assert torch.equal(grouped[0], whole[0])
+    else:
+        torch.testing.assert_close(grouped[0], whole[0], rtol=1e-6, atol=1e-6 * float(whole[0].abs().max()))

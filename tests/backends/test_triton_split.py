@@ -199,3 +199,79 @@ def test_the_coarser_scales_two_launches_equal_their_one_launch(monkeypatch):
             assert torch.equal(a, b)
         else:
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6 * float(b.abs().max()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "size, padding, window, need2",
+    [
+        ((40, 52), "same", 7, False),  # several channels a program, the first image's gradient
+        ((36, 300), "valid", 5, True),  # the finest scale in three column strips, the second image's
+    ],
+)
+def test_every_scale_in_one_pair_equals_the_finest_scale_on_its_own(monkeypatch, size, padding, window, need2):
+    # MS-SSIM's finest scale in the coarser scales' two launches (the images read in place beside the
+    # flat pyramid) against it in its own two launches: the same terms and unit gradients
+    from splatloss.backends.triton import ms_ssim
+
+    monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
+    monkeypatch.setattr(launch, "CUDA_ROWS", 9)
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand((2, 3) + size, generator=g)
+    y = (0.6 * x + 0.4 * torch.rand((2, 3) + size, generator=g)).to(DEV)
+    x = x.to(DEV)
+    cfg = SSIMConfig(window_size=window, padding=padding)
+    args = (x, y, window_taps(cfg, DEV), padding, float(cfg.C1), float(cfg.C2), 4, not need2, need2)
+    dims = [size] + ms_ssim._coarse_dims(*size, 4)
+    assert split.all_scales_eligible(x, y, dims, window, padding, not need2, need2)
+    every = ms_ssim._terms_impl(*args)
+    monkeypatch.setattr(ms_ssim, "all_scales_eligible", lambda *a: False)
+    alone = ms_ssim._terms_impl(*args)
+    for a, b in zip(every, alone):
+        assert a.shape == b.shape
+        if EXACT:
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6 * float(b.abs().max()))
+
+
+def test_every_scale_in_one_pair_only_where_it_applies(monkeypatch):
+    monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
+    x = torch.rand(1, 3, 64, 96)
+    dims = [(64, 96), (32, 48), (16, 24)]
+    assert split.all_scales_eligible(x, x, dims, 11, "valid", True, False)
+    assert not split.all_scales_eligible(x, x, dims, 11, "valid", False, False)  # no gradient: the forward
+    assert not split.all_scales_eligible(x, x, dims, 11, "valid", True, True)  # both gradients
+    assert not split.all_scales_eligible(x, x, dims, 11, "reflect", True, False)
+    assert not split.all_scales_eligible(x, x, dims, 17, "valid", True, False)  # the ring body
+    assert not split.all_scales_eligible(x, x, dims[:1], 11, "valid", True, False)  # one scale
+    strided = x.transpose(2, 3).contiguous().transpose(2, 3)
+    assert not split.all_scales_eligible(strided, x, dims, 11, "valid", True, False)
+    assert not split.all_scales_eligible(x.double(), x.double(), dims, 11, "valid", True, False)
+    monkeypatch.setattr(split, "MAX_MOMENTS_BYTES", 1000)
+    assert not split.all_scales_eligible(x, x, dims, 11, "valid", True, False)  # over the moments' bound
+    monkeypatch.setattr(split, "ENABLED", False)
+    monkeypatch.setattr(split, "MAX_MOMENTS_BYTES", 2**30)
+    assert not split.all_scales_eligible(x, x, dims, 11, "valid", True, False)
+
+
+def test_every_scale_in_one_pair_up_to_the_moments_bound(monkeypatch):
+    # every scale's moments, 16 B per map pixel-channel: 126.8 MiB per 1080p RGB image at five
+    # scales, so four images (507 MiB) fit MAX_MOMENTS_BYTES and five (634 MiB) do not
+    from splatloss.backends.triton.ms_ssim import _coarse_dims
+
+    monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
+    dims = [(1080, 1920)] + _coarse_dims(1080, 1920, 5)
+    for b, fits in ((1, True), (4, True), (5, False)):
+        x = torch.empty(b, 3, 1080, 1920)
+        assert split.all_scales_eligible(x, x, dims, 11, "valid", True, False) == fits, b
+
+
+def test_a_batch_over_the_memory_bound_splits_into_even_groups(monkeypatch):
+    monkeypatch.setattr(split, "MAX_MOMENTS_BYTES", 400)
+    assert split.image_group(5, 100) == 3  # four fit: 3 + 2, not 4 + 1
+    assert split.image_group(4, 100) == 4
+    assert split.image_group(9, 100) == 3  # 3 + 3 + 3
+    assert split.image_group(7, 100) == 4  # 4 + 3
+    assert split.image_group(3, 1000) == 1  # not even one fits: one image a group
+    assert split.image_group(1, 100) == 1

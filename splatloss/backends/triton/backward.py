@@ -27,6 +27,7 @@ import triton.language as tl
 from . import tune
 from .bodies import interior, l1_sign_term, lanes, scale_of, store_grad, store_sums
 from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, vadjoint_taps, vmoments
+from .glue import unit_upstreams
 from .launch import (
     COLUMN_TAPS,
     SIZES,
@@ -535,7 +536,7 @@ def ssim_bwd_scales_kernel(
 
 def launch_bwd_scales(
     x, y, B: int, C: int, dims, window, padding: str, c1: float, c2: float, need1: bool, need2: bool,
-    wide: Optional[bool] = None, out=None,
+    wide: Optional[bool] = None, out=None, first=None,
 ):  # fmt: skip
     """MS-SSIM's coarser scales' terms and unit gradients in one launch (:func:`ssim_bwd_scales_kernel`).
 
@@ -552,8 +553,16 @@ def launch_bwd_scales(
     the launch model puts them level (the narrow ones recompute twice the halo's share, and twice
     as many fit an SM), so the launch plans the wide ones and :func:`.tune.run` measures the narrow
     ones, with their own list of rows, beside the wide ones' list; None: that choice, a bool: that
-    width only. The gradients are the same bits either way."""
+    width only. The gradients are the same bits either way.
+
+    ``first``: ``(x0, y0, gx0, gy0)``, the finest scale too, in the same launches (the two lean
+    ones, :func:`.split.launch_bwd_scales_split`; where :func:`.split.all_scales_eligible`): its
+    pair (contiguous float32 ``(B, C) + dims[0]``) and the tensors to write its unit gradients into
+    (None where not asked for); ``x``, ``y`` then hold the scales after it, and the returned
+    gradients are theirs."""
     K = window.shape[0]
+    if first is not None:
+        return _bwd_all_scales(x, y, B, C, dims, window, padding, c1, c2, out, first)
     check_scales(K, dims)
     pad, reflect = padding_shape(K, padding)
     BC = B * C
@@ -572,9 +581,7 @@ def launch_bwd_scales(
     first = True if wide is None else wide
     dh = out_size(H1, K, padding) - H1  # map side - image side: 0, or 1 - K ("valid")
     sizes = [out_size(h, K, padding) * out_size(w, K, padding) for h, w in dims]
-    u = torch.empty((len(dims), BC), dtype=torch.float32, device=dev)
-    for j, n in enumerate(sizes):
-        u[j].fill_(1.0 / n)
+    u = unit_upstreams(sizes, BC, dev)
     gx = torch.empty_like(x) if need1 else None
     gy = torch.empty_like(y) if need2 else None
     if out is None:
@@ -617,4 +624,30 @@ def launch_bwd_scales(
         terms = tune.run(key, plan_b, H1, run_split, dev, alternatives=alternatives)
     else:
         terms = tune.run(key, plans[first], H1, run, dev, alternatives=others)
+    return gx, gy, terms
+
+
+def _bwd_all_scales(x, y, B: int, C: int, dims, window, padding: str, c1: float, c2: float, out, first):
+    """:func:`launch_bwd_scales` with ``first``: every scale in the two lean launches."""
+    K = window.shape[0]
+    check_scales(K, dims)
+    BC = B * C
+    dev = x.device
+    x0, _, gx0, gy0 = first
+    gx = torch.empty_like(x) if gx0 is not None else None
+    gy = torch.empty_like(y) if gy0 is not None else None
+    sizes = [out_size(h, K, padding) * out_size(w, K, padding) for h, w in dims]
+    u = unit_upstreams(sizes, BC, dev)
+    _, _, geo_b, _, chunks_b, _, reg_b = scales_split_geometry(B, C, dims, K, padding, dev)
+    plan_b = batched_rows(chunks_b, [h for h, _ in dims], K, geo_b.warps, reg_b, dev)
+
+    def run(rows):
+        slots, sum_buf = launch_bwd_scales_split(
+            x, y, B, C, dims, window, padding, c1, c2, u, gx, gy, rows, first=first
+        )  # fmt: skip
+        partial_means(sum_buf, BC, slots, sizes, out.view(BC, len(dims)), width=2)  # fixed order: deterministic
+        return [out[:, :, j] for j in range(len(dims))]
+
+    key = ("all scales", geo_b, K, padding, BC, C, tuple(dims), gx0 is not None, gy0 is not None, x0.stride(), dev)
+    terms = tune.run(key, plan_b, dims[0][0], run, dev)
     return gx, gy, terms

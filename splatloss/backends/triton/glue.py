@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -144,6 +145,19 @@ def window_taps(cfg, device: torch.device) -> torch.Tensor:
         w = cfg.window_1d(torch.float32, device).contiguous()
         WINDOWS_CACHE[key] = w
     return w
+
+
+@functools.lru_cache(maxsize=64)
+def _unit_upstreams(sizes: Tuple[int, ...], bc: int, device: str) -> torch.Tensor:
+    return torch.tensor([[1.0 / n] * bc for n in sizes], dtype=torch.float32).to(device)
+
+
+def unit_upstreams(sizes: Sequence[int], bc: int, device: torch.device) -> torch.Tensor:
+    """``[len(sizes), bc]`` float32 on ``device``: row ``k`` is ``1 / sizes[k]`` (rounded once from
+    float64), the upstream gradient of a mean over ``sizes[k]`` map pixels in every (image,
+    channel). Built once per (sizes, bc, device) and shared: the kernels only read it, and a
+    training loop then launches no fills for it."""
+    return _unit_upstreams(tuple(int(n) for n in sizes), int(bc), str(device))
 
 
 def wants_grad(t: Tensor) -> bool:

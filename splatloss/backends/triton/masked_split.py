@@ -52,7 +52,7 @@ from .launch import (
     shared_column_stride,
 )
 from .moments import partials
-from .split import MAX_MOMENTS_BYTES, row_shift, split_eligible
+from .split import row_shift, split_eligible, split_group
 
 __all__ = [
     "masked_moments_kernel",
@@ -70,6 +70,8 @@ __all__ = [
 #: per SM on sm_90, against the one-launch masked kernel's 16 or 12.
 MOMENTS_MAXNREG = 80
 ADJOINT_MAXNREG = 72
+#: Bytes of the masked moments per map pixel-channel: four moment sums and 1 / F(M).
+MOMENTS_BYTES = 20
 
 #: Scratch rows per kept input row of the moments kernel: the five sums, then the shifts twice.
 KEPT_SUMS = tl.constexpr(5)
@@ -393,8 +395,9 @@ def masked_split_geometry(img1, window, padding: str):
     """The two launches' geometry and register ceilings: ``(geo_a, geo_b, reg_a, reg_b)``
     (:data:`MOMENTS_MAXNREG`, :data:`ADJOINT_MAXNREG`)."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
-    geo_a, reg_a = _geometry(Wo, Ho, K, B * C, img1.device, False, MOMENTS_MAXNREG)
-    geo_b, reg_b = _geometry(W + K - 1, H, K, B * C, img1.device, True, ADJOINT_MAXNREG)
+    bc = split_group(img1, window, padding, MOMENTS_BYTES) * C  # rows planned for a group of images
+    geo_a, reg_a = _geometry(Wo, Ho, K, bc, img1.device, False, MOMENTS_MAXNREG)
+    geo_b, reg_b = _geometry(W + K - 1, H, K, bc, img1.device, True, ADJOINT_MAXNREG)
     return geo_a, geo_b, reg_a, reg_b
 
 
@@ -421,8 +424,7 @@ def launch_masked_bwd_split(
     G = geo_a.bw // geo_a.f  # channels per program of the moments' launch
     n_strips_a = cdiv(Wo, geo_a.f)
     wp = n_strips_a * geo_a.f  # map rows padded to whole strips: the moments' launch stores without masks
-    per_image = C * Ho * wp * 20
-    group = max(1, min(B, MAX_MOMENTS_BYTES // per_image))
+    group = split_group(img1, window, padding, MOMENTS_BYTES)
     gp = cdiv(group * C, G) * G  # channels padded to whole lane groups, for the same reason
     # per map row: four moments per column, then the columns' 1 / F(M)
     moments = torch.empty((gp, Ho, 5 * wp), dtype=torch.float32, device=dev)

@@ -32,6 +32,7 @@ from .backward import launch_bwd_scales
 from .forward import launch_fwd_scales
 from .glue import check_inputs, eager, functorch_guard, refuse_double_backward, with_autograd
 from .launch import COLUMN_TAPS, cdiv, device_guard, launch_options, next_power_of_2
+from .split import all_scales_eligible
 from .ssim import term_into
 
 __all__ = ["downsample2x", "ms_ssim"]
@@ -430,6 +431,15 @@ def _split(flat: Tensor, B: int, C: int, dims) -> List[Tensor]:
     return out
 
 
+def _pyramid_pair(img1: Tensor, img2: Tensor, B: int, C: int, dims) -> Tuple[Tensor, Tensor]:
+    """Both images' coarser scales (``dims``), each image's in one flat float32 buffer (:func:`_split`)."""
+    total = sum(B * C * h * w for h, w in dims)
+    xf = torch.empty(total, dtype=torch.float32, device=img1.device)
+    yf = torch.empty(total, dtype=torch.float32, device=img1.device)
+    _pyramid_into(img1, img2, xf, yf, len(dims))
+    return xf, yf
+
+
 def _terms_impl(
     img1: Tensor,
     img2: Tensor,
@@ -452,15 +462,30 @@ def _terms_impl(
     dev = img1.device
     empty = img1.new_empty(0, dtype=torch.float32)
     terms = torch.empty((B, C, scales), dtype=torch.float32, device=dev)  # each scale's mean written in place
+    K = window.shape[0]
+    every = [(H, W)] + dims
+    if all_scales_eligible(img1, img2, every, K, padding, need1, need2):
+        # every scale in one pair of launches: the finest scale's programs and the coarser ones'
+        # share the waves, so the coarser scales need not fill the GPU on their own
+        xf, yf = _pyramid_pair(img1, img2, B, C, dims)
+        g1_0 = torch.empty_like(img1) if need1 else None
+        g2_0 = torch.empty_like(img2) if need2 else None
+        first = (img1, img2, g1_0, g2_0)
+        g1_c, g2_c, _ = launch_bwd_scales(
+            xf, yf, B, C, every, window, padding, c1, c2, need1, need2, out=terms, first=first
+        )  # fmt: skip
+        return [
+            terms,
+            g1_0 if need1 else empty,
+            g1_c if need1 else empty.clone(),
+            g2_0 if need2 else empty.clone(),
+            g2_c if need2 else empty.clone(),
+        ]
     g1_0, g2_0 = term_into(terms[:, :, 0], img1, img2, window, padding, c1, c2, scales > 1, need1, need2)
     if not dims:
         return [terms, g1_0, empty, g2_0, empty.clone()]
-    total = sum(B * C * h * w for h, w in dims)
-    xf = torch.empty(total, dtype=torch.float32, device=dev)
-    yf = torch.empty(total, dtype=torch.float32, device=dev)
+    xf, yf = _pyramid_pair(img1, img2, B, C, dims)
     xs, ys = _split(xf, B, C, dims), _split(yf, B, C, dims)
-    _pyramid_into(img1, img2, xf, yf, len(dims))
-    K = window.shape[0]
     g1_c = g2_c = None
     coarse = terms[:, :, 1:]
     if (need1 or need2) and K <= COLUMN_TAPS.value:

@@ -62,9 +62,12 @@ __all__ = [
     "split_eligible",
     "scales_split_eligible",
     "row_shift",
+    "all_scales_eligible",
     "lean_geometry",
     "KEPT_ROWS",
     "MAX_MOMENTS_BYTES",
+    "image_group",
+    "split_group",
 ]
 
 #: Scratch rows per kept input row of the moments kernel (:func:`.columns.vmoments_kept`).
@@ -409,13 +412,50 @@ def scales_split_eligible(reflect: bool, need1: bool, need2: bool) -> bool:
     return ENABLED and not reflect and not (need1 and need2)
 
 
+def all_scales_eligible(img1, img2, dims, K: int, padding: str, need1: bool, need2: bool) -> bool:
+    """Whether MS-SSIM runs its finest scale in the coarser scales' two launches
+    (:func:`.backward.launch_bwd_scales` with ``first``; ``dims``: every scale's ``(H, W)``, the
+    finest first): where :func:`scales_split_eligible`, column windows, both images contiguous
+    float32 (the finest scale read as the coarser ones are) and every scale's moments within
+    :data:`MAX_MOMENTS_BYTES` (a larger batch runs the finest scale on its own, in groups of
+    images)."""
+    _, reflect = padding_shape(K, padding)
+    if not ((need1 or need2) and len(dims) > 1 and K <= COLUMN_TAPS.value):
+        return False
+    if not scales_split_eligible(reflect, need1, need2):
+        return False
+    if not all(t.dtype == torch.float32 and t.is_contiguous() for t in (img1, img2)):
+        return False
+    B, C = img1.shape[:2]
+    geo_a = scales_split_geometry(B, C, dims, K, padding, img1.device)[0]
+    return 4 * sum(_moments_sizes(B * C, dims, K, padding, geo_a)) <= MAX_MOMENTS_BYTES  # float32 elements
+
+
+def _moments_sizes(BC: int, dims, K: int, padding: str, geo_a):
+    """Elements of each scale's moments in the scales' launches (channels padded to whole lane
+    groups, map rows to whole strips; 4 a map pixel)."""
+    dh = out_size(dims[0][0], K, padding) - dims[0][0]
+    G = geo_a.bw // geo_a.f
+    gp = cdiv(BC, G) * G
+    return [gp * (h + dh) * cdiv(w + dh, geo_a.f) * geo_a.f * 4 for h, w in dims]
+
+
 def split_geometry(img1, img2, window, padding: str):
     """The two launches' geometry and register ceilings: ``(geo_a, geo_b, reg_a, reg_b)``
-    (:func:`lean_geometry`)."""
+    (:func:`lean_geometry`), their rows planned for a group of images (:func:`split_group`)."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
-    geo_a, reg_a = lean_geometry(Wo, Ho, K, B * C, img1.device, False)
-    geo_b, reg_b = lean_geometry(W + K - 1, H, K, B * C, img1.device, True)
+    bc = split_group(img1, window, padding) * C
+    geo_a, reg_a = lean_geometry(Wo, Ho, K, bc, img1.device, False)
+    geo_b, reg_b = lean_geometry(W + K - 1, H, K, bc, img1.device, True)
     return geo_a, geo_b, reg_a, reg_b
+
+
+def split_group(img1, window, padding: str, per_pixel: int = 16) -> int:
+    """Images per pair of launches (:func:`image_group`): the moments take ``per_pixel`` bytes per
+    map pixel-channel, the map's rows padded to whole strips of the moments' launch."""
+    B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
+    f = geometry(Wo, Ho, K, C, img1.device).f  # map columns per strip: the same for any batch
+    return image_group(B, C * Ho * cdiv(Wo, f) * f * per_pixel)
 
 
 def lean_geometry(frame: int, rows: int, K: int, bc: int, device, halo: bool):
@@ -435,6 +475,15 @@ def lean_geometry(frame: int, rows: int, K: int, bc: int, device, halo: bool):
 MAX_MOMENTS_BYTES = 512 * 2**20
 
 
+def image_group(B: int, per_image: int) -> int:
+    """Images per pair of launches for a batch of ``B`` whose moments take ``per_image`` bytes an
+    image: as few groups as :data:`MAX_MOMENTS_BYTES` allows, as even as can be (five images of
+    which four fit: three and two, not four and one, whose second pair would fill a fifth of the
+    first's waves), each at least one image."""
+    most = max(1, min(B, MAX_MOMENTS_BYTES // per_image))
+    return cdiv(B, cdiv(B, most))
+
+
 def launch_bwd_split(
     img1, img2, window, padding: str, c1: float, c2: float, g_s, g_cs, need1: bool, need2: bool,
     l1, gx, gy, sums: bool, cs_only: bool, rows_a: int, rows_b: int,
@@ -451,8 +500,7 @@ def launch_bwd_split(
     G = geo_a.bw // geo_a.f  # channels per program of the moments' launch
     n_strips_a = cdiv(Wo, geo_a.f)
     wp = n_strips_a * geo_a.f  # map rows padded to whole strips: the moments' launch stores without masks
-    per_image = C * Ho * wp * 16
-    group = max(1, min(B, MAX_MOMENTS_BYTES // per_image))
+    group = split_group(img1, window, padding)
     # channels padded to whole lane groups, for the same reason
     moments = torch.empty((cdiv(group * C, G) * G, Ho, wp, 4), dtype=torch.float32, device=dev)
     n_strips_b = cdiv(W, geo_b.f - (K - 1))
@@ -521,10 +569,24 @@ def _moments_offset(scale, GP, H1, W1, DH, NS: tl.constexpr, FA: tl.constexpr):
     return off
 
 
-@triton.jit(do_not_specialize=("BC", "C", "H1", "W1", "DH", "ROWS", "GP"))
+@triton.jit
+def _scale_base(ptr, first_ptr, scale, o, N0, FIRST: tl.constexpr):
+    """Where scale ``scale``'s pair (or gradient) starts: at element ``o`` of the flat buffer
+    ``ptr``; with ``FIRST``, scale 0 is ``first_ptr`` (the images themselves) and the flat buffer
+    holds the scales after it, ``N0`` elements (scale 0's) earlier."""
+    base = ptr + o
+    if FIRST:
+        base = ptr + (o - N0)
+        if scale == 0:
+            base = first_ptr
+    return base
+
+
+@triton.jit(do_not_specialize=("BC", "C", "H1", "W1", "DH", "ROWS", "GP", "N0"))
 def moments_scales_kernel(
-    x_ptr, y_ptr, w_ptr, mo_ptr, scr_ptr, BC, C, H1, W1, DH, ROWS, GP,
+    x_ptr, y_ptr, w_ptr, mo_ptr, scr_ptr, BC, C, H1, W1, DH, ROWS, GP, x0_ptr, y0_ptr, N0,
     NS: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
+    FIRST: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     scale, H, W, start, o, _, n_chunks, n_strips = scale_of(pid, BC, H1, W1, ROWS, DH, DH, NS, F, BW // F, 1)
@@ -532,17 +594,19 @@ def moments_scales_kernel(
     chw = hw * C
     WP = ((W + DH + F - 1) // F) * F
     _moments_columns(
-        pid - start, x_ptr + o, y_ptr + o, w_ptr, mo_ptr + _moments_offset(scale, GP, H1, W1, DH, NS, F),
+        pid - start, _scale_base(x_ptr, x0_ptr, scale, o, N0, FIRST), _scale_base(y_ptr, y0_ptr, scale, o, N0, FIRST),
+        w_ptr, mo_ptr + _moments_offset(scale, GP, H1, W1, DH, NS, F),
         scr_ptr + start.to(tl.int64) * ((KEPT_ROWS + 2) * (K // 2) * BW), BC, C, H, W, H + DH, W + DH, WP,
         n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, K, PAD, F, BW, True, True,
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=("BC", "C", "H1", "W1", "DH", "ROWS", "GP"))
+@triton.jit(do_not_specialize=("BC", "C", "H1", "W1", "DH", "ROWS", "GP", "N0"))
 def adjoint_scales_kernel(
     x_ptr, y_ptr, w_ptr, mo_ptr, u_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H1, W1, DH, ROWS, GP, c1, c2,
+    x0_ptr, y0_ptr, gx0_ptr, gy0_ptr, N0,
     NS: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, FA: tl.constexpr,
-    NEED1: tl.constexpr, NEED2: tl.constexpr,
+    NEED1: tl.constexpr, NEED2: tl.constexpr, FIRST: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     STEP: tl.constexpr = F - (K - 1)
@@ -553,15 +617,19 @@ def adjoint_scales_kernel(
     mo = mo_ptr + _moments_offset(scale, GP, H1, W1, DH, NS, FA)
     scr = scr_ptr + start.to(tl.int64) * ((12 + 2 * (K - 1)) * BW + 32)
     u = u_ptr + scale * BC
+    xb = _scale_base(x_ptr, x0_ptr, scale, o, N0, FIRST)
+    yb = _scale_base(y_ptr, y0_ptr, scale, o, N0, FIRST)
+    gxb = _scale_base(gx_ptr, gx0_ptr, scale, o, N0, FIRST)
+    gyb = _scale_base(gy_ptr, gy0_ptr, scale, o, N0, FIRST)
     if scale == NS - 1:  # the last scale: the SSIM map's mean
         _adjoint_columns(
-            pid - start, x_ptr + o, y_ptr + o, w_ptr, mo, u, u, u, gx_ptr + o, gy_ptr + o, scr, sum_ptr + so,
+            pid - start, xb, yb, w_ptr, mo, u, u, u, gxb, gyb, scr, sum_ptr + so,
             BC, C, H, W, H + DH, W + DH, WP, n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, 0, 0, 0, 0,
             chw, hw, W, 1, c1, c2, K, PAD, F, BW, False, 0, False, NEED1, NEED2, True, True, True,
         )  # fmt: skip
     else:  # the cs map's mean
         _adjoint_columns(
-            pid - start, x_ptr + o, y_ptr + o, w_ptr, mo, u, u, u, gx_ptr + o, gy_ptr + o, scr, sum_ptr + so,
+            pid - start, xb, yb, w_ptr, mo, u, u, u, gxb, gyb, scr, sum_ptr + so,
             BC, C, H, W, H + DH, W + DH, WP, n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, 0, 0, 0, 0,
             chw, hw, W, 1, c1, c2, K, PAD, F, BW, False, 2, False, NEED1, NEED2, True, True, True,
         )  # fmt: skip
@@ -582,11 +650,16 @@ def scales_split_geometry(B: int, C: int, dims, K: int, padding: str, device):
     return geo_a, rows_a, geo_b, n_groups_b, chunks_b, reg_a, reg_b
 
 
-def launch_bwd_scales_split(x, y, B: int, C: int, dims, window, padding: str, c1, c2, u, gx, gy, rows_b: int):
+def launch_bwd_scales_split(
+    x, y, B: int, C: int, dims, window, padding: str, c1, c2, u, gx, gy, rows_b: int, first=None
+):  # fmt: skip
     """Both launches over MS-SSIM's coarser scales (:func:`.backward.launch_bwd_scales`'s arguments;
     ``u`` the scales' unit upstreams ``[len(dims), B*C]``, ``gx`` / ``gy`` the flat gradients or
-    None), the adjoint at ``rows_b`` rows per program. Returns ``(slots, sum_buf)``: each scale's
-    programs per channel group and their partial sums (SSIM or cs)."""
+    None), the adjoint at ``rows_b`` rows per program. ``first``: ``(x0, y0, gx0, gy0)``, the finest
+    scale's pair (contiguous float32, ``dims[0]``) and its gradients (None where not asked for), in
+    the same launches as the scales after it, which ``x``, ``y``, ``gx``, ``gy`` then hold. Returns
+    ``(slots, sum_buf)``: each scale's programs per channel group and their partial sums (SSIM or
+    cs)."""
     K = window.shape[0]
     pad, _ = padding_shape(K, padding)
     BC = B * C
@@ -595,8 +668,7 @@ def launch_bwd_scales_split(x, y, B: int, C: int, dims, window, padding: str, c1
     dh = out_size(dims[0][0], K, padding) - dims[0][0]
     G = geo_a.bw // geo_a.f
     gp = cdiv(BC, G) * G
-    sizes = [gp * (h + dh) * cdiv(w + dh, geo_a.f) * geo_a.f * 4 for h, w in dims]
-    moments = torch.empty(sum(sizes), dtype=torch.float32, device=dev)
+    moments = torch.empty(sum(_moments_sizes(BC, dims, K, padding, geo_a)), dtype=torch.float32, device=dev)
     n_prog_a = sum(cdiv(BC, G) * cdiv(h + dh, rows_a) * cdiv(w + dh, geo_a.f) for h, w in dims)
     heights = [h for h, _ in dims]
     slots = [p // n_groups_b * cdiv(h, rows_b) for p, h in zip(chunks_b, heights)]  # programs per group
@@ -604,15 +676,25 @@ def launch_bwd_scales_split(x, y, B: int, C: int, dims, window, padding: str, c1
     scratch_a = torch.empty((n_prog_a, (KEPT_ROWS.value + 2) * (K // 2) * geo_a.bw), dtype=torch.float32, device=dev)
     scratch_b = torch.empty((n_prog_b, (12 + 2 * (K - 1)) * geo_b.bw + 32), dtype=torch.float32, device=dev)
     sum_buf = torch.empty(2 * BC * sum(slots), dtype=torch.float32, device=dev)
+    ox = gx if gx is not None else scratch_b
+    oy = gy if gy is not None else scratch_b
+    if first is None:
+        x0, y0, ox0, oy0, n0 = x, y, ox, oy, 0  # unused (FIRST off)
+    else:
+        x0, y0, gx0, gy0 = first
+        ox0 = gx0 if gx0 is not None else scratch_b
+        oy0 = gy0 if gy0 is not None else scratch_b
+        n0 = BC * dims[0][0] * dims[0][1]
     with device_guard(x):
         moments_scales_kernel[(n_prog_a,)](
-            x, y, window, moments, scratch_a, BC, C, dims[0][0], dims[0][1], dh, rows_a, gp, NS=len(dims), K=K,
-            PAD=pad, F=geo_a.f, BW=geo_a.bw, **launch_options(geo_a.warps, maxnreg=reg_a),
+            x, y, window, moments, scratch_a, BC, C, dims[0][0], dims[0][1], dh, rows_a, gp, x0, y0, n0, NS=len(dims),
+            K=K, PAD=pad, F=geo_a.f, BW=geo_a.bw, FIRST=first is not None,
+            **launch_options(geo_a.warps, maxnreg=reg_a),
         )  # fmt: skip
         adjoint_scales_kernel[(n_prog_b,)](
-            x, y, window, moments, u, gx if gx is not None else scratch_b, gy if gy is not None else scratch_b,
-            scratch_b, sum_buf, BC, C, dims[0][0], dims[0][1], dh, rows_b, gp, float(c1), float(c2), NS=len(dims),
-            K=K, PAD=pad, F=geo_b.f, BW=geo_b.bw, FA=geo_a.f, NEED1=gx is not None, NEED2=gy is not None,
+            x, y, window, moments, u, ox, oy, scratch_b, sum_buf, BC, C, dims[0][0], dims[0][1], dh, rows_b, gp,
+            float(c1), float(c2), x0, y0, ox0, oy0, n0, NS=len(dims), K=K, PAD=pad, F=geo_b.f, BW=geo_b.bw,
+            FA=geo_a.f, NEED1=ox is not scratch_b, NEED2=oy is not scratch_b, FIRST=first is not None,
             **launch_options(geo_b.warps, maxnreg=reg_b),
         )  # fmt: skip
     return slots, sum_buf

@@ -43,6 +43,7 @@ from .glue import (
     map_numel,
     refuse_double_backward,
     save_unit_grads,
+    unit_upstreams,
     wants_grad,
     window_taps,
     with_autograd,
@@ -217,7 +218,7 @@ def term_into(
         s, c = launch_fwd(img1, img2, window, padding, c1, c2, "stats", raw=True)
         partial_means(c if cs else s, BC, [s.shape[1]], [n], out.view(BC, 1))
         return empty, empty.clone()
-    unit = torch.full(img1.shape[:2], 1.0 / n, dtype=torch.float32, device=img1.device)
+    unit = unit_upstreams([n], BC, img1.device)[0].view(img1.shape[:2])  # shared, read only
     gx, gy, parts, _ = launch_bwd(
         img1,
         img2,
