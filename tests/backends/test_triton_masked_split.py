@@ -40,6 +40,20 @@ def _mask(B, C, H, W, seed):
     return m
 
 
+def _count_adjoint_launches(monkeypatch) -> list:
+    """A list that each launch of the masked adjoint appends its grid to (launched unchanged)."""
+    launches = []
+    real = masked_split.masked_adjoint_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(masked_split, "masked_adjoint_kernel", Counting())
+    return launches
+
+
 def _run(x, y, m, cfg, g_s, g_cs, need1, need2, l1, one_launch, monkeypatch):
     with monkeypatch.context() as mp:
         if one_launch:
@@ -84,15 +98,7 @@ def test_two_launches_equal_the_one_launch_masked_kernel(monkeypatch, shape, pad
     l1 = torch.rand(B, C, generator=g).to(DEV) if what == "l1" else None
     need1, need2 = what != "y", what == "y"
     assert masked_split.masked_split_eligible(x, y, window, False, need1, need2)
-    launches = []
-    real = masked_split.masked_adjoint_kernel
-
-    class Counting:  # counts the adjoint's launches, launches it unchanged
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(masked_split, "masked_adjoint_kernel", Counting())
+    launches = _count_adjoint_launches(monkeypatch)
     two = _run(x, y, m, cfg, g_s, g_cs, need1, need2, l1, False, monkeypatch)
     assert len(launches) == 1  # the two launches ran
     one = _run(x, y, m, cfg, g_s, g_cs, need1, need2, l1, True, monkeypatch)
@@ -134,15 +140,7 @@ def test_a_masked_batch_over_the_memory_bound_runs_in_even_groups(monkeypatch):
     m = _mask(3, 2, 20, 30, seed=6).to(DEV)
     cfg = SSIMConfig(window_size=7, padding="same")
     g_s = torch.rand(3, 2, generator=torch.Generator().manual_seed(2)).to(DEV) + 0.5
-    launches = []
-    real = masked_split.masked_adjoint_kernel
-
-    class Counting:  # counts the adjoint's launches, launches it unchanged
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(masked_split, "masked_adjoint_kernel", Counting())
+    launches = _count_adjoint_launches(monkeypatch)
     whole = _run(x, y, m, cfg, g_s, None, True, False, None, False, monkeypatch)
     assert len(launches) == 1
     per_image = masked_split.MOMENTS_BYTES * 2 * 20 * 32  # two channels, 20 map rows of 32 (a strip)
