@@ -200,15 +200,43 @@ def test_the_pyramid_and_its_adjoint_in_one_launch_equal_the_step_by_step_kernel
     for j in range(levels):
         assert torch.equal(xs[j], M._down_impl(x if j == 0 else xs[j - 1])), f"x, scale {j + 1}"
         assert torch.equal(ys[j], M._down_impl(y if j == 0 else ys[j - 1])), f"y, scale {j + 1}"
+    # with the images' float32 copies written as they are read (every pixel of the odd sides too)
+    copies = [torch.full((B, C, H, W), float("nan"), device=x.device) for _ in range(2)]
+    again = [torch.full((total,), float("nan"), device=x.device) for _ in range(2)]
+    M._pyramid_into(x, y, *again, levels, copy=copies)
+    assert torch.equal(again[0], xf) and torch.equal(again[1], yf)
+    assert torch.equal(copies[0], x.float()) and torch.equal(copies[1], y.float())
     # the adjoint chain: kept unit gradients (the finest one channels-last) and a [B, C, M] upstream
     gen = torch.Generator().manual_seed(3)
     g0 = torch.randn((B, C, H, W), generator=gen).to(x.device).contiguous(memory_format=torch.channels_last)
     gc = torch.randn((total,), generator=gen).to(x.device)
     d = torch.randn((B, C, levels + 1), generator=gen).to(x.device)
-    got = M._chain_impl(d, g0, gc)
+    got = M._chain_impl(d, g0, gc, torch.float32)
     gs = [g0, *M._split(gc, B, C, dims)]
     want = gs[-1] * d[:, :, levels, None, None]
     for j in reversed(range(levels)):
         want = gs[j] * d[:, :, j, None, None] + M._down_bwd_impl(want, gs[j])
     assert got.stride() == g0.stride()
     _same(got, want, "gradient")
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # the interpreter's fp16 cast of 3.4e38
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_adjoint_chain_rounds_its_sum_once_to_the_input_dtype(dtype):
+    # the chain's store rounds the float32 sum to the images' half type as torch's cast does: to
+    # nearest, ties to even (the interpreter's own bfloat16 cast truncates), overflow to inf, NaN
+    # kept; one scale (the kept gradient times the upstream 1)
+    dev = device_for("triton")
+    one = 1.0 + 2.0**-8 if dtype == torch.bfloat16 else 1.0 + 2.0**-11  # half an ulp above 1
+    special = [one, 1.0 + 3 * (one - 1.0), -one, 2.0**-130, -(2.0**-140), 3.4e38, -3.4e38, 65519.0, -0.0]
+    special += [float("inf"), float("-inf"), float("nan"), 1.0 / 3.0, -2.0 / 3.0, 1e-5]
+    g = torch.Generator().manual_seed(11)
+    g0 = torch.cat([torch.tensor(special), torch.randn(2 * 3 * 5 * 13 - len(special), generator=g)])
+    g0 = g0.view(2, 3, 5, 13).to(dev)
+    d = torch.ones((2, 3, 1), device=dev)
+    got = M._chain_impl(d, g0, g0, dtype)
+    want = g0.to(dtype)
+    assert got.dtype == dtype
+    assert torch.equal(got.isnan(), want.isnan())
+    ok = ~want.isnan()
+    assert torch.equal(got[ok], want[ok]) and torch.equal(got[ok].signbit(), want[ok].signbit())

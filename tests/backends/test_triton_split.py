@@ -235,6 +235,50 @@ def test_every_scale_in_one_pair_equals_the_finest_scale_on_its_own(monkeypatch,
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6 * float(b.abs().max()))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_scale_in_one_pair_reads_half_images_as_their_float32_copy(monkeypatch, dtype):
+    # fp16 / bf16 images in the two launches (read once, by the pyramid's launch, which writes
+    # their float32 copy; the gradient rounded once by the chain's store) against their float32
+    # copy made by autograd's cast, through the same launches: the same value and gradient
+    from splatloss.backends.triton import ms_ssim
+
+    monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
+    monkeypatch.setattr(launch, "CUDA_ROWS", 9)
+    seen = []
+    real, real_pyramid = split.launch_bwd_scales_split, ms_ssim._pyramid_into
+
+    def spy(*a, first=None, **k):
+        seen.append(None if first is None else first[0].dtype)
+        return real(*a, first=first, **k)
+
+    def spy_pyramid(x, *a, copy=None):
+        seen.append((x.dtype, copy is not None))
+        return real_pyramid(x, *a, copy=copy)
+
+    monkeypatch.setattr(backward, "launch_bwd_scales_split", spy)
+    monkeypatch.setattr(ms_ssim, "_pyramid_into", spy_pyramid)
+    g = torch.Generator().manual_seed(9)
+    x = torch.rand((1, 3, 40, 52), generator=g)
+    y = (0.6 * x + 0.4 * torch.rand((1, 3, 40, 52), generator=g)).to(dtype).to(DEV)
+    x = x.to(dtype).to(DEV)
+    cfg = SSIMConfig(window_size=7, padding="same")
+    weights = (0.1, 0.2, 0.3, 0.4)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    va = ms_ssim.ms_ssim(xa, y, cfg, weights, tau=0.01)
+    (ga,) = torch.autograd.grad(va.sum(), xa)
+    vb = ms_ssim.ms_ssim(xb.float(), y.float(), cfg, weights, tau=0.01)
+    (gb,) = torch.autograd.grad(vb.sum(), xb)
+    # both through the two launches, the half pair's copy made by the pyramid's launch
+    assert seen == [(dtype, True), torch.float32, (torch.float32, False), torch.float32]
+    assert ga.dtype == dtype and torch.isfinite(ga).all() and ga.abs().max() > 0
+    if EXACT:
+        assert torch.equal(va, vb) and torch.equal(ga, gb)
+    else:
+        torch.testing.assert_close(va, vb, rtol=1e-6, atol=0)
+        torch.testing.assert_close(ga, gb)
+
+
 def test_every_scale_in_one_pair_only_where_it_applies(monkeypatch):
     monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
     x = torch.rand(1, 3, 64, 96)
@@ -248,6 +292,8 @@ def test_every_scale_in_one_pair_only_where_it_applies(monkeypatch):
     strided = x.transpose(2, 3).contiguous().transpose(2, 3)
     assert not split.all_scales_eligible(strided, x, dims, 11, "valid", True, False)
     assert not split.all_scales_eligible(x.double(), x.double(), dims, 11, "valid", True, False)
+    assert split.all_scales_eligible(x.bfloat16(), x.bfloat16(), dims, 11, "valid", True, False)  # read as they are
+    assert not split.all_scales_eligible(x.bfloat16(), x.half(), dims, 11, "valid", True, False)
     monkeypatch.setattr(split, "MAX_MOMENTS_BYTES", 1000)
     assert not split.all_scales_eligible(x, x, dims, 11, "valid", True, False)  # over the moments' bound
     monkeypatch.setattr(split, "ENABLED", False)

@@ -14,7 +14,6 @@ and ``bodies`` (lanes and epilogues); launch geometry in ``launch``; host glue i
 
 from __future__ import annotations
 
-from ...config import to_accumulation_dtype
 from ..base import Backend
 from . import combine as _combine
 from . import dssim_l1 as _dssim_l1
@@ -57,11 +56,10 @@ class TritonBackend(Backend):
     def ms_ssim(self, img1, img2, cfg, weights, tau=None, mask=None):
         if mask is not None:
             return super().ms_ssim(img1, img2, cfg, weights, tau, mask)
-        # One float32 copy of fp16 / bf16 images, first: every scale's kernel then returns its
-        # gradient in float32, the pyramid's adjoints add them up in float32, and the cast's
-        # backward rounds the sum once (each scale rounding its share would round several times).
-        x, y = to_accumulation_dtype(img1), to_accumulation_dtype(img2)
-        return _ms_ssim.ms_ssim(x, y, cfg, weights, tau=tau)
+        # fp16 / bf16 images go in as they are: every scale keeps its unit gradient in float32, the
+        # pyramid's adjoint adds them up in float32 and rounds the sum once to the input dtype
+        # (each scale rounding its share would round several times)
+        return _ms_ssim.ms_ssim(img1, img2, cfg, weights, tau=tau)
 
     def combine_terms(self, terms, weights, tau=None):
         # one launch each way instead of a dozen torch ops forward and forty backward (masked

@@ -5,8 +5,10 @@ by repeating its last row / column (bottom / right) and 2x2 blocks are averaged,
 the read index instead of materialising the padded copy; it reads the input in its own dtype and
 strides and writes the half-size image in float32 (the accumulation dtype: fp16 2x2 means would
 round). So the pyramid never pads an odd side (the torch path pads a copy). fp16 / bf16 images
-reach it already cast to float32 by the backend (``TritonBackend.ms_ssim``): one cast at the top,
-so every scale's gradient is summed in float32 and the cast's backward rounds the sum once.
+are read once by the pyramid's launch, which writes their float32 copy as it goes, where every
+scale runs in one pair of launches, and cast to float32 at the top of the op elsewhere; either
+way every scale's gradient is summed in float32 and rounded to the input dtype once, by the
+backward's last store (``_chain_kernel``).
 ``_down_bwd_kernel`` is its adjoint: each input pixel gets a quarter of its block's upstream
 gradient, twice that for the repeated last row / column of an odd side (it stands in both rows /
 columns of the block). 4 B read + 1 B-equivalent written per input pixel-channel forward.
@@ -137,9 +139,13 @@ _PYRAMID_SIZES = ("BC", "C", "H", "W")
 
 
 @triton.jit
-def _step_tile(src, s_b, s_c, s_h, s_w, dst, b, ch, bc, i0, j0, Hs, Ws, Hd, Wd, R: tl.constexpr, BW: tl.constexpr):
+def _step_tile(
+    src, s_b, s_c, s_h, s_w, dst, b, ch, bc, i0, j0, Hs, Ws, Hd, Wd, cpy, R: tl.constexpr, BW: tl.constexpr,
+    COPY: tl.constexpr,
+):  # fmt: skip
     # rows [i0, i0 + R) x columns [j0, j0 + BW) of the coarser scale (Hd x Wd, contiguous planes at
-    # dst) from the scale before (Hs x Ws at src, strides s_*): _down_fwd_kernel's sum per pixel
+    # dst) from the scale before (Hs x Ws at src, strides s_*): _down_fwd_kernel's sum per pixel;
+    # with COPY, the pixels read, each once, also into cpy (the scale before in float32, contiguous)
     i = i0 + tl.arange(0, R)[:, None]
     j = j0 + tl.arange(0, BW)[None, :]
     ok = (i < Hd) & (j < Wd)
@@ -148,18 +154,30 @@ def _step_tile(src, s_b, s_c, s_h, s_w, dst, b, ch, bc, i0, j0, Hs, Ws, Hd, Wd, 
     row1 = base + tl.minimum(2 * i + 1, Hs - 1).to(tl.int64) * s_h  # odd side: the last row stands in
     c0 = (2 * j).to(tl.int64) * s_w
     c1 = tl.minimum(2 * j + 1, Ws - 1).to(tl.int64) * s_w
-    v = tl.load(row0 + c0, mask=ok, other=0.0).to(tl.float32)
-    v += tl.load(row0 + c1, mask=ok, other=0.0).to(tl.float32)
-    v += tl.load(row1 + c0, mask=ok, other=0.0).to(tl.float32)
-    v += tl.load(row1 + c1, mask=ok, other=0.0).to(tl.float32)
+    v00 = tl.load(row0 + c0, mask=ok, other=0.0).to(tl.float32)
+    v01 = tl.load(row0 + c1, mask=ok, other=0.0).to(tl.float32)
+    v10 = tl.load(row1 + c0, mask=ok, other=0.0).to(tl.float32)
+    v11 = tl.load(row1 + c1, mask=ok, other=0.0).to(tl.float32)
+    v = v00 + v01
+    v += v10
+    v += v11
     tl.store(dst + (bc * Hd + i).to(tl.int64) * Wd + j, 0.25 * v, mask=ok)
+    if COPY:
+        at = cpy + (bc * Hs + 2 * i).to(tl.int64) * Ws + 2 * j
+        col1 = 2 * j + 1 < Ws  # not the stand-in of an odd side's last column / row
+        row1_ok = ok & (2 * i + 1 < Hs)
+        tl.store(at, v00, mask=ok)
+        tl.store(at + 1, v01, mask=ok & col1)
+        tl.store(at + Ws, v10, mask=row1_ok)
+        tl.store(at + Ws + 1, v11, mask=row1_ok & col1)
 
 
 @triton.jit(do_not_specialize=_PYRAMID_SIZES)
 def _pyramid_kernel(
-    x_ptr, y_ptr, xo_ptr, yo_ptr, BC, C, H, W, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
-    LEVELS: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr,
+    x_ptr, y_ptr, xo_ptr, yo_ptr, xc_ptr, yc_ptr, BC, C, H, W, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
+    LEVELS: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr, COPY0: tl.constexpr,
 ):  # fmt: skip
+    # COPY0: the images' float32 copies into xc_ptr, yc_ptr too (contiguous), as they are read
     n_tr = tl.cdiv((H + 1) // 2, TILE_ROWS)
     bc = tl.program_id(0) // n_tr
     tr = tl.program_id(0) % n_tr
@@ -168,9 +186,9 @@ def _pyramid_kernel(
     H1 = (H + 1) // 2
     W1 = (W + 1) // 2
     _step_tile(x_ptr, sx_b, sx_c, sx_h, sx_w, xo_ptr, b, ch, bc, tr * TILE_ROWS, tl.program_id(1) * TILE_COLS,
-               H, W, H1, W1, TILE_ROWS, TILE_COLS)  # fmt: skip
+               H, W, H1, W1, xc_ptr, TILE_ROWS, TILE_COLS, COPY0)  # fmt: skip
     _step_tile(y_ptr, sy_b, sy_c, sy_h, sy_w, yo_ptr, b, ch, bc, tr * TILE_ROWS, tl.program_id(1) * TILE_COLS,
-               H, W, H1, W1, TILE_ROWS, TILE_COLS)  # fmt: skip
+               H, W, H1, W1, yc_ptr, TILE_ROWS, TILE_COLS, COPY0)  # fmt: skip
     off = 0
     Hs = H1
     Ws = W1
@@ -181,9 +199,11 @@ def _pyramid_kernel(
         nxt = off + BC.to(tl.int64) * Hs * Ws
         hw = Hs.to(tl.int64) * Ws
         _step_tile(xo_ptr + off, hw * C, hw, Ws, 1, xo_ptr + nxt, b, ch, bc, tr * (TILE_ROWS >> lv),
-                   tl.program_id(1) * (TILE_COLS >> lv), Hs, Ws, Hd, Wd, TILE_ROWS >> lv, TILE_COLS >> lv)  # fmt: skip
+                   tl.program_id(1) * (TILE_COLS >> lv), Hs, Ws, Hd, Wd, xo_ptr, TILE_ROWS >> lv, TILE_COLS >> lv,
+                   False)  # fmt: skip
         _step_tile(yo_ptr + off, hw * C, hw, Ws, 1, yo_ptr + nxt, b, ch, bc, tr * (TILE_ROWS >> lv),
-                   tl.program_id(1) * (TILE_COLS >> lv), Hs, Ws, Hd, Wd, TILE_ROWS >> lv, TILE_COLS >> lv)  # fmt: skip
+                   tl.program_id(1) * (TILE_COLS >> lv), Hs, Ws, Hd, Wd, yo_ptr, TILE_ROWS >> lv, TILE_COLS >> lv,
+                   False)  # fmt: skip
         off = nxt
         Hs = Hd
         Ws = Wd
@@ -201,17 +221,20 @@ def _pyramid_tile(levels: int, H1: int, W1: int, device: torch.device) -> tuple:
     return max(rows, min(next_power_of_2(H1), 16384 // cols)), cols
 
 
-def _pyramid_into(x: Tensor, y: Tensor, xf: Tensor, yf: Tensor, levels: int) -> None:
+def _pyramid_into(x: Tensor, y: Tensor, xf: Tensor, yf: Tensor, levels: int, copy=None) -> None:
     """Every coarser scale of ``x`` and ``y`` (``(B, C, H, W)``, any strides and float dtype) into
     the flat float32 buffers ``xf``, ``yf`` (scale after scale, each contiguous ``(B, C, H_s,
-    W_s)``: :func:`_split`), ``levels`` scales, in one launch (:func:`_pyramid_kernel`)."""
+    W_s)``: :func:`_split`), ``levels`` scales, in one launch (:func:`_pyramid_kernel`); ``copy``:
+    ``(xc, yc)``, contiguous float32 ``(B, C, H, W)`` tensors to receive ``x`` and ``y`` themselves
+    in float32 as the launch reads them."""
     B, C, H, W = x.shape
     rows, cols = _pyramid_tile(levels, (H + 1) // 2, (W + 1) // 2, x.device)
     grid = (B * C * cdiv((H + 1) // 2, rows), cdiv((W + 1) // 2, cols))
+    xc, yc = copy if copy is not None else (xf, yf)
     with device_guard(x):
         _pyramid_kernel[grid](
-            x, y, xf, yf, B * C, C, H, W, *x.stride(), *y.stride(), LEVELS=levels, TILE_ROWS=rows, TILE_COLS=cols,
-            **launch_options(WARPS_PYRAMID),
+            x, y, xf, yf, xc, yc, B * C, C, H, W, *x.stride(), *y.stride(), LEVELS=levels, TILE_ROWS=rows,
+            TILE_COLS=cols, COPY0=copy is not None, **launch_options(WARPS_PYRAMID),
         )  # fmt: skip
 
 
@@ -314,9 +337,19 @@ def _level_of(H, W, BC, LV: tl.constexpr):
 
 
 @triton.jit
+def _to_bf16(v):
+    # float32 -> bfloat16 rounded to nearest, ties to even (as torch and the GPU's conversion round;
+    # the interpreter's own cast truncates); a NaN stays a (quiet) NaN
+    bits = v.to(tl.uint32, bitcast=True)
+    r = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
+    r = tl.where(v != v, 0x7FC0, r)
+    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _up_tile(
     g, g_h, g_w, u, coarse, Wc, out, o_h, o_w, i0, j0, H, W, HAS_COARSE: tl.constexpr, R: tl.constexpr,
-    BW: tl.constexpr,
+    BW: tl.constexpr, BF16: tl.constexpr,
 ):  # fmt: skip
     # rows [i0, i0 + R) x columns [j0, j0 + BW) of one plane of scale J (H x W; g, out: the kept
     # unit gradient's plane and the output's, coarse: the coarser scale's finished plane, Wc wide):
@@ -331,13 +364,15 @@ def _up_tile(
         # odd side stands in both rows / columns of its block: twice that (as in _down_bwd_kernel)
         up = up * tl.where((H % 2 == 1) & (r == H - 1), 0.5, 0.25)
         v = v + up * tl.where((W % 2 == 1) & (c == W - 1), 2.0, 1.0)
-    tl.store(out + r.to(tl.int64) * o_h + c.to(tl.int64) * o_w, v, mask=ok)
+    if BF16:  # out is bfloat16
+        v = _to_bf16(v)
+    tl.store(out + r.to(tl.int64) * o_h + c.to(tl.int64) * o_w, v.to(out.dtype.element_ty), mask=ok)
 
 
 @triton.jit(do_not_specialize=_CHAIN_SIZES)
 def _chain_kernel(
     g0_ptr, gc_ptr, d_ptr, scr_ptr, out_ptr, BC, C, H, W, M, sg_b, sg_c, sg_h, sg_w, so_b, so_c, so_h, so_w,
-    LEVELS: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr,
+    LEVELS: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr, OUT_BF16: tl.constexpr,
 ):  # fmt: skip
     # a tile of TILE_ROWS x TILE_COLS of one (image, channel) plane of the finest scale and every
     # coarser scale's tile above it (half the rows and columns each step), coarsest first: each
@@ -357,10 +392,10 @@ def _chain_kernel(
             Hc, Wc, off_c = _level_of(H, W, BC, k + 1)
             _up_tile(gc_ptr + plane, Ws, 1, u, scr_ptr + off_c + bc64 * Hc * Wc, Wc, scr_ptr + plane, Ws, 1,
                      tr * (TILE_ROWS >> k), tc * (TILE_COLS >> k), Hs, Ws, True, TILE_ROWS >> k,
-                     TILE_COLS >> k)  # fmt: skip
+                     TILE_COLS >> k, False)  # fmt: skip
         else:
             _up_tile(gc_ptr + plane, Ws, 1, u, scr_ptr, 1, scr_ptr + plane, Ws, 1, tr * (TILE_ROWS >> k),
-                     tc * (TILE_COLS >> k), Hs, Ws, False, TILE_ROWS >> k, TILE_COLS >> k)  # fmt: skip
+                     tc * (TILE_COLS >> k), Hs, Ws, False, TILE_ROWS >> k, TILE_COLS >> k, False)  # fmt: skip
     b = bc64 // C
     ch = bc64 % C
     u = tl.load(d_ptr + bc64 * M)
@@ -369,10 +404,10 @@ def _chain_kernel(
         Hc, Wc, off_c = _level_of(H, W, BC, 1)
         _up_tile(g0_ptr + b * sg_b + ch * sg_c, sg_h, sg_w, u, scr_ptr + off_c + bc64 * Hc * Wc, Wc,
                  out_ptr + b * so_b + ch * so_c, so_h, so_w, tr * TILE_ROWS, tc * TILE_COLS, H, W, True, TILE_ROWS,
-                 TILE_COLS)  # fmt: skip
+                 TILE_COLS, OUT_BF16)  # fmt: skip
     else:
         _up_tile(g0_ptr + b * sg_b + ch * sg_c, sg_h, sg_w, u, g0_ptr, 1, out_ptr + b * so_b + ch * so_c, so_h,
-                 so_w, tr * TILE_ROWS, tc * TILE_COLS, H, W, False, TILE_ROWS, TILE_COLS)  # fmt: skip
+                 so_w, tr * TILE_ROWS, tc * TILE_COLS, H, W, False, TILE_ROWS, TILE_COLS, OUT_BF16)  # fmt: skip
 
 
 def _chain_tile(levels: int, H: int, W: int, device: torch.device) -> tuple:
@@ -386,21 +421,22 @@ def _chain_tile(levels: int, H: int, W: int, device: torch.device) -> tuple:
     return max(rows, min(next_power_of_2(H), 16384 // cols)), cols
 
 
-def _chain_impl(d: Tensor, g0: Tensor, gc: Tensor) -> Tensor:
+def _chain_impl(d: Tensor, g0: Tensor, gc: Tensor, dtype: torch.dtype) -> Tensor:
     """The input's gradient from the finest scale's kept unit gradient ``g0`` (``(B, C, H, W)``),
     the coarser scales' ``gc`` (flat, scale after scale: :func:`_split`) and the ``[B, C, M]``
-    upstream of the terms ``d``, in one launch (:func:`_chain_kernel`). float32, in the layout of
-    ``g0``."""
+    upstream of the terms ``d``, in one launch (:func:`_chain_kernel`): summed in float32, rounded
+    once to ``dtype`` (the input's) as it is stored, in the layout of ``g0``."""
     d = d.to(torch.float32).contiguous()
     B, C, H, W = g0.shape
     M = d.shape[-1]
-    out = torch.empty_like(g0, dtype=torch.float32)
+    out = torch.empty_like(g0, dtype=dtype)
     scratch = torch.empty_like(gc) if M > 1 else gc
     rows, cols = _chain_tile(M - 1, H, W, g0.device)
     with device_guard(g0):
         _chain_kernel[(B * C * cdiv(H, rows), cdiv(W, cols))](
             g0, gc if M > 1 else g0, d, scratch if M > 1 else g0, out, B * C, C, H, W, M, *g0.stride(),
-            *out.stride(), LEVELS=M - 1, TILE_ROWS=rows, TILE_COLS=cols, **launch_options(WARPS_CHAIN),
+            *out.stride(), LEVELS=M - 1, TILE_ROWS=rows, TILE_COLS=cols,
+            OUT_BF16=dtype == torch.bfloat16, **launch_options(WARPS_CHAIN),
         )  # fmt: skip
     return out
 
@@ -409,8 +445,8 @@ _chain_op = torch.library.custom_op("splatloss::triton_ms_pyramid_bwd", _chain_i
 
 
 @_chain_op.register_fake
-def _(d, g0, gc):
-    return torch.empty_like(g0, dtype=torch.float32)
+def _(d, g0, gc, dtype):
+    return torch.empty_like(g0, dtype=dtype)
 
 
 def _coarse_dims(H: int, W: int, scales: int) -> List[Tuple[int, int]]:
@@ -431,13 +467,21 @@ def _split(flat: Tensor, B: int, C: int, dims) -> List[Tensor]:
     return out
 
 
-def _pyramid_pair(img1: Tensor, img2: Tensor, B: int, C: int, dims) -> Tuple[Tensor, Tensor]:
-    """Both images' coarser scales (``dims``), each image's in one flat float32 buffer (:func:`_split`)."""
+def _pyramid_pair(img1: Tensor, img2: Tensor, B: int, C: int, dims, copy: bool = False):
+    """Both images' coarser scales (``dims``), each image's in one flat float32 buffer
+    (:func:`_split`): ``(xf, yf)``; with ``copy``, ``(xf, yf, x0, y0)``, the images' own float32
+    copies written by the same launch (contiguous, in front of the coarser scales in one buffer)."""
     total = sum(B * C * h * w for h, w in dims)
-    xf = torch.empty(total, dtype=torch.float32, device=img1.device)
-    yf = torch.empty(total, dtype=torch.float32, device=img1.device)
-    _pyramid_into(img1, img2, xf, yf, len(dims))
-    return xf, yf
+    n0 = img1.numel() if copy else 0
+    xa = torch.empty(n0 + total, dtype=torch.float32, device=img1.device)
+    ya = torch.empty(n0 + total, dtype=torch.float32, device=img1.device)
+    xf, yf = xa[n0:], ya[n0:]
+    if not copy:
+        _pyramid_into(img1, img2, xf, yf, len(dims))
+        return xf, yf
+    x0, y0 = xa[:n0].view(img1.shape), ya[:n0].view(img1.shape)
+    _pyramid_into(img1, img2, xf, yf, len(dims), copy=(x0, y0))
+    return xf, yf, x0, y0
 
 
 def _terms_impl(
@@ -466,11 +510,16 @@ def _terms_impl(
     every = [(H, W)] + dims
     if all_scales_eligible(img1, img2, every, K, padding, need1, need2):
         # every scale in one pair of launches: the finest scale's programs and the coarser ones'
-        # share the waves, so the coarser scales need not fill the GPU on their own
-        xf, yf = _pyramid_pair(img1, img2, B, C, dims)
-        g1_0 = torch.empty_like(img1) if need1 else None
-        g2_0 = torch.empty_like(img2) if need2 else None
-        first = (img1, img2, g1_0, g2_0)
+        # share the waves, so the coarser scales need not fill the GPU on their own; fp16 / bf16
+        # images are read once, by the pyramid's launch, which writes their float32 copy too
+        if img1.dtype == torch.float32:
+            xf, yf = _pyramid_pair(img1, img2, B, C, dims)
+            x0, y0 = img1, img2
+        else:
+            xf, yf, x0, y0 = _pyramid_pair(img1, img2, B, C, dims, copy=True)
+        g1_0 = torch.empty_like(x0) if need1 else None
+        g2_0 = torch.empty_like(y0) if need2 else None
+        first = (x0, y0, g1_0, g2_0)
         g1_c, g2_c, _ = launch_bwd_scales(
             xf, yf, B, C, every, window, padding, c1, c2, need1, need2, out=terms, first=first
         )  # fmt: skip
@@ -481,6 +530,9 @@ def _terms_impl(
             g2_0 if need2 else empty.clone(),
             g2_c if need2 else empty.clone(),
         ]
+    # elsewhere one float32 copy of fp16 / bf16 images first: every scale's kernels then keep their
+    # unit gradients in float32
+    img1, img2 = img1.to(torch.float32), img2.to(torch.float32)
     g1_0, g2_0 = term_into(terms[:, :, 0], img1, img2, window, padding, c1, c2, scales > 1, need1, need2)
     if not dims:
         return [terms, g1_0, empty, g2_0, empty.clone()]
@@ -547,8 +599,8 @@ def _terms_backward(ctx, *grads):
         )
         g1_0, g1_c, g2_0, g2_c = again[1:]
     chain = _chain_impl if eager(g_terms, img1, img2) else _chain_op
-    gx = chain(g_terms, g1_0, g1_c).to(img1.dtype) if need1 else None
-    gy = chain(g_terms, g2_0, g2_c).to(img2.dtype) if need2 else None
+    gx = chain(g_terms, g1_0, g1_c, img1.dtype) if need1 else None
+    gy = chain(g_terms, g2_0, g2_c, img2.dtype) if need2 else None
     return (gx, gy) + rest
 
 
@@ -570,8 +622,8 @@ def ms_ssim(img1: Tensor, img2: Tensor, cfg, weights: Sequence[float], tau: Opti
     positive extension)."""
     check_inputs(img1, img2, cfg)
     # every scale's term (its gradient computed in the forward when one is needed) in one op, whose
-    # backward is one launch; the fused step writes float32 (fp16 / bf16 images arrive
-    # cast once by TritonBackend.ms_ssim)
+    # backward is one launch; the fused step writes float32, and fp16 / bf16 images are cast to
+    # float32 inside the op where the finest scale does not read them itself (_terms_impl)
     with functorch_guard():
         terms = ms_terms(img1, img2, cfg, len(weights))
     return combine.combine(terms, weights, tau)

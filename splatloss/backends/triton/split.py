@@ -415,8 +415,10 @@ def scales_split_eligible(reflect: bool, need1: bool, need2: bool) -> bool:
 def all_scales_eligible(img1, img2, dims, K: int, padding: str, need1: bool, need2: bool) -> bool:
     """Whether MS-SSIM runs its finest scale in the coarser scales' two launches
     (:func:`.backward.launch_bwd_scales` with ``first``; ``dims``: every scale's ``(H, W)``, the
-    finest first): where :func:`scales_split_eligible`, column windows, both images contiguous
-    float32 (the finest scale read as the coarser ones are) and every scale's moments within
+    finest first): where :func:`scales_split_eligible`, column windows, both images contiguous and
+    of one dtype, float32 (the finest scale read as the coarser ones are) or float16 / bfloat16
+    (read by the pyramid's launch, which writes their float32 copy beside the coarser scales), and
+    every scale's moments within
     :data:`MAX_MOMENTS_BYTES` (a larger batch runs the finest scale on its own, in groups of
     images)."""
     _, reflect = padding_shape(K, padding)
@@ -424,7 +426,9 @@ def all_scales_eligible(img1, img2, dims, K: int, padding: str, need1: bool, nee
         return False
     if not scales_split_eligible(reflect, need1, need2):
         return False
-    if not all(t.dtype == torch.float32 and t.is_contiguous() for t in (img1, img2)):
+    if img1.dtype != img2.dtype or not (img1.is_contiguous() and img2.is_contiguous()):
+        return False
+    if img1.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
     B, C = img1.shape[:2]
     geo_a = scales_split_geometry(B, C, dims, K, padding, img1.device)[0]
