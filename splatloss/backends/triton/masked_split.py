@@ -9,7 +9,8 @@ registers. As the unmasked backward does (:mod:`.split`), the work is cut where 
   four mask-weighted moment sums ``F(M x')``, ``F(M y')``, ``F(M (x'^2 + y'^2))``, ``F(M x'y')``
   around the centre row's shift, and ``1 / F(M)`` (1 where ``F(M)`` is 0), each map row's four
   moments per column then its inverses: 20 B per map pixel-channel;
-- ``masked_adjoint_kernel`` is :func:`.split.ssim_adjoint_kernel`'s walk with the masked partials:
+- ``masked_adjoint_kernel`` is :func:`.split.ssim_adjoint_kernel`'s walk (the same device
+  function, :func:`.split._adjoint_columns`, with ``MASKED``) with the masked partials:
   with ``N_P = F(M P)`` and ``mu_P = N_P / F(M)``, the partials with respect to the sums are the
   unmasked ones with respect to the means over ``F(M)``, the upstream at map position ``p`` is the
   channel's scalar times the centre mask at ``p`` (read from the mask), and the gradient at pixel
@@ -30,14 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
+from .bodies import interior, lanes
 from .columns import (
-    hadjoint_moved,
     hmoments_masked,
     load_kept,
     load_taps,
-    push,
-    push_moved,
     store_kept,
     vmoments_masked,
 )
@@ -51,8 +49,7 @@ from .launch import (
     problem,
     shared_column_stride,
 )
-from .moments import partials
-from .split import row_shift, split_eligible, split_group
+from .split import _adjoint_columns, _mask_and_planes, split_eligible, split_group
 
 __all__ = [
     "masked_moments_kernel",
@@ -75,26 +72,6 @@ MOMENTS_BYTES = 20
 
 #: Scratch rows per kept input row of the moments kernel: the five sums, then the shifts twice.
 KEPT_SUMS = tl.constexpr(5)
-
-
-@triton.jit
-def _mask_and_planes(m_ptr, mo_ptr, group, bc, b, ch, p_c, C, Ho, WP, sm_b, sm_c, sm_w, PAD: tl.constexpr,
-                     F: tl.constexpr, BW: tl.constexpr):  # fmt: skip
-    """The mask's and the moments' bases and per-lane offsets: ``(m_base, m_col, mo_base)``, the
-    mask read at ``m_base + m_col + row * sm_h`` (``m_col``: column ``p_c - PAD``), a map row's
-    moments at ``mo_base + 5 WP p`` (four per column, then the inverses). With one channel per
-    program the bases are the program's (scalars) and ``m_col`` a 32-bit column offset: no 64-bit
-    offset per lane to hold through the rows."""
-    if F == BW:
-        g64 = group.to(tl.int64)
-        m_base = m_ptr + (g64 // C) * sm_b + (g64 % C) * sm_c
-        m_col = (p_c - PAD) * sm_w
-        mo_base = mo_ptr + g64 * Ho * (5 * WP)
-    else:
-        m_base = m_ptr
-        m_col = b * sm_b + ch * sm_c + (p_c - PAD).to(tl.int64) * sm_w
-        mo_base = mo_ptr + bc.to(tl.int64) * Ho * (5 * WP)
-    return m_base, m_col, mo_base
 
 
 @triton.jit
@@ -184,178 +161,6 @@ def masked_moments_kernel(
         )  # fmt: skip
 
 
-@triton.jit
-def _masked_adjoint_row(
-    i, pend, x_ptr, y_ptr, m_base, w_ptr, mo_base, gs, gc, l1, gx_ptr, gy_ptr,
-    scr, x_lane, y_lane, m_col, b, ch, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c, wt,
-    H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
-    K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, HAS_CS: tl.constexpr,
-    HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr, WRITE_SUMS: tl.constexpr,
-    SAME: tl.constexpr, EDGE: tl.constexpr, OUT: tl.constexpr,
-):  # fmt: skip
-    """Step ``i >= K - 1`` of :func:`_masked_adjoint_columns`: padded input row ``r`` enters (its
-    shift), map row ``p = r - (K - 1) + PAD`` forms its masked partials from the moments' launch
-    and enters the pending sums; with ``OUT`` gradient row ``p - PAD`` completes, times the mask,
-    and is stored (:func:`.masked_kernels.masked_bwd_kernel`'s steps 2 to 4)."""
-    ar = tl.arange(0, BW)
-    a_sq, a_xy, a_1, a_2 = pend
-    SUMS_AT: tl.constexpr = 10 * BW + 32  # the scratch's layout (:func:`_masked_adjoint_columns`)
-    RING_AT: tl.constexpr = SUMS_AT + 2 * BW
-    ring = scr + RING_AT + ar
-    base = ring + (i % (K - 1)) * BW
-    shift = tl.load(base + (K // 2) * BW)  # map row p's centre row
-    r = q_r0 - (K - 1) + i
-    s = row_shift(x_ptr, y_ptr, x_lane, y_lane, r, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, lane_ok, K, EDGE)
-    p = r - (K - 1) + PAD
-    valid = pcol_ok & (p >= 0) & (p < Ho)
-    at = mo_base + p.to(tl.int64) * (5 * WP) + 4 * p_c
-    f1 = tl.load(at, mask=valid, other=0.0)
-    f2 = tl.load(at + 1, mask=valid, other=0.0)
-    f11 = tl.load(at + 2, mask=valid, other=0.0)
-    f12 = tl.load(at + 3, mask=valid, other=0.0)
-    inv = tl.load(at + 4 * WP - 3 * p_c, mask=valid, other=1.0)
-    # the centre mask of map position p (image row p + K // 2 - PAD, the window's centre column)
-    mc = tl.load(m_base + m_col + (p + (K // 2 - PAD)).to(tl.int64) * sm_h + (K // 2) * sm_w, mask=valid, other=0.0)
-    dmu = (f1 - f2) * inv  # the differences from the sums, as in the forward kernel
-    dvar = (f11 - 2.0 * f12) * inv
-    d1, d2, dsq, dxy, ssim, cs = partials(
-        f1 * inv, f2 * inv, f11 * inv, None, f12 * inv, gs * mc, gc * mc, c1, c2, shift, dmu, dvar, HAS_CS
-    )
-    if WRITE_SUMS:  # the lanes' sums in the program's scratch (each lane its own slot)
-        own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
-        tl.store(scr + SUMS_AT + ar, tl.load(scr + SUMS_AT + ar) + tl.where(own, mc * (1.0 - ssim), 0.0))
-    dsq = tl.where(valid, dsq * inv, 0.0)
-    dxy = tl.where(valid, dxy * inv, 0.0)
-    e = 2.0 * dsq + dxy
-    # vertical adjoint: map row p enters gradient rows p - PAD + j with tap j, the means' partials
-    # moved to each row's shift; gradient row q = p - PAD completes
-    g_sq, a_sq = push(a_sq, dsq, wt, K, False)
-    g_xy, a_xy = push(a_xy, dxy, wt, K, False)
-    hist = ()
-    for j in tl.static_range(K - 1):
-        hist = hist + (shift if j == K // 2 else tl.load(base + j * BW),)
-    if NEED1:
-        g1, a_1 = push_moved(a_1, tl.where(valid, d1 * inv, 0.0), e, hist, s, shift, wt, K)
-    if NEED2:
-        g2, a_2 = push_moved(a_2, tl.where(valid, d2 * inv, 0.0), e, hist, s, shift, wt, K)
-    q_shift = hist[0]
-    tl.store(base, s)  # row i replaces row i - (K - 1)
-    tl.store(base + (K - 1) * BW, s)
-    if OUT:
-        # horizontal adjoint of gradient row q through the scratch row (double-buffered: one barrier)
-        buf = scr + (i % 2) * (5 * BW)
-        tl.store(buf + ar, 2.0 * g_sq)
-        tl.store(buf + BW + ar, g_xy)
-        if NEED1:
-            tl.store(buf + 2 * BW + ar, g1)
-        if NEED2:
-            tl.store(buf + 3 * BW + ar, g2)
-        tl.store(buf + 4 * BW + ar, tl.where(pcol_ok, q_shift, 0.0))
-        tl.debug_barrier()
-        q64 = (p - PAD).to(tl.int64)
-        out = qcol_ok
-        xq = tl.load(x_ptr + x_lane + q64 * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32)
-        yq = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32)
-        mq = tl.load(m_base + m_col + q64 * sm_h + (K - 1) * sm_w, mask=out, other=0.0)
-        gx, gy = hadjoint_moved(buf, wt, q_c0, W, f, xq, yq, NEED1, NEED2, F, BW, K, PAD, False, EDGE)
-        if SAME:  # gradient column q_c is the last tap of the lane's window
-            o_offs = x_lane + q64 * sx_h + (K - 1) * sx_w
-        else:
-            o_offs = b * so_b + ch * so_c + q64 * so_h + q_c.to(tl.int64) * so_w
-        # the L1 term (sign and |x - y| of the pixels), weighted by the mask
-        if HAS_L1 and WRITE_SUMS:
-            l1_term, lane_l = l1_sign_term(xq, yq, l1, out, tl.load(scr + SUMS_AT + BW + ar), mq, HAS_L1, True)
-            tl.store(scr + SUMS_AT + BW + ar, lane_l)
-        else:
-            l1_term, _ = l1_sign_term(xq, yq, l1, out, 0.0, mq, HAS_L1, False)
-        if NEED1:
-            store_grad(gx_ptr, o_offs, out, mq * gx, xq, yq, None, None, mq * l1_term, 1, HAS_L1)
-        if NEED2:
-            store_grad(gy_ptr, o_offs, out, mq * gy, yq, xq, None, None, mq * l1_term, -1, HAS_L1)
-    return a_sq, a_xy, a_1, a_2
-
-
-@triton.jit
-def _masked_adjoint_columns(
-    pid, x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
-    BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS,
-    sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
-    K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, HAS_CS: tl.constexpr,
-    HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr, WRITE_SUMS: tl.constexpr,
-    SAME: tl.constexpr, EDGE: tl.constexpr,
-):  # fmt: skip
-    group, chunk, strip, f, bc, lane_ok, b, ch = lanes(pid, BC, C, n_chunks, n_strips, F, BW)
-    STEP: tl.constexpr = F - (K - 1)  # gradient columns per strip
-    q_c0 = strip * STEP
-    q_c = q_c0 + f  # gradient column of each lane (valid for f < STEP)
-    qcol_ok = lane_ok & (f < STEP) & (q_c < W)
-    p_c = q_c0 - (K - 1) + PAD + f  # map column whose partials the lane holds
-    pcol_ok = lane_ok & (p_c >= 0) & (p_c < Wo)
-    own_c = pcol_ok & (p_c >= q_c0) & (p_c < q_c0 + STEP)  # map columns this strip sums
-    x_lane = b * sx_b + ch * sx_c + (p_c - PAD).to(tl.int64) * sx_w  # first tap of each lane's window, row 0
-    if SAME:  # the images and the gradient in one layout: one offset serves all three
-        y_lane = x_lane
-    else:
-        y_lane = b * sy_b + ch * sy_c + (p_c - PAD).to(tl.int64) * sy_w
-    m_base, m_col, mo_base = _mask_and_planes(m_ptr, mo_ptr, group, bc, b, ch, p_c, C, Ho, WP, sm_b, sm_c, sm_w, PAD,
-                                              F, BW)  # fmt: skip
-    q_r0 = chunk * ROWS
-    n_rows = tl.minimum(ROWS, H - q_r0)
-    wt = load_taps(w_ptr, K)
-    zero = tl.zeros([BW], dtype=tl.float32)
-    # scratch (stays in L1/L2), as .split's adjoint: two rows of 5 values per lane, then the lanes'
-    # two sums and the rows' shifts, each lane its own slots
-    SUMS_AT: tl.constexpr = 10 * BW + 32
-    RING_AT: tl.constexpr = SUMS_AT + 2 * BW
-    scr = scr_ptr + pid.to(tl.int64) * (RING_AT + 2 * (K - 1) * BW)
-    # per-channel upstream scalars (already divided by the channel's centre-weight sum)
-    sel = group if F == BW else bc
-    sel_ok = True if F == BW else lane_ok
-    gs = tl.load(gs_ptr + sel, mask=sel_ok, other=0.0).to(tl.float32)
-    if HAS_CS:
-        gc = tl.load(gc_ptr + sel, mask=sel_ok, other=0.0).to(tl.float32)
-    else:
-        gc = 0.0
-    if HAS_L1:  # the fused loss's L1 weight: (1 - lam) / (the image's mask sum), per channel
-        l1 = tl.load(l1_ptr + sel, mask=sel_ok, other=0.0).to(tl.float32)
-    else:
-        l1 = 0.0
-    if WRITE_SUMS:
-        tl.store(scr + SUMS_AT + tl.arange(0, BW), zero)
-        tl.store(scr + SUMS_AT + BW + tl.arange(0, BW), zero)
-    # 1. the first K - 1 input rows complete no map row: their shifts only
-    ring = scr + RING_AT + tl.arange(0, BW)
-    for j in tl.static_range(K - 1):
-        sj = row_shift(x_ptr, y_ptr, x_lane, y_lane, q_r0 - (K - 1) + j, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
-                       lane_ok, K, EDGE)  # fmt: skip
-        tl.store(ring + j * BW, sj)
-        tl.store(ring + (j + K - 1) * BW, sj)
-    pend = ((zero,) * (K - 1), (zero,) * (K - 1), (zero,) * (K - 1), (zero,) * (K - 1))
-    # 2. the next K - 1 complete map rows whose gradient rows lie above the chunk: the pending sums
-    for i in tl.range(K - 1, 2 * (K - 1), num_stages=1):
-        pend = _masked_adjoint_row(
-            i, pend, x_ptr, y_ptr, m_base, w_ptr, mo_base, gs, gc, l1, gx_ptr, gy_ptr,
-            scr, x_lane, y_lane, m_col, b, ch, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c,
-            wt, H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
-            K, PAD, F, BW, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, EDGE, False,
-        )  # fmt: skip
-    # 3. the chunk's gradient rows
-    for i in tl.range(2 * (K - 1), n_rows + 2 * (K - 1), num_stages=1):
-        pend = _masked_adjoint_row(
-            i, pend, x_ptr, y_ptr, m_base, w_ptr, mo_base, gs, gc, l1, gx_ptr, gy_ptr,
-            scr, x_lane, y_lane, m_col, b, ch, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c,
-            wt, H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2,
-            K, PAD, F, BW, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, EDGE, True,
-        )  # fmt: skip
-    if WRITE_SUMS:
-        # per program and channel: the centre-weighted SSIM deficit and, with HAS_L1, the masked
-        # |x - y| (the slots' address formed anew, as in .split's adjoint)
-        sums = scr + SUMS_AT + tl.program_id(1) * BW + tl.arange(0, BW)
-        store_sums(sum_ptr, tl.load(sums), BC, n_chunks * n_strips, 2, F, BW, pid)
-        if HAS_L1:
-            store_sums(sum_ptr + 1, tl.load(sums + BW), BC, n_chunks * n_strips, 2, F, BW, pid)
-
-
 @triton.jit(do_not_specialize=SIZES + ("WP",))
 def masked_adjoint_kernel(
     x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
@@ -369,19 +174,20 @@ def masked_adjoint_kernel(
         sx_w = SW
         sy_w = SW
     strip = tl.program_id(0) % n_strips
+    # .split's adjoint with MASKED (no upstream map: its strides unused)
     if interior(strip * (F - (K - 1)) - (K - 1), W, K, F, BW):
-        _masked_adjoint_columns(
-            tl.program_id(0), x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr,
-            scr_ptr, sum_ptr, BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w,
-            sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2, K, PAD, F, BW,
-            HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, False,
+        _adjoint_columns(
+            tl.program_id(0), x_ptr, y_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
+            BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
+            0, 0, 0, 0, so_b, so_c, so_h, so_w, c1, c2, m_ptr, sm_b, sm_c, sm_h, sm_w, K, PAD, F, BW, False,
+            HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, False, True,
         )  # fmt: skip
     else:
-        _masked_adjoint_columns(
-            tl.program_id(0), x_ptr, y_ptr, m_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr,
-            scr_ptr, sum_ptr, BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w,
-            sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, so_b, so_c, so_h, so_w, c1, c2, K, PAD, F, BW,
-            HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, True,
+        _adjoint_columns(
+            tl.program_id(0), x_ptr, y_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
+            BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
+            0, 0, 0, 0, so_b, so_c, so_h, so_w, c1, c2, m_ptr, sm_b, sm_c, sm_h, sm_w, K, PAD, F, BW, False,
+            HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, True, True,
         )  # fmt: skip
 
 

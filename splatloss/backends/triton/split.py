@@ -183,18 +183,41 @@ def row_shift(x_ptr, y_ptr, x_lane, y_lane, r, c0, H, W, sx_h, sx_w, sy_h, sy_w,
 
 
 @triton.jit
+def _mask_and_planes(m_ptr, mo_ptr, group, bc, b, ch, p_c, C, Ho, WP, sm_b, sm_c, sm_w, PAD: tl.constexpr,
+                     F: tl.constexpr, BW: tl.constexpr):  # fmt: skip
+    """The masked launches' mask and moments: ``(m_base, m_col, mo_base)``, the mask read at
+    ``m_base + m_col + row * sm_h`` (``m_col``: column ``p_c - PAD``), a map row's moments at
+    ``mo_base + 5 WP p`` (four per column, then the inverses). With one channel per program the
+    bases are the program's (scalars) and ``m_col`` a 32-bit column offset: no 64-bit offset per
+    lane to hold through the rows."""
+    if F == BW:
+        g64 = group.to(tl.int64)
+        m_base = m_ptr + (g64 // C) * sm_b + (g64 % C) * sm_c
+        m_col = (p_c - PAD) * sm_w
+        mo_base = mo_ptr + g64 * Ho * (5 * WP)
+    else:
+        m_base = m_ptr
+        m_col = b * sm_b + ch * sm_c + (p_c - PAD).to(tl.int64) * sm_w
+        mo_base = mo_ptr + bc.to(tl.int64) * Ho * (5 * WP)
+    return m_base, m_col, mo_base
+
+
+@triton.jit
 def _adjoint_row(
-    i, pend, x_ptr, y_ptr, w_ptr, mo_lane, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
+    i, pend, x_ptr, y_ptr, w_ptr, mo, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
     scr, x_lane, y_lane, b, ch, g_base, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c, wt,
-    H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2,
+    H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2, m_base, m_col, sm_h, sm_w,
     K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, UPSTREAM_MAP: tl.constexpr,
     HAS_CS: tl.constexpr, HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr,
-    WRITE_SUMS: tl.constexpr, SAME: tl.constexpr, EDGE: tl.constexpr, OUT: tl.constexpr,
+    WRITE_SUMS: tl.constexpr, SAME: tl.constexpr, EDGE: tl.constexpr, OUT: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """Step ``i >= K - 1`` of :func:`_adjoint_columns`: padded input row ``r`` enters (its shift),
     map row ``p = r - (K - 1) + PAD`` (moments from the moments' launch, around the shift of their
     centre row) forms its partials and enters the pending sums; with ``OUT`` gradient row ``p -
-    PAD`` completes and is stored (:func:`.backward._bwd_columns`, steps 2 to 4)."""
+    PAD`` completes and is stored (:func:`.backward._bwd_columns`, steps 2 to 4). ``MASKED``: the
+    masked launch's (:mod:`.masked_split`): the moments are the masked sums and their inverse
+    ``1 / F(M)`` (at ``mo``, :func:`_mask_and_planes`), the upstream is weighted by the centre mask
+    and the gradient row by the mask (:func:`.masked_kernels.masked_bwd_kernel`'s steps 2 to 4)."""
     ar = tl.arange(0, BW)
     a_sq, a_xy, a_1, a_2 = pend
     # the shifts of the last K - 1 input rows, kept in the program's scratch (each lane its own
@@ -208,24 +231,46 @@ def _adjoint_row(
     s = row_shift(x_ptr, y_ptr, x_lane, y_lane, r, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, lane_ok, K, EDGE)
     p = r - (K - 1) + PAD
     valid = pcol_ok & (p >= 0) & (p < Ho)
-    at = mo_lane + 4 * p.to(tl.int64) * WP
+    if MASKED:
+        at = mo + p.to(tl.int64) * (5 * WP) + 4 * p_c
+    else:
+        at = mo + 4 * p.to(tl.int64) * WP
     mu1 = tl.load(at, mask=valid, other=0.0)
     mu2 = tl.load(at + 1, mask=valid, other=0.0)
     e11 = tl.load(at + 2, mask=valid, other=0.0)
     e12 = tl.load(at + 3, mask=valid, other=0.0)
-    if UPSTREAM_MAP:
-        g_offs = g_base + p.to(tl.int64) * sg_h + p_c.to(tl.int64) * sg_w
-        gs = tl.load(gs_ptr + g_offs, mask=valid, other=0.0).to(tl.float32)
-        if HAS_CS:
-            gc = tl.load(gc_ptr + g_offs, mask=valid, other=0.0).to(tl.float32)
-        else:
-            gc = 0.0
-    d1, d2, dsq, dxy, ssim, cs = partials(mu1, mu2, e11, None, e12, gs, gc, c1, c2, shift, None, None, HAS_CS)
+    if MASKED:  # the four masked sums, their inverse and the centre mask of map position p
+        inv = tl.load(at + 4 * WP - 3 * p_c, mask=valid, other=1.0)
+        mc = tl.load(m_base + m_col + (p + (K // 2 - PAD)).to(tl.int64) * sm_h + (K // 2) * sm_w, mask=valid,
+                     other=0.0)  # fmt: skip
+        dmu = (mu1 - mu2) * inv  # the differences from the sums, as in the forward kernel
+        dvar = (e11 - 2.0 * e12) * inv
+        d1, d2, dsq, dxy, ssim, cs = partials(
+            mu1 * inv, mu2 * inv, e11 * inv, None, e12 * inv, gs * mc, gc * mc, c1, c2, shift, dmu, dvar, HAS_CS
+        )
+    else:
+        if UPSTREAM_MAP:
+            g_offs = g_base + p.to(tl.int64) * sg_h + p_c.to(tl.int64) * sg_w
+            gs = tl.load(gs_ptr + g_offs, mask=valid, other=0.0).to(tl.float32)
+            if HAS_CS:
+                gc = tl.load(gc_ptr + g_offs, mask=valid, other=0.0).to(tl.float32)
+            else:
+                gc = 0.0
+        d1, d2, dsq, dxy, ssim, cs = partials(mu1, mu2, e11, None, e12, gs, gc, c1, c2, shift, None, None, HAS_CS)
     if WRITE_SUMS:  # the lanes' sums in the program's scratch (each lane its own slot): two fewer registers
         own = valid & own_c & (p >= q_r0) & (p < q_r0 + n_rows)
-        tl.store(scr + SUMS_AT + ar, tl.load(scr + SUMS_AT + ar) + tl.where(own, ssim, 0.0))
-    dsq = tl.where(valid, dsq, 0.0)
-    dxy = tl.where(valid, dxy, 0.0)
+        if MASKED:  # the centre-weighted SSIM deficit
+            tl.store(scr + SUMS_AT + ar, tl.load(scr + SUMS_AT + ar) + tl.where(own, mc * (1.0 - ssim), 0.0))
+        else:
+            tl.store(scr + SUMS_AT + ar, tl.load(scr + SUMS_AT + ar) + tl.where(own, ssim, 0.0))
+    if MASKED:  # the partials w.r.t. the sums
+        dsq = tl.where(valid, dsq * inv, 0.0)
+        dxy = tl.where(valid, dxy * inv, 0.0)
+        d1 = d1 * inv
+        d2 = d2 * inv
+    else:
+        dsq = tl.where(valid, dsq, 0.0)
+        dxy = tl.where(valid, dxy, 0.0)
     e = 2.0 * dsq + dxy
     # vertical adjoint: map row p enters gradient rows p - PAD + j with tap j, the means' partials
     # moved to each row's shift; gradient row q = p - PAD completes
@@ -256,16 +301,25 @@ def _adjoint_row(
         out = qcol_ok
         xq = tl.load(x_ptr + x_lane + q64 * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32)
         yq = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32)
+        if MASKED:  # the mask of gradient pixel q
+            mq = tl.load(m_base + m_col + q64 * sm_h + (K - 1) * sm_w, mask=out, other=0.0)
+        else:
+            mq = None
         gx, gy = hadjoint_moved(buf, wt, q_c0, W, f, xq, yq, NEED1, NEED2, F, BW, K, PAD, False, EDGE)
         if SAME:  # gradient column q_c is the last tap of the lane's window
             o_offs = x_lane + q64 * sx_h + (K - 1) * sx_w
         else:
             o_offs = b * so_b + ch * so_c + q64 * so_h + q_c.to(tl.int64) * so_w
+        # the L1 term (sign and |x - y| of the pixels; MASKED: weighted by the mask)
         if HAS_L1 and WRITE_SUMS:
-            l1_term, lane_l = l1_sign_term(xq, yq, l1, out, tl.load(scr + SUMS_AT + BW + ar), None, HAS_L1, True)
+            l1_term, lane_l = l1_sign_term(xq, yq, l1, out, tl.load(scr + SUMS_AT + BW + ar), mq, HAS_L1, True)
             tl.store(scr + SUMS_AT + BW + ar, lane_l)
         else:
-            l1_term, _ = l1_sign_term(xq, yq, l1, out, 0.0, None, HAS_L1, False)
+            l1_term, _ = l1_sign_term(xq, yq, l1, out, 0.0, mq, HAS_L1, False)
+        if MASKED:
+            gx = mq * gx
+            gy = mq * gy
+            l1_term = mq * l1_term
         if NEED1:
             store_grad(gx_ptr, o_offs, out, gx, xq, yq, None, None, l1_term, 1, HAS_L1)
         if NEED2:
@@ -278,10 +332,14 @@ def _adjoint_columns(
     pid, x_ptr, y_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
     BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sg_b, sg_c, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2,
+    m_ptr, sm_b, sm_c, sm_h, sm_w,
     K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, UPSTREAM_MAP: tl.constexpr,
     HAS_CS: tl.constexpr, HAS_L1: tl.constexpr, NEED1: tl.constexpr, NEED2: tl.constexpr,
-    WRITE_SUMS: tl.constexpr, SAME: tl.constexpr, EDGE: tl.constexpr,
+    WRITE_SUMS: tl.constexpr, SAME: tl.constexpr, EDGE: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
+    # MASKED: the masked launch's (:func:`.masked_split.masked_adjoint_kernel`; the mask at m_ptr,
+    # strides sm_*; per-channel upstreams already divided by the channel's centre-weight sum, and
+    # with HAS_L1 the L1 weight (1 - lam) / (the image's mask sum); no upstream map)
     group, chunk, strip, f, bc, lane_ok, b, ch = lanes(pid, BC, C, n_chunks, n_strips, F, BW)
     STEP: tl.constexpr = F - (K - 1)  # gradient columns per strip
     q_c0 = strip * STEP
@@ -295,6 +353,12 @@ def _adjoint_columns(
         y_lane = x_lane
     else:
         y_lane = b * sy_b + ch * sy_c + (p_c - PAD).to(tl.int64) * sy_w
+    if MASKED:
+        m_base, m_col, mo = _mask_and_planes(m_ptr, mo_ptr, group, bc, b, ch, p_c, C, Ho, WP, sm_b, sm_c, sm_w, PAD,
+                                             F, BW)  # fmt: skip
+    else:
+        m_base = m_ptr
+        m_col = 0
     q_r0 = chunk * ROWS
     n_rows = tl.minimum(ROWS, H - q_r0)
     wt = load_taps(w_ptr, K)
@@ -325,7 +389,8 @@ def _adjoint_columns(
     if WRITE_SUMS:
         tl.store(scr + SUMS_AT + tl.arange(0, BW), zero)
         tl.store(scr + SUMS_AT + BW + tl.arange(0, BW), zero)
-    mo_lane = mo_ptr + 4 * (bc.to(tl.int64) * Ho * WP + p_c)
+    if not MASKED:
+        mo = mo_ptr + 4 * (bc.to(tl.int64) * Ho * WP + p_c)
     # 1. the first K - 1 input rows complete no map row: their shifts only (the pending sums of
     #    rows of zeros are zeros)
     ring = scr + RING_AT + tl.arange(0, BW)  # the rows' shifts (:func:`_adjoint_row`)
@@ -338,23 +403,24 @@ def _adjoint_columns(
     # 2. the next K - 1 complete map rows whose gradient rows lie above the chunk: the pending sums
     for i in tl.range(K - 1, 2 * (K - 1), num_stages=1):
         pend = _adjoint_row(
-            i, pend, x_ptr, y_ptr, w_ptr, mo_lane, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
+            i, pend, x_ptr, y_ptr, w_ptr, mo, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
             scr, x_lane, y_lane, b, ch, g_base, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c, wt,
-            H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2,
-            K, PAD, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, EDGE, False,
+            H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2, m_base, m_col, sm_h,
+            sm_w, K, PAD, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, EDGE, False, MASKED,
         )  # fmt: skip
     # 3. the chunk's gradient rows
     for i in tl.range(2 * (K - 1), n_rows + 2 * (K - 1), num_stages=1):
         pend = _adjoint_row(
-            i, pend, x_ptr, y_ptr, w_ptr, mo_lane, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
+            i, pend, x_ptr, y_ptr, w_ptr, mo, gs_ptr, gc_ptr, gs, gc, l1, gx_ptr, gy_ptr,
             scr, x_lane, y_lane, b, ch, g_base, q_r0, n_rows, q_c0, q_c, f, p_c, lane_ok, pcol_ok, qcol_ok, own_c, wt,
-            H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2,
-            K, PAD, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, EDGE, True,
+            H, W, Ho, WP, sx_h, sx_w, sy_h, sy_w, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2, m_base, m_col, sm_h,
+            sm_w, K, PAD, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, EDGE, True, MASKED,
         )  # fmt: skip
     if WRITE_SUMS:
-        # per program and channel: the SSIM (cs) and, with HAS_L1, |x - y| sums of the pixels it owns.
-        # The slots' address formed anew (program_id(1) is 0 in this 1-D grid, which the compiler
-        # cannot know): the loops' address would otherwise be held past them, spilled (8 B)
+        # per program and channel: the SSIM (cs; MASKED: the centre-weighted SSIM deficit) and, with
+        # HAS_L1, |x - y| (MASKED: masked) sums of the pixels it owns. The slots' address formed anew
+        # (program_id(1) is 0 in this 1-D grid, which the compiler cannot know): the loops' address
+        # would otherwise be held past them, spilled (8 B)
         sums = scr + SUMS_AT + tl.program_id(1) * BW + tl.arange(0, BW)
         store_sums(sum_ptr, tl.load(sums), BC, n_chunks * n_strips, 2, F, BW, pid)
         if HAS_L1:
@@ -378,15 +444,15 @@ def ssim_adjoint_kernel(
         _adjoint_columns(
             tl.program_id(0), x_ptr, y_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
             BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
-            sg_b, sg_c, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2, K, PAD, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1,
-            NEED1, NEED2, WRITE_SUMS, SAME, False,
+            sg_b, sg_c, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2, x_ptr, 0, 0, 0, 0, K, PAD, F, BW, UPSTREAM_MAP,
+            HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, False, False,
         )  # fmt: skip
     else:
         _adjoint_columns(
             tl.program_id(0), x_ptr, y_ptr, w_ptr, mo_ptr, gs_ptr, gc_ptr, l1_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr,
             BC, C, H, W, Ho, Wo, WP, n_chunks, n_strips, ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
-            sg_b, sg_c, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2, K, PAD, F, BW, UPSTREAM_MAP, HAS_CS, HAS_L1,
-            NEED1, NEED2, WRITE_SUMS, SAME, True,
+            sg_b, sg_c, sg_h, sg_w, so_b, so_c, so_h, so_w, c1, c2, x_ptr, 0, 0, 0, 0, K, PAD, F, BW, UPSTREAM_MAP,
+            HAS_CS, HAS_L1, NEED1, NEED2, WRITE_SUMS, SAME, True, False,
         )  # fmt: skip
 
 
@@ -629,13 +695,15 @@ def adjoint_scales_kernel(
         _adjoint_columns(
             pid - start, xb, yb, w_ptr, mo, u, u, u, gxb, gyb, scr, sum_ptr + so,
             BC, C, H, W, H + DH, W + DH, WP, n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, 0, 0, 0, 0,
-            chw, hw, W, 1, c1, c2, K, PAD, F, BW, False, 0, False, NEED1, NEED2, True, True, True,
+            chw, hw, W, 1, c1, c2, x_ptr, 0, 0, 0, 0, K, PAD, F, BW, False, 0, False, NEED1, NEED2, True, True, True,
+            False,
         )  # fmt: skip
     else:  # the cs map's mean
         _adjoint_columns(
             pid - start, xb, yb, w_ptr, mo, u, u, u, gxb, gyb, scr, sum_ptr + so,
             BC, C, H, W, H + DH, W + DH, WP, n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, 0, 0, 0, 0,
-            chw, hw, W, 1, c1, c2, K, PAD, F, BW, False, 2, False, NEED1, NEED2, True, True, True,
+            chw, hw, W, 1, c1, c2, x_ptr, 0, 0, 0, 0, K, PAD, F, BW, False, 2, False, NEED1, NEED2, True, True, True,
+            False,
         )  # fmt: skip
 
 
