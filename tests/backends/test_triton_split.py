@@ -279,6 +279,51 @@ def test_every_scale_in_one_pair_reads_half_images_as_their_float32_copy(monkeyp
         torch.testing.assert_close(ga, gb)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_images_on_the_finest_scales_own_launches_are_read_by_the_pyramid(monkeypatch, dtype):
+    # where the scales do not run in one pair of launches (both images need a gradient; no
+    # gradient at all), contiguous fp16 / bf16 images are still read once, by the pyramid's
+    # launch, whose float32 copy the finest scale's launches take: the same values and gradients
+    # as the float32 copies made by autograd's cast
+    from splatloss.backends.triton import ms_ssim
+
+    seen = []
+    real_pyramid = ms_ssim._pyramid_into
+
+    def spy_pyramid(x, *a, copy=None):
+        seen.append((x.dtype, copy is not None))
+        return real_pyramid(x, *a, copy=copy)
+
+    monkeypatch.setattr(ms_ssim, "_pyramid_into", spy_pyramid)
+    g = torch.Generator().manual_seed(17)
+    x = torch.rand((1, 3, 40, 52), generator=g)
+    y = (0.6 * x + 0.4 * torch.rand((1, 3, 40, 52), generator=g)).to(dtype).to(DEV)
+    x = x.to(dtype).to(DEV)
+    cfg = SSIMConfig(window_size=7, padding="same")
+    weights = (0.1, 0.2, 0.3, 0.4)
+    xa, ya = x.clone().requires_grad_(), y.clone().requires_grad_()
+    va = ms_ssim.ms_ssim(xa, ya, cfg, weights, tau=0.01)
+    ga = torch.autograd.grad(va.sum(), (xa, ya))
+    assert seen == [(dtype, True)]
+    xb, yb = x.clone().requires_grad_(), y.clone().requires_grad_()
+    vb = ms_ssim.ms_ssim(xb.float(), yb.float(), cfg, weights, tau=0.01)
+    gb = torch.autograd.grad(vb.sum(), (xb, yb))
+    seen.clear()
+    with torch.no_grad():
+        vc = ms_ssim.ms_ssim(x, y, cfg, weights)
+        vd = ms_ssim.ms_ssim(x.float(), y.float(), cfg, weights)
+    assert seen == [(dtype, True), (torch.float32, False)]
+    assert all(t.dtype == dtype and torch.isfinite(t).all() and t.abs().max() > 0 for t in ga)
+    if EXACT:
+        assert torch.equal(va, vb) and torch.equal(vc, vd)
+        assert torch.equal(ga[0], gb[0]) and torch.equal(ga[1], gb[1])
+    else:
+        torch.testing.assert_close(va, vb, rtol=1e-6, atol=0)
+        torch.testing.assert_close(vc, vd, rtol=1e-6, atol=0)
+        torch.testing.assert_close(ga, gb)
+
+
 def test_every_scale_in_one_pair_only_where_it_applies(monkeypatch):
     monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
     x = torch.rand(1, 3, 64, 96)

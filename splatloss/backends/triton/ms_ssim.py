@@ -4,11 +4,11 @@
 by repeating its last row / column (bottom / right) and 2x2 blocks are averaged, here by clamping
 the read index instead of materialising the padded copy; it reads the input in its own dtype and
 strides and writes the half-size image in float32 (the accumulation dtype: fp16 2x2 means would
-round). So the pyramid never pads an odd side (the torch path pads a copy). fp16 / bf16 images
-are read once by the pyramid's launch, which writes their float32 copy as it goes, where every
-scale runs in one pair of launches, and cast to float32 at the top of the op elsewhere; either
-way every scale's gradient is summed in float32 and rounded to the input dtype once, by the
-backward's last store (``_chain_kernel``).
+round). So the pyramid never pads an odd side (the torch path pads a copy). Contiguous fp16 /
+bf16 images of one dtype are read once, by the pyramid's launch, which writes their float32 copy
+as it goes (every scale's kernels read float32), and other ones cast to float32 at the top of the
+op; either way every scale's gradient is summed in float32 and rounded to the input dtype once,
+by the backward's last store (``_chain_kernel``).
 ``_down_bwd_kernel`` is its adjoint: each input pixel gets a quarter of its block's upstream
 gradient, twice that for the repeated last row / column of an odd side (it stands in both rows /
 columns of the block). 4 B read + 1 B-equivalent written per input pixel-channel forward.
@@ -177,7 +177,9 @@ def _pyramid_kernel(
     x_ptr, y_ptr, xo_ptr, yo_ptr, xc_ptr, yc_ptr, BC, C, H, W, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
     LEVELS: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr, COPY0: tl.constexpr,
 ):  # fmt: skip
-    # COPY0: the images' float32 copies into xc_ptr, yc_ptr too (contiguous), as they are read
+    # COPY0: the images' float32 copies into xc_ptr, yc_ptr too (contiguous), as they are read; the
+    # first step then takes its tile in two halves of rows, so that half the pixels are live at once
+    # (within 64 registers: 32 resident warps per SM)
     n_tr = tl.cdiv((H + 1) // 2, TILE_ROWS)
     bc = tl.program_id(0) // n_tr
     tr = tl.program_id(0) % n_tr
@@ -185,10 +187,13 @@ def _pyramid_kernel(
     ch = (bc % C).to(tl.int64)
     H1 = (H + 1) // 2
     W1 = (W + 1) // 2
-    _step_tile(x_ptr, sx_b, sx_c, sx_h, sx_w, xo_ptr, b, ch, bc, tr * TILE_ROWS, tl.program_id(1) * TILE_COLS,
-               H, W, H1, W1, xc_ptr, TILE_ROWS, TILE_COLS, COPY0)  # fmt: skip
-    _step_tile(y_ptr, sy_b, sy_c, sy_h, sy_w, yo_ptr, b, ch, bc, tr * TILE_ROWS, tl.program_id(1) * TILE_COLS,
-               H, W, H1, W1, yc_ptr, TILE_ROWS, TILE_COLS, COPY0)  # fmt: skip
+    PARTS: tl.constexpr = 2 if COPY0 and TILE_ROWS > 1 else 1
+    for part in tl.static_range(PARTS):
+        i0 = tr * TILE_ROWS + part * (TILE_ROWS // PARTS)
+        _step_tile(x_ptr, sx_b, sx_c, sx_h, sx_w, xo_ptr, b, ch, bc, i0, tl.program_id(1) * TILE_COLS, H, W, H1,
+                   W1, xc_ptr, TILE_ROWS // PARTS, TILE_COLS, COPY0)  # fmt: skip
+        _step_tile(y_ptr, sy_b, sy_c, sy_h, sy_w, yo_ptr, b, ch, bc, i0, tl.program_id(1) * TILE_COLS, H, W, H1,
+                   W1, yc_ptr, TILE_ROWS // PARTS, TILE_COLS, COPY0)  # fmt: skip
     off = 0
     Hs = H1
     Ws = W1
@@ -530,13 +535,20 @@ def _terms_impl(
             g2_0 if need2 else empty.clone(),
             g2_c if need2 else empty.clone(),
         ]
-    # elsewhere one float32 copy of fp16 / bf16 images first: every scale's kernels then keep their
-    # unit gradients in float32
-    img1, img2 = img1.to(torch.float32), img2.to(torch.float32)
+    # elsewhere every scale's kernels read float32 and keep their unit gradients in float32: a
+    # float32 copy of fp16 / bf16 images, written by the pyramid's launch where both are contiguous
+    # and of one dtype (the finest scale then runs on that copy), else cast first
+    half = img1.dtype in (torch.float16, torch.bfloat16)
+    if half and dims and img1.dtype == img2.dtype and img1.is_contiguous() and img2.is_contiguous():
+        xf, yf, img1, img2 = _pyramid_pair(img1, img2, B, C, dims, copy=True)
+    else:
+        img1, img2 = img1.to(torch.float32), img2.to(torch.float32)
+        xf = yf = None
     g1_0, g2_0 = term_into(terms[:, :, 0], img1, img2, window, padding, c1, c2, scales > 1, need1, need2)
     if not dims:
         return [terms, g1_0, empty, g2_0, empty.clone()]
-    xf, yf = _pyramid_pair(img1, img2, B, C, dims)
+    if xf is None:
+        xf, yf = _pyramid_pair(img1, img2, B, C, dims)
     xs, ys = _split(xf, B, C, dims), _split(yf, B, C, dims)
     g1_c = g2_c = None
     coarse = terms[:, :, 1:]
@@ -622,8 +634,8 @@ def ms_ssim(img1: Tensor, img2: Tensor, cfg, weights: Sequence[float], tau: Opti
     positive extension)."""
     check_inputs(img1, img2, cfg)
     # every scale's term (its gradient computed in the forward when one is needed) in one op, whose
-    # backward is one launch; the fused step writes float32, and fp16 / bf16 images are cast to
-    # float32 inside the op where the finest scale does not read them itself (_terms_impl)
+    # backward is one launch; the fused step writes float32, and fp16 / bf16 images are copied
+    # to float32 inside the op, by the pyramid's launch where they are contiguous (_terms_impl)
     with functorch_guard():
         terms = ms_terms(img1, img2, cfg, len(weights))
     return combine.combine(terms, weights, tau)
