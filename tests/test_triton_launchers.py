@@ -325,6 +325,41 @@ def test_the_coarser_scales_launch_takes_the_rows_of_least_wave_time(monkeypatch
     assert launch.batched_rows([12, 6, 3, 3], heights, 11, 8, 128, cpu) == 540
 
 
+def test_uneven_groups_of_images_take_rows_planned_over_every_group(monkeypatch):
+    # the masked backward at five 1080p images runs as three and two (its moments pass the bound
+    # for five): with the first group's own rows (99 and 90) the second group's launches fill 62 %
+    # and 66 % of their second waves, 2 + 2 waves each; rows planned over both groups take fewer
+    # summed wave-quantised time. Equal groups plan as one group alone does.
+    from splatloss.backends.triton import masked_split
+
+    monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
+    cpu = torch.device("cpu")
+    window = torch.ones(11)
+
+    def waved(per, height, rows, slots, halo_rows):  # summed over the launches, one per group
+        return sum(launch.cdiv(p * launch.cdiv(height, rows), slots) for p in per) * (rows + halo_rows)
+
+    x = torch.empty(5, 3, 1080, 1920)
+    three = masked_split.masked_split_geometry(x[:3], window, "same")  # a group of three on its own
+    geo_a, geo_b, reg_a, reg_b = masked_split.masked_split_geometry(x, window, "same")
+    assert (three[0].rows, three[1].rows) == (99, 90)
+    for geo, reg, height, strips, halo_rows, own in (
+        (geo_a, reg_a, 1080, launch.cdiv(1920, geo_a.f), 10, three[0].rows),
+        (geo_b, reg_b, 1080, launch.cdiv(1920, geo_b.f - 10), 20, three[1].rows),
+    ):
+        per = [3 * strips, 2 * strips]  # programs per row chunk: one channel a program
+        slots = launch.sm_count(cpu) * launch.programs_per_sm(geo.warps, reg)
+        assert waved(per, height, geo.rows, slots, halo_rows) < 0.9 * waved(per, height, own, slots, halo_rows)
+        assert launch.group_rows(per, height, 11, geo.warps, reg, cpu, halo=halo_rows == 20) == geo.rows
+    # equal groups (eight images: four and four) plan as one group alone
+    per_chunk, slots = 48, 1056
+    assert launch.plan_group_rows((per_chunk, per_chunk), 1080, slots, 10, 128, launch.ROW_STEPS) == launch.plan_rows(
+        (per_chunk,), (1080,), slots, 10, 128, launch.ROW_STEPS
+    )
+    monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", False)
+    assert launch.group_rows([45, 30], 1080, 11, 4, 80, cpu) == 1080  # the interpreter: one chunk
+
+
 @pytest.mark.parametrize(
     "op, padding, lean",
     [

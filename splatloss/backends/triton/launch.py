@@ -282,6 +282,62 @@ def plan_rows(
     return min(tries, key=waved)
 
 
+def group_rows(
+    per_chunk: Sequence[int], height: int, window_size: int, warps: int, maxnreg: int, device: torch.device,
+    halo: bool = True,
+) -> int:  # fmt: skip
+    """Rows per program of launches run one after the other, one per group of images, all at the
+    same rows (their partial sums share one layout): ``per_chunk[g]`` programs per row chunk of
+    group ``g``, ``height`` rows each. On CUDA the rows of :func:`plan_group_rows`; in the
+    interpreter ``height`` (one chunk)."""
+    if device.type != "cuda" and not FORCE_CUDA_GEOMETRY:
+        return max(height, 1)
+    slots = sm_count(device) * programs_per_sm(warps, maxnreg)
+    halo_rows = (2 if halo else 1) * (window_size - 1)
+    return plan_group_rows(tuple(per_chunk), max(height, 1), slots, halo_rows, CUDA_ROWS, tuple(ROW_STEPS))
+
+
+def rows_over_groups(
+    geo: Geometry, maxnreg: int, frame: int, height: int, window_size: int, B: int, group: int, C: int,
+    device: torch.device, halo: bool,
+) -> Geometry:  # fmt: skip
+    """``geo`` (:func:`geometry` for a group of ``group`` images of ``C`` channels, ``frame`` lanes of
+    work, ``height`` rows) for a batch of ``B`` run group after group: where the groups are uneven
+    (five images as three and two), its rows planned over every group's launch
+    (:func:`group_rows`)."""
+    if B % group == 0:
+        return geo
+    halo_cols = window_size - 1 if halo else 0
+    strips = cdiv(max(frame - halo_cols, 1), geo.f - halo_cols)
+    per = [cdiv(min(group, B - b0) * C, geo.bw // geo.f) * strips for b0 in range(0, B, group)]
+    return geo._replace(rows=group_rows(per, height, window_size, geo.warps, maxnreg, device, halo))
+
+
+@functools.lru_cache(maxsize=1024)
+def plan_group_rows(
+    per_chunk: Tuple[int, ...], height: int, slots: int, halo_rows: int, most: int, steps: Tuple[int, ...]
+) -> int:
+    """:func:`plan_rows` for a sequence of launches (``per_chunk[g]``: launch ``g``'s programs per
+    row chunk, ``height`` rows each): ``most`` where every launch makes at least :data:`FULL_WAVES`
+    waves, else the candidate rows of least summed wave-quantised time,
+    ``sum_g ceil(programs_g / slots) x (rows + halo_rows)``. Equal launches plan as one alone
+    does; a smaller last group (five images as three and two) no longer takes rows that leave its
+    last wave two-thirds empty."""
+    if len(set(per_chunk)) == 1:
+        return plan_rows(per_chunk[:1], (height,), slots, halo_rows, most, steps)
+    if not steps or all(p * cdiv(height, most) >= FULL_WAVES * slots for p in per_chunk):
+        return most
+    least = min(steps)
+    tries = {most, *(r for r in steps if r < most)}
+    tries.update(r for r in (cdiv(height, n) for n in range(1, cdiv(height, least) + 1)) if least <= r < most)
+
+    def waved(r: int) -> tuple:
+        waves = sum(cdiv(p * cdiv(height, r), slots) for p in per_chunk)
+        return (waves * (min(r, height) + halo_rows), -r)
+
+    return min(tries, key=waved)
+
+
 #: Column strides up to which the backward kernels compile the images' shared column stride as a
 #: constant (``SW``): 3 and 4 are channels-last RGB / RGBA images and (H, W, C) renders seen as
 #: (1, C, H, W). With the stride a runtime value every tap's address is computed and the

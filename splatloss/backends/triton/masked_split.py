@@ -47,6 +47,7 @@ from .launch import (
     geometry,
     launch_options,
     problem,
+    rows_over_groups,
     shared_column_stride,
 )
 from .split import _adjoint_columns, _mask_and_planes, split_eligible, split_group
@@ -63,8 +64,9 @@ __all__ = [
 #: :func:`.split.lean_geometry`). At the unmasked pair's 64 the masked moments spill 104 B (the
 #: fifth sum's pending windows and the mask's taps) and the adjoint 32 B (the centre mask and the
 #: inverse beside the partials, sm_90, float32); at 80 and 72 neither spills
-#: (tools/check_kernels.py): six 4-warp programs (24 warps) and three 8-warp programs (24 warps)
-#: per SM on sm_90, against the one-launch masked kernel's 16 or 12.
+#: (tools/check_kernels.py): six 4-warp programs (24 warps) and, the adjoint in 4-warp programs of
+#: 128 lanes, seven (28 warps) per SM on sm_90, against the one-launch masked kernel's 16 or 12.
+#: The moments at 72 spill 72 B.
 MOMENTS_MAXNREG = 80
 ADJOINT_MAXNREG = 72
 #: Bytes of the masked moments per map pixel-channel: four moment sums and 1 / F(M).
@@ -201,15 +203,21 @@ def masked_split_geometry(img1, window, padding: str):
     """The two launches' geometry and register ceilings: ``(geo_a, geo_b, reg_a, reg_b)``
     (:data:`MOMENTS_MAXNREG`, :data:`ADJOINT_MAXNREG`)."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
-    bc = split_group(img1, window, padding, MOMENTS_BYTES) * C  # rows planned for a group of images
-    geo_a, reg_a = _geometry(Wo, Ho, K, bc, img1.device, False, MOMENTS_MAXNREG)
-    geo_b, reg_b = _geometry(W + K - 1, H, K, bc, img1.device, True, ADJOINT_MAXNREG)
+    group = split_group(img1, window, padding, MOMENTS_BYTES)
+    dev = img1.device
+    geo_a, reg_a = _geometry(Wo, Ho, K, group * C, dev, False, MOMENTS_MAXNREG)  # rows for a group of images
+    # the adjoint in 4-warp programs: seven per SM at 72 registers (28 warps), 8-warp ones three (24)
+    geo_b, reg_b = _geometry(W + K - 1, H, K, group * C, dev, True, ADJOINT_MAXNREG, wide_halo=False)
+    # uneven groups (five images: three and two): rows planned over every group's launch, so that
+    # the smaller last group does not run the first group's rows on a fraction of a wave
+    geo_a = rows_over_groups(geo_a, reg_a, Wo, Ho, K, B, group, C, dev, halo=False)
+    geo_b = rows_over_groups(geo_b, reg_b, W + K - 1, H, K, B, group, C, dev, halo=True)
     return geo_a, geo_b, reg_a, reg_b
 
 
-def _geometry(frame: int, rows: int, K: int, bc: int, device, halo: bool, maxnreg: int):
+def _geometry(frame: int, rows: int, K: int, bc: int, device, halo: bool, maxnreg: int, wide_halo: bool = True):
     """:func:`.split.lean_geometry` at the ceiling ``maxnreg``."""
-    geo = geometry(frame, rows, K, bc, device, halo=halo, maxnreg=maxnreg)
+    geo = geometry(frame, rows, K, bc, device, halo=halo, maxnreg=maxnreg, wide_halo=wide_halo)
     if geo.f < geo.bw:
         return geometry(frame, rows, K, bc, device, halo=halo, maxnreg=COLUMN_MAXNREG), COLUMN_MAXNREG
     return geo, maxnreg

@@ -47,6 +47,7 @@ from .launch import (
     out_size,
     padding_shape,
     problem,
+    rows_over_groups,
     shared_column_stride,
 )
 from .moments import partials
@@ -514,9 +515,13 @@ def split_geometry(img1, img2, window, padding: str):
     """The two launches' geometry and register ceilings: ``(geo_a, geo_b, reg_a, reg_b)``
     (:func:`lean_geometry`), their rows planned for a group of images (:func:`split_group`)."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
-    bc = split_group(img1, window, padding) * C
-    geo_a, reg_a = lean_geometry(Wo, Ho, K, bc, img1.device, False)
-    geo_b, reg_b = lean_geometry(W + K - 1, H, K, bc, img1.device, True)
+    group = split_group(img1, window, padding)
+    dev = img1.device
+    geo_a, reg_a = lean_geometry(Wo, Ho, K, group * C, dev, False)
+    geo_b, reg_b = lean_geometry(W + K - 1, H, K, group * C, dev, True)
+    # uneven groups: rows planned over every group's launch (:func:`.launch.rows_over_groups`)
+    geo_a = rows_over_groups(geo_a, reg_a, Wo, Ho, K, B, group, C, dev, halo=False)
+    geo_b = rows_over_groups(geo_b, reg_b, W + K - 1, H, K, B, group, C, dev, halo=True)
     return geo_a, geo_b, reg_a, reg_b
 
 
