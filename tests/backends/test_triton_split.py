@@ -235,6 +235,31 @@ def test_every_scale_in_one_pair_equals_the_finest_scale_on_its_own(monkeypatch,
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6 * float(b.abs().max()))
 
 
+#: MS-SSIM's window and weights in the half-precision tests (a 40 x 52 pair: four scales)
+_HALF_CFG = SSIMConfig(window_size=7, padding="same")
+_HALF_WEIGHTS = (0.1, 0.2, 0.3, 0.4)
+
+
+def _half_pair(dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand((1, 3, 40, 52), generator=g)
+    y = 0.6 * x + 0.4 * torch.rand((1, 3, 40, 52), generator=g)
+    return x.to(dtype).to(DEV), y.to(dtype).to(DEV)
+
+
+def _spy_pyramid(monkeypatch, seen: list) -> None:
+    """Record each pyramid launch's input dtype and whether it wrote the images' float32 copy."""
+    from splatloss.backends.triton import ms_ssim
+
+    real = ms_ssim._pyramid_into
+
+    def spy(x, *a, copy=None):
+        seen.append((x.dtype, copy is not None))
+        return real(x, *a, copy=copy)
+
+    monkeypatch.setattr(ms_ssim, "_pyramid_into", spy)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_every_scale_in_one_pair_reads_half_images_as_their_float32_copy(monkeypatch, dtype):
@@ -246,28 +271,19 @@ def test_every_scale_in_one_pair_reads_half_images_as_their_float32_copy(monkeyp
     monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
     monkeypatch.setattr(launch, "CUDA_ROWS", 9)
     seen = []
-    real, real_pyramid = split.launch_bwd_scales_split, ms_ssim._pyramid_into
+    real = split.launch_bwd_scales_split
 
     def spy(*a, first=None, **k):
         seen.append(None if first is None else first[0].dtype)
         return real(*a, first=first, **k)
 
-    def spy_pyramid(x, *a, copy=None):
-        seen.append((x.dtype, copy is not None))
-        return real_pyramid(x, *a, copy=copy)
-
     monkeypatch.setattr(backward, "launch_bwd_scales_split", spy)
-    monkeypatch.setattr(ms_ssim, "_pyramid_into", spy_pyramid)
-    g = torch.Generator().manual_seed(9)
-    x = torch.rand((1, 3, 40, 52), generator=g)
-    y = (0.6 * x + 0.4 * torch.rand((1, 3, 40, 52), generator=g)).to(dtype).to(DEV)
-    x = x.to(dtype).to(DEV)
-    cfg = SSIMConfig(window_size=7, padding="same")
-    weights = (0.1, 0.2, 0.3, 0.4)
+    _spy_pyramid(monkeypatch, seen)
+    x, y = _half_pair(dtype, 9)
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    va = ms_ssim.ms_ssim(xa, y, cfg, weights, tau=0.01)
+    va = ms_ssim.ms_ssim(xa, y, _HALF_CFG, _HALF_WEIGHTS, tau=0.01)
     (ga,) = torch.autograd.grad(va.sum(), xa)
-    vb = ms_ssim.ms_ssim(xb.float(), y.float(), cfg, weights, tau=0.01)
+    vb = ms_ssim.ms_ssim(xb.float(), y.float(), _HALF_CFG, _HALF_WEIGHTS, tau=0.01)
     (gb,) = torch.autograd.grad(vb.sum(), xb)
     # both through the two launches, the half pair's copy made by the pyramid's launch
     assert seen == [(dtype, True), torch.float32, (torch.float32, False), torch.float32]
@@ -289,30 +305,19 @@ def test_half_images_on_the_finest_scales_own_launches_are_read_by_the_pyramid(m
     from splatloss.backends.triton import ms_ssim
 
     seen = []
-    real_pyramid = ms_ssim._pyramid_into
-
-    def spy_pyramid(x, *a, copy=None):
-        seen.append((x.dtype, copy is not None))
-        return real_pyramid(x, *a, copy=copy)
-
-    monkeypatch.setattr(ms_ssim, "_pyramid_into", spy_pyramid)
-    g = torch.Generator().manual_seed(17)
-    x = torch.rand((1, 3, 40, 52), generator=g)
-    y = (0.6 * x + 0.4 * torch.rand((1, 3, 40, 52), generator=g)).to(dtype).to(DEV)
-    x = x.to(dtype).to(DEV)
-    cfg = SSIMConfig(window_size=7, padding="same")
-    weights = (0.1, 0.2, 0.3, 0.4)
+    _spy_pyramid(monkeypatch, seen)
+    x, y = _half_pair(dtype, 17)
     xa, ya = x.clone().requires_grad_(), y.clone().requires_grad_()
-    va = ms_ssim.ms_ssim(xa, ya, cfg, weights, tau=0.01)
+    va = ms_ssim.ms_ssim(xa, ya, _HALF_CFG, _HALF_WEIGHTS, tau=0.01)
     ga = torch.autograd.grad(va.sum(), (xa, ya))
     assert seen == [(dtype, True)]
     xb, yb = x.clone().requires_grad_(), y.clone().requires_grad_()
-    vb = ms_ssim.ms_ssim(xb.float(), yb.float(), cfg, weights, tau=0.01)
+    vb = ms_ssim.ms_ssim(xb.float(), yb.float(), _HALF_CFG, _HALF_WEIGHTS, tau=0.01)
     gb = torch.autograd.grad(vb.sum(), (xb, yb))
     seen.clear()
     with torch.no_grad():
-        vc = ms_ssim.ms_ssim(x, y, cfg, weights)
-        vd = ms_ssim.ms_ssim(x.float(), y.float(), cfg, weights)
+        vc = ms_ssim.ms_ssim(x, y, _HALF_CFG, _HALF_WEIGHTS)
+        vd = ms_ssim.ms_ssim(x.float(), y.float(), _HALF_CFG, _HALF_WEIGHTS)
     assert seen == [(dtype, True), (torch.float32, False)]
     assert all(t.dtype == dtype and torch.isfinite(t).all() and t.abs().max() > 0 for t in ga)
     if EXACT:
