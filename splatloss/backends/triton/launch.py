@@ -276,10 +276,16 @@ def plan_rows(
 
     if not steps or programs(most) >= FULL_WAVES * slots:
         return most
+    return min(_row_tries(top, most, steps), key=waved)
+
+
+def _row_tries(top: int, most: int, steps: Tuple[int, ...]) -> set:
+    """The rows :func:`plan_rows` weighs: ``most``, the ``steps`` below it and the rows that split
+    ``top`` rows into equal chunks, down to the smallest step."""
     least = min(steps)
     tries = {most, *(r for r in steps if r < most)}
     tries.update(r for r in (cdiv(top, n) for n in range(1, cdiv(top, least) + 1)) if least <= r < most)
-    return min(tries, key=waved)
+    return tries
 
 
 def group_rows(
@@ -321,21 +327,18 @@ def plan_group_rows(
     row chunk, ``height`` rows each): ``most`` where every launch makes at least :data:`FULL_WAVES`
     waves, else the candidate rows of least summed wave-quantised time,
     ``sum_g ceil(programs_g / slots) x (rows + halo_rows)``. Equal launches plan as one alone
-    does; a smaller last group (five images as three and two) no longer takes rows that leave its
-    last wave two-thirds empty."""
+    does; a smaller last group (five images as three and two) does not take the rows that would
+    leave its last wave two-thirds empty."""
     if len(set(per_chunk)) == 1:
         return plan_rows(per_chunk[:1], (height,), slots, halo_rows, most, steps)
     if not steps or all(p * cdiv(height, most) >= FULL_WAVES * slots for p in per_chunk):
         return most
-    least = min(steps)
-    tries = {most, *(r for r in steps if r < most)}
-    tries.update(r for r in (cdiv(height, n) for n in range(1, cdiv(height, least) + 1)) if least <= r < most)
 
     def waved(r: int) -> tuple:
         waves = sum(cdiv(p * cdiv(height, r), slots) for p in per_chunk)
         return (waves * (min(r, height) + halo_rows), -r)
 
-    return min(tries, key=waved)
+    return min(_row_tries(height, most, steps), key=waved)
 
 
 #: Column strides up to which the backward kernels compile the images' shared column stride as a

@@ -513,7 +513,8 @@ def _moments_sizes(BC: int, dims, K: int, padding: str, geo_a):
 
 def split_geometry(img1, img2, window, padding: str):
     """The two launches' geometry and register ceilings: ``(geo_a, geo_b, reg_a, reg_b)``
-    (:func:`lean_geometry`), their rows planned for a group of images (:func:`split_group`)."""
+    (:func:`lean_geometry`), their rows planned for a group of images (:func:`split_group`), or
+    over every group's launch where the groups are uneven."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     group = split_group(img1, window, padding)
     dev = img1.device
