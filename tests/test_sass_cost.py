@@ -449,11 +449,14 @@ import splatloss
 calls = {
     "ssim": ck.Call(lambda x, y: 1 - splatloss.ssim(x, y, padding="same", backend="triton"), (1, 3, 48, 64)),
     "map": ck.Call(lambda x, y: splatloss.ssim_map(x, y, padding="same", backend="triton").mean(), (1, 3, 48, 64)),
+    "ssim_bf16": ck.Call(
+        lambda x, y: 1 - splatloss.ssim(x, y, padding="same", backend="triton"), (1, 3, 48, 64), "bfloat16"
+    ),
 }
 out = []
-for item in [i for items in ck.record_calls([90], calls).values() for i in items]:
+for name, item in [(n, i) for n, items in ck.record_calls([90], calls).items() for i in items]:
     if isinstance(item, ck.Glue):
-        out.append({"glue": item.op})
+        out.append({"glue": item.op, "call": name, "elements": item.elements, "bytes": item.nbytes})
         continue
     sig, const, attrs, opts = item.compile[90]
     names = list(item.fn.arg_names)
@@ -492,6 +495,13 @@ def test_launches_recorded_with_tritons_specialisation():
         assert set(lc["sixteens"]) <= set(lc["divisible"])
     glue = [i["glue"] for i in items if "glue" in i]
     assert not any(g in ("view", "expand", "empty", "detach") for g in glue)
+    # a bfloat16 image's gradient: the kept float32 unit gradient scaled by the upstream and rounded
+    # to bfloat16 in one pass (mul into an out= tensor, recorded though it writes an input), read
+    # 4 B and written 2 B a pixel-channel, beside the upstream (a float32 per image and channel);
+    # no float32 product cast in a second pass
+    n = 3 * 48 * 64
+    image_sized = [(i["glue"], i["bytes"]) for i in items if i.get("call") == "ssim_bf16" and i["elements"] >= n]
+    assert image_sized == [("mul", 4 * n + 2 * n + 4 * 3)], image_sized
 
 
 NESTED = """

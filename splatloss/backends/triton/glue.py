@@ -221,4 +221,12 @@ def backward_from_unit_grads(
         return (gx if need1 else None, gy if need2 else None) + rest
     u = upstream.to(torch.float32)
     u = u.reshape(u.shape + (1,) * (4 - dims))
-    return ((gx * u).to(img1.dtype) if need1 else None, (gy * u).to(img2.dtype) if need2 else None) + rest
+    return (_scaled(gx, u, img1.dtype) if need1 else None, _scaled(gy, u, img2.dtype) if need2 else None) + rest
+
+
+def _scaled(g: Tensor, u: Tensor, dtype: torch.dtype) -> Tensor:
+    """``(g * u).to(dtype)`` in one elementwise pass: the float32 product rounded once, as it is
+    stored (float16 / bfloat16 images: the product is never written in float32 first)."""
+    if dtype == g.dtype:
+        return g * u
+    return torch.mul(g, u, out=torch.empty_like(g, dtype=dtype))
