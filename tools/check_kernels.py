@@ -387,10 +387,8 @@ def record_calls(archs, calls: Dict[str, Call], geometry: Optional[Dict[str, obj
                 outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
                 in_ptrs = {t.untyped_storage().data_ptr() for t in ins}
                 new = [t for t in outs if t.untyped_storage().data_ptr() not in in_ptrs]
-                # in place (mul_) or into an out= tensor (mul.out): the written tensor is an input
-                inplace = (name.endswith("_") and not name.endswith("__")) or bool(
-                    getattr(getattr(func, "_schema", None), "is_mutable", False)
-                )
+                # writes one of its arguments: in place (mul_) or into an out= tensor (mul.out)
+                inplace = bool(getattr(getattr(func, "_schema", None), "is_mutable", False))
                 if new or inplace:  # a kernel (not a view or an allocation)
                     uniq = {t.untyped_storage().data_ptr(): t for t in ins + outs}.values()  # in-place: once
                     el = sum(t.numel() for t in uniq)
