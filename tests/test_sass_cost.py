@@ -121,6 +121,53 @@ def test_ir_trip_counts_per_program():
     assert sass_cost.pointer_access(TTGIR) == {"x_ptr": "rw"}
 
 
+def test_pointer_access_scopes_sibling_regions_and_follows_yields():
+    # two branches each define a %p (one loaded from, one stored to), a loop carries its own %p,
+    # and an scf.if yields the pointer a store then takes: each argument as the code uses it
+    text = (
+        (
+            "module {\n  tt.func public @k(%x_ptr: !tt.ptr<f32> loc(#loc), %y_ptr: !tt.ptr<f32> loc(#loc), "
+            "%z_ptr: !tt.ptr<f32> loc(#loc), %w_ptr: !tt.ptr<f32> loc(#loc), %n: i32 loc(#loc)) "
+            "attributes {noinline = false} {"
+        )
+        + """
+    %c0_i32 = arith.constant 0 : i32 loc(#loc1)
+    %c1_i32 = arith.constant 1 : i32 loc(#loc1)
+    %pid = tt.get_program_id x : i32 loc(#loc2)
+    %c = arith.cmpi eq, %pid, %c0_i32 : i32 loc(#loc3)
+    scf.if %c {
+      %p = tt.addptr %x_ptr, %pid : !tt.ptr<f32>, i32 loc(#loc4)
+      %v = tt.load %p : !tt.ptr<f32> loc(#loc5)
+    } else {
+      %p = tt.addptr %y_ptr, %pid : !tt.ptr<f32>, i32 loc(#loc4)
+      tt.store %p, %n : !tt.ptr<f32> loc(#loc5)
+    } loc(#loc6)
+    %q = scf.if %c -> (!tt.ptr<f32>) {
+      scf.yield %z_ptr : !tt.ptr<f32> loc(#loc7)
+    } else {
+      %r = tt.addptr %z_ptr, %pid : !tt.ptr<f32>, i32 loc(#loc7)
+      scf.yield %r : !tt.ptr<f32> loc(#loc7)
+    } loc(#loc7)
+    tt.store %q, %n : !tt.ptr<f32> loc(#loc8)
+    %e = scf.for %i = %c0_i32 to %n step %c1_i32 iter_args(%p = %w_ptr) -> (!tt.ptr<f32>)  : i32 {
+      %u = tt.load %p : !tt.ptr<f32> loc(#loc9)
+      %s = tt.addptr %p, %c1_i32 : !tt.ptr<f32>, i32 loc(#loc9)
+      scf.yield %s : !tt.ptr<f32> loc(#loc9)
+    } loc(#loc10)
+    tt.return loc(#loc11)
+  } loc(#loc)
+} loc(#loc)
+"""
+    )
+    access = sass_cost.pointer_access(text)
+    assert {k: access.get(k) for k in ("x_ptr", "y_ptr", "z_ptr", "w_ptr")} == {
+        "x_ptr": "r",
+        "y_ptr": "w",
+        "z_ptr": "w",
+        "w_ptr": "r",
+    }
+
+
 def test_loop_matching_refuses_different_nesting():
     (f,) = sass_cost.parse_sass(LISTING)
     ir = sass_cost.ttgir_loops(TTGIR)
@@ -392,9 +439,12 @@ def test_cost_json_structure_no_spills(tmp_path):
                 assert k["spill_bytes"] == 0 and k["shared_bytes"] <= {"sm_80": 166912, "sm_90": 232448}[arch]
         # reading both images once is the least any call can move: 8 B per pixel-channel
         assert calls["ssim_loss_fwd_bwd"]["dram_bytes_per_pixel"] >= 8
-        # a second gradient costs more than one
+        # the one-gradient loss's two lean launches move their moments through memory (16 B written
+        # and 16 B read back per pixel-channel); both gradients run in one launch that keeps them on
+        # chip: 8 B of images, 8 B of gradients, 16 B of glue scaling the kept ones
         both, one = calls["ssim_loss_fwd_bwd_both_grads"], calls["ssim_loss_fwd_bwd"]
-        assert both["dram_bytes_per_pixel"] > one["dram_bytes_per_pixel"]
+        assert both["dram_bytes_per_pixel"] == pytest.approx(32, abs=0.5), (arch, both)
+        assert one["dram_bytes_per_pixel"] > both["dram_bytes_per_pixel"] + 16, (arch, one, both)
         # the targets the kernels are designed to (docs/triton.md, "Targets"); fused-ssim, counted
         # the same way, issues 42.8 warp-instructions per pixel-channel for its loss (27.6 with its
         # row loop counted once). Moments around each row's own shift (exact in flat windows) and
@@ -406,7 +456,10 @@ def test_cost_json_structure_no_spills(tmp_path):
         if arch == "sm_90":
             for name in ("ssim_loss_fwd_bwd", "dssim_l1_fwd_bwd", "ms_ssim_loss_fwd_bwd"):
                 assert calls[name]["min_warps_per_sm"] >= 32, (name, calls[name])
-        assert one["dram_bytes_per_pixel"] <= 32, (arch, one)
+        # the images read by each launch (8 + 8 B), the moments written and read back (16 + 16 B), the
+        # kept gradient written (4 B) and scaled by the upstream (glue: 4 B read, 4 B written): 60 B
+        # (docs/triton.md, "Targets": over the 32 B target since the backward took two launches)
+        assert one["dram_bytes_per_pixel"] <= 60.5, (arch, one)
         ratio = {n: calls[n]["warp_instructions_per_pixel"] / one["warp_instructions_per_pixel"] for n in calls}
         # MS-SSIM: on their own, the coarser scales' launches were under one wave at 128 rows, so
         # their programs streamed 17 rows (one wave nearly full, launch.plan_rows) and re-streamed
@@ -416,17 +469,14 @@ def test_cost_json_structure_no_spills(tmp_path):
         assert ratio["dssim_l1_fwd_bwd"] <= 1.1 and ratio["ms_ssim_loss_fwd_bwd"] <= 1.4, (arch, ratio)
         # MS-SSIM's scales as one op: the whole pyramid, every scale's terms and gradients (the
         # finest scale's programs in the coarser scales' two launches), the product, the joins one
-        # launch each: 12 launches and 49.4 B per pixel-channel at 1080p. With the finest scale in
-        # launches of its own: 20 launches, 45.4 B; the bytes moved are the same, but the tool's
-        # pointer analysis counted that scale's image reads as cached scratch in its own launches
-        # (16.5 us of DRAM at 1080p that it now counts). 33.3 B before the backward's moments went
-        # through memory (the two lean launches: the moments written and read back buy twice the
-        # resident warps; the scale-by-scale composition: 89 launches, 62.5 B, its per-scale
-        # multiply, adjoint and add 25 B a scale). Its time against the SSIM loss's: 1.31x on sm_90
+        # launch each: 12 launches and 86.7 B per pixel-channel at 1080p (the SSIM loss's 60 B and
+        # about a third more for the coarser scales, the pyramid and the chain; the scale-by-scale
+        # composition took 89 launches, its per-scale multiply, adjoint and add 25 B a scale). Its
+        # time against the SSIM loss's: 1.31x on sm_90
         # (1.33x on sm_80) by this estimate, 1.30x in the launch model (docs/cost_model.md); 1.45x
         # with the finest scale in launches of its own
         ms = calls["ms_ssim_loss_fwd_bwd"]
-        assert ms["launches"] <= 12 and ms["dram_bytes_per_pixel"] <= 50, (arch, ms)
+        assert ms["launches"] <= 12 and ms["dram_bytes_per_pixel"] <= 87, (arch, ms)
         assert ms["estimate_us"] <= 1.35 * one["estimate_us"], (arch, ms, one)
         # the masked 3DGS loss, its L1 fused in the masked adjoint's pass, its weights and loss one
         # launch each (12 launches), its one-gradient backward in two lean launches at 80 and 72

@@ -612,26 +612,74 @@ def match_loops(sass_loops: Sequence[Loop], ir_loops: Sequence[IrLoop], name: st
 def pointer_access(text: str) -> Dict[str, str]:
     """Which pointer arguments of the ``tt.func`` a TTGIR listing loads from ("r"), stores to
     ("w") or both ("rw"): the pointer operand of every global load / store traced back through
-    the ops that compute it (``tt.splat``, ``tt.addptr``, ``scf.for`` iter_args...)."""
-    defs: Dict[str, List[str]] = {}
+    the ops that compute it (``tt.splat``, ``tt.addptr``, ``scf.for`` iter_args, the values an
+    ``scf.if`` / ``scf.for`` yields...).
+
+    Names are scoped as the IR scopes them: two sibling regions (the branches of an ``scf.if``,
+    two inlined copies of one body) may each define a value of the same name, and a use means the
+    innermost definition before it (so one copy's pointers never pass for the other's)."""
+    defs: Dict[str, List[str]] = {}  # value -> the values it is computed from (unique ids)
     access: Dict[str, str] = {}
     uses: List[Tuple[str, str]] = []
     names, _, _ = ttgir_loops(text)
+    args = {"%" + n for n in names}
+    scopes: List[Dict[str, str]] = [{a: a for a in args}]  # name -> unique id, innermost last
+    frames: List[Tuple[List[str], List[str]]] = [([], [])]  # each open region: (results, iter args) a yield feeds
+    count = [0]
+
+    def define(name: str, sources: List[str]) -> str:
+        count[0] += 1
+        uid = f"{name}@{count[0]}"
+        scopes[-1][name] = uid
+        defs[uid] = sources
+        return uid
+
+    def resolve(name: str) -> str:
+        for sc in reversed(scopes):
+            if name in sc:
+                return sc[name]
+        return name
+
     for ln in text.splitlines():
         s = ln.split(" loc(")[0].strip()
+        opens = ln.rstrip().endswith("{")  # (a function's line ends with "{" after its arguments' locations)
+        if s.startswith("}"):  # a region ends (``} else {`` opens its sibling, fed by the same yields)
+            scopes.pop()
+            frame = frames.pop()
+            if opens:
+                scopes.append({})
+                frames.append(frame)
+            continue
+        if s.startswith("^bb"):  # a block's arguments (a reduction's combiner): defined, computed from nothing
+            for a in re.findall(r"(%[\w.]+):", s):
+                define(a, [])
+            continue
         m = _FOR.match(ln)
-        if m and m.group(6):
-            for pair in _split_args(m.group(6)):
-                a, _, b = pair.partition("=")
-                defs.setdefault(a.strip(), []).append(b.strip())
-        m = re.match(r"^(%[\w.]+)(?::\d+)?\s*=\s*([\w.]+)\s*(.*)$", s)
-        if m:
-            defs.setdefault(m.group(1), []).extend(re.findall(r"%[\w.]+", m.group(3).split(" : ")[0]))
-            opname, rest = m.group(2), m.group(3)
+        m_op = re.match(r"^(%[\w.]+)(?::\d+)?\s*=\s*([\w.\"]+)\s*(.*)$", s)
+        if m_op:
+            opname, rest = m_op.group(2).strip('"'), m_op.group(3)
         else:
             parts = s.split(None, 1)
             opname, rest = (parts[0], parts[1]) if len(parts) == 2 else (s, "")
-        ops = re.findall(r"%[\w.]+", rest.split(" : ")[0])
+        ops = [resolve(o) for o in re.findall(r"%[\w.]+", rest.split(" : ")[0])]
+        if opname == "scf.yield":
+            results, iters = frames[-1]
+            for r in results:
+                defs[r].extend(ops)
+            for it, o in zip(iters, ops):
+                defs[it].append(o)
+            continue
+        result = define(m_op.group(1), list(ops)) if m_op else None
+        if opens:  # a region opens: what its yields feed; a loop's own arguments in it
+            scopes.append({})
+            iters: List[str] = []
+            if m:
+                define(m.group(2), [])  # the induction variable
+                for pair in _split_args(m.group(6) or ""):
+                    a, _, b = pair.partition("=")
+                    iters.append(define(a.strip(), [resolve(b.strip())]))
+            frames.append(([result] if result else [], iters))
+            continue
         if not ops:
             continue
         if opname in ("tt.load", "ttg.async_copy_global_to_local", "tt.descriptor_load"):
@@ -640,7 +688,6 @@ def pointer_access(text: str) -> Dict[str, str]:
             uses.append((ops[0], "w"))
         elif opname.startswith("tt.atomic"):
             uses.append((ops[0], "rw"))
-    args = {"%" + n for n in names}
     for start, kind in uses:
         seen, work = set(), [start]
         while work:

@@ -248,24 +248,25 @@ def _half_pair(dtype, seed: int):
 
 
 def _spy_pyramid(monkeypatch, seen: list) -> None:
-    """Record each pyramid launch's input dtype and whether it wrote the images' float32 copy."""
+    """Record each pyramid launch's input dtype."""
     from splatloss.backends.triton import ms_ssim
 
     real = ms_ssim._pyramid_into
 
-    def spy(x, *a, copy=None):
-        seen.append((x.dtype, copy is not None))
-        return real(x, *a, copy=copy)
+    def spy(x, *a):
+        seen.append(("pyramid", x.dtype))
+        return real(x, *a)
 
     monkeypatch.setattr(ms_ssim, "_pyramid_into", spy)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_every_scale_in_one_pair_reads_half_images_as_their_float32_copy(monkeypatch, dtype):
-    # fp16 / bf16 images in the two launches (read once, by the pyramid's launch, which writes
-    # their float32 copy; the gradient rounded once by the chain's store) against their float32
-    # copy made by autograd's cast, through the same launches: the same value and gradient
+def test_every_scale_in_one_pair_reads_half_images_as_they_are(monkeypatch, dtype):
+    # fp16 / bf16 images in the two launches (read in their own dtype by the pyramid's launch, which
+    # writes no copy, and by the finest scale's programs; the gradient rounded once by the chain's
+    # store) against their float32 copy made by autograd's cast, through the same launches: the
+    # same value and gradient
     from splatloss.backends.triton import ms_ssim
 
     monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
@@ -285,8 +286,8 @@ def test_every_scale_in_one_pair_reads_half_images_as_their_float32_copy(monkeyp
     (ga,) = torch.autograd.grad(va.sum(), xa)
     vb = ms_ssim.ms_ssim(xb.float(), y.float(), _HALF_CFG, _HALF_WEIGHTS, tau=0.01)
     (gb,) = torch.autograd.grad(vb.sum(), xb)
-    # both through the two launches, the half pair's copy made by the pyramid's launch
-    assert seen == [(dtype, True), torch.float32, (torch.float32, False), torch.float32]
+    # both through the two launches, the half pair read as it is
+    assert seen == [("pyramid", dtype), dtype, ("pyramid", torch.float32), torch.float32]
     assert ga.dtype == dtype and torch.isfinite(ga).all() and ga.abs().max() > 0
     if EXACT:
         assert torch.equal(va, vb) and torch.equal(ga, gb)
@@ -297,20 +298,27 @@ def test_every_scale_in_one_pair_reads_half_images_as_their_float32_copy(monkeyp
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_images_on_the_finest_scales_own_launches_are_read_by_the_pyramid(monkeypatch, dtype):
+def test_half_images_on_the_finest_scales_own_launches_are_read_as_they_are(monkeypatch, dtype):
     # where the scales do not run in one pair of launches (both images need a gradient; no
-    # gradient at all), contiguous fp16 / bf16 images are still read once, by the pyramid's
-    # launch, whose float32 copy the finest scale's launches take: the same values and gradients
-    # as the float32 copies made by autograd's cast
+    # gradient at all), contiguous fp16 / bf16 images are read as they are too, by the pyramid's
+    # launch and by the finest scale's own launches (no float32 copy): the same values and
+    # gradients as the float32 copies made by autograd's cast
     from splatloss.backends.triton import ms_ssim
 
     seen = []
     _spy_pyramid(monkeypatch, seen)
+    real_term = ms_ssim.term_into
+
+    def spy_term(out, img1, *a, **k):
+        seen.append(("finest", img1.dtype))
+        return real_term(out, img1, *a, **k)
+
+    monkeypatch.setattr(ms_ssim, "term_into", spy_term)
     x, y = _half_pair(dtype, 17)
     xa, ya = x.clone().requires_grad_(), y.clone().requires_grad_()
     va = ms_ssim.ms_ssim(xa, ya, _HALF_CFG, _HALF_WEIGHTS, tau=0.01)
     ga = torch.autograd.grad(va.sum(), (xa, ya))
-    assert seen == [(dtype, True)]
+    assert seen == [("finest", dtype), ("pyramid", dtype)]
     xb, yb = x.clone().requires_grad_(), y.clone().requires_grad_()
     vb = ms_ssim.ms_ssim(xb.float(), yb.float(), _HALF_CFG, _HALF_WEIGHTS, tau=0.01)
     gb = torch.autograd.grad(vb.sum(), (xb, yb))
@@ -318,7 +326,7 @@ def test_half_images_on_the_finest_scales_own_launches_are_read_by_the_pyramid(m
     with torch.no_grad():
         vc = ms_ssim.ms_ssim(x, y, _HALF_CFG, _HALF_WEIGHTS)
         vd = ms_ssim.ms_ssim(x.float(), y.float(), _HALF_CFG, _HALF_WEIGHTS)
-    assert seen == [(dtype, True), (torch.float32, False)]
+    assert seen == [("finest", dtype), ("pyramid", dtype), ("finest", torch.float32), ("pyramid", torch.float32)]
     assert all(t.dtype == dtype and torch.isfinite(t).all() and t.abs().max() > 0 for t in ga)
     if EXACT:
         assert torch.equal(va, vb) and torch.equal(vc, vd)

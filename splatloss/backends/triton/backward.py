@@ -557,9 +557,9 @@ def launch_bwd_scales(
 
     ``first``: ``(x0, y0, gx0, gy0)``, the finest scale too, in the same launches (the two lean
     ones, :func:`.split.launch_bwd_scales_split`; where :func:`.split.all_scales_eligible`): its
-    pair (contiguous float32 ``(B, C) + dims[0]``) and the tensors to write its unit gradients into
-    (None where not asked for); ``x``, ``y`` then hold the scales after it, and the returned
-    gradients are theirs."""
+    pair (contiguous ``(B, C) + dims[0]``, float32, float16 or bfloat16) and the float32 tensors to
+    write its unit gradients into (None where not asked for); ``x``, ``y`` then hold the scales
+    after it (float32), and the returned gradients are theirs."""
     K = window.shape[0]
     if first is not None:
         return _bwd_all_scales(x, y, B, C, dims, window, padding, c1, c2, out, first)
@@ -648,6 +648,7 @@ def _bwd_all_scales(x, y, B: int, C: int, dims, window, padding: str, c1: float,
         partial_means(sum_buf, BC, slots, sizes, out.view(BC, len(dims)), width=2)  # fixed order: deterministic
         return [out[:, :, j] for j in range(len(dims))]
 
-    key = ("all scales", geo_b, K, padding, BC, C, tuple(dims), gx0 is not None, gy0 is not None, x0.stride(), dev)
+    key = ("all scales", geo_b, K, padding, BC, C, tuple(dims), gx0 is not None, gy0 is not None)
+    key += (x0.stride(), x0.dtype, dev)
     terms = tune.run(key, plan_b, dims[0][0], run, dev)
     return gx, gy, terms

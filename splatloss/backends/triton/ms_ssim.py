@@ -5,10 +5,10 @@ by repeating its last row / column (bottom / right) and 2x2 blocks are averaged,
 the read index instead of materialising the padded copy; it reads the input in its own dtype and
 strides and writes the half-size image in float32 (the accumulation dtype: fp16 2x2 means would
 round). So the pyramid never pads an odd side (the torch path pads a copy). Contiguous fp16 /
-bf16 images of one dtype are read once, by the pyramid's launch, which writes their float32 copy
-as it goes (every scale's kernels read float32), and other ones cast to float32 at the top of the
-op; either way every scale's gradient is summed in float32 and rounded to the input dtype once,
-by the backward's last store (``_chain_kernel``).
+bf16 images of one dtype are read as they are, by the pyramid's launch and by the finest scale's
+kernels (every coarser scale is float32); other ones are cast to float32 at the top of the op.
+Either way every scale's gradient is summed in float32 and rounded to the input dtype once, by
+the backward's last store (``_chain_kernel``).
 ``_down_bwd_kernel`` is its adjoint: each input pixel gets a quarter of its block's upstream
 gradient, twice that for the repeated last row / column of an odd side (it stands in both rows /
 columns of the block). 4 B read + 1 B-equivalent written per input pixel-channel forward.
@@ -140,12 +140,10 @@ _PYRAMID_SIZES = ("BC", "C", "H", "W")
 
 @triton.jit
 def _step_tile(
-    src, s_b, s_c, s_h, s_w, dst, b, ch, bc, i0, j0, Hs, Ws, Hd, Wd, cpy, R: tl.constexpr, BW: tl.constexpr,
-    COPY: tl.constexpr,
+    src, s_b, s_c, s_h, s_w, dst, b, ch, bc, i0, j0, Hs, Ws, Hd, Wd, R: tl.constexpr, BW: tl.constexpr
 ):  # fmt: skip
     # rows [i0, i0 + R) x columns [j0, j0 + BW) of the coarser scale (Hd x Wd, contiguous planes at
-    # dst) from the scale before (Hs x Ws at src, strides s_*): _down_fwd_kernel's sum per pixel;
-    # with COPY, the pixels read, each once, also into cpy (the scale before in float32, contiguous)
+    # dst) from the scale before (Hs x Ws at src, strides s_*): _down_fwd_kernel's sum per pixel
     i = i0 + tl.arange(0, R)[:, None]
     j = j0 + tl.arange(0, BW)[None, :]
     ok = (i < Hd) & (j < Wd)
@@ -162,24 +160,13 @@ def _step_tile(
     v += v10
     v += v11
     tl.store(dst + (bc * Hd + i).to(tl.int64) * Wd + j, 0.25 * v, mask=ok)
-    if COPY:
-        at = cpy + (bc * Hs + 2 * i).to(tl.int64) * Ws + 2 * j
-        col1 = 2 * j + 1 < Ws  # not the stand-in of an odd side's last column / row
-        row1_ok = ok & (2 * i + 1 < Hs)
-        tl.store(at, v00, mask=ok)
-        tl.store(at + 1, v01, mask=ok & col1)
-        tl.store(at + Ws, v10, mask=row1_ok)
-        tl.store(at + Ws + 1, v11, mask=row1_ok & col1)
 
 
 @triton.jit(do_not_specialize=_PYRAMID_SIZES)
 def _pyramid_kernel(
-    x_ptr, y_ptr, xo_ptr, yo_ptr, xc_ptr, yc_ptr, BC, C, H, W, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
-    LEVELS: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr, COPY0: tl.constexpr,
+    x_ptr, y_ptr, xo_ptr, yo_ptr, BC, C, H, W, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w,
+    LEVELS: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr,
 ):  # fmt: skip
-    # COPY0: the images' float32 copies into xc_ptr, yc_ptr too (contiguous), as they are read; the
-    # first step then takes its tile in two halves of rows, so that half the pixels are live at once
-    # (within 64 registers: 32 resident warps per SM)
     n_tr = tl.cdiv((H + 1) // 2, TILE_ROWS)
     bc = tl.program_id(0) // n_tr
     tr = tl.program_id(0) % n_tr
@@ -187,13 +174,10 @@ def _pyramid_kernel(
     ch = (bc % C).to(tl.int64)
     H1 = (H + 1) // 2
     W1 = (W + 1) // 2
-    PARTS: tl.constexpr = 2 if COPY0 and TILE_ROWS > 1 else 1
-    for part in tl.static_range(PARTS):
-        i0 = tr * TILE_ROWS + part * (TILE_ROWS // PARTS)
-        _step_tile(x_ptr, sx_b, sx_c, sx_h, sx_w, xo_ptr, b, ch, bc, i0, tl.program_id(1) * TILE_COLS, H, W, H1,
-                   W1, xc_ptr, TILE_ROWS // PARTS, TILE_COLS, COPY0)  # fmt: skip
-        _step_tile(y_ptr, sy_b, sy_c, sy_h, sy_w, yo_ptr, b, ch, bc, i0, tl.program_id(1) * TILE_COLS, H, W, H1,
-                   W1, yc_ptr, TILE_ROWS // PARTS, TILE_COLS, COPY0)  # fmt: skip
+    _step_tile(x_ptr, sx_b, sx_c, sx_h, sx_w, xo_ptr, b, ch, bc, tr * TILE_ROWS, tl.program_id(1) * TILE_COLS, H, W,
+               H1, W1, TILE_ROWS, TILE_COLS)  # fmt: skip
+    _step_tile(y_ptr, sy_b, sy_c, sy_h, sy_w, yo_ptr, b, ch, bc, tr * TILE_ROWS, tl.program_id(1) * TILE_COLS, H, W,
+               H1, W1, TILE_ROWS, TILE_COLS)  # fmt: skip
     off = 0
     Hs = H1
     Ws = W1
@@ -204,11 +188,9 @@ def _pyramid_kernel(
         nxt = off + BC.to(tl.int64) * Hs * Ws
         hw = Hs.to(tl.int64) * Ws
         _step_tile(xo_ptr + off, hw * C, hw, Ws, 1, xo_ptr + nxt, b, ch, bc, tr * (TILE_ROWS >> lv),
-                   tl.program_id(1) * (TILE_COLS >> lv), Hs, Ws, Hd, Wd, xo_ptr, TILE_ROWS >> lv, TILE_COLS >> lv,
-                   False)  # fmt: skip
+                   tl.program_id(1) * (TILE_COLS >> lv), Hs, Ws, Hd, Wd, TILE_ROWS >> lv, TILE_COLS >> lv)  # fmt: skip
         _step_tile(yo_ptr + off, hw * C, hw, Ws, 1, yo_ptr + nxt, b, ch, bc, tr * (TILE_ROWS >> lv),
-                   tl.program_id(1) * (TILE_COLS >> lv), Hs, Ws, Hd, Wd, yo_ptr, TILE_ROWS >> lv, TILE_COLS >> lv,
-                   False)  # fmt: skip
+                   tl.program_id(1) * (TILE_COLS >> lv), Hs, Ws, Hd, Wd, TILE_ROWS >> lv, TILE_COLS >> lv)  # fmt: skip
         off = nxt
         Hs = Hd
         Ws = Wd
@@ -226,20 +208,17 @@ def _pyramid_tile(levels: int, H1: int, W1: int, device: torch.device) -> tuple:
     return max(rows, min(next_power_of_2(H1), 16384 // cols)), cols
 
 
-def _pyramid_into(x: Tensor, y: Tensor, xf: Tensor, yf: Tensor, levels: int, copy=None) -> None:
+def _pyramid_into(x: Tensor, y: Tensor, xf: Tensor, yf: Tensor, levels: int) -> None:
     """Every coarser scale of ``x`` and ``y`` (``(B, C, H, W)``, any strides and float dtype) into
     the flat float32 buffers ``xf``, ``yf`` (scale after scale, each contiguous ``(B, C, H_s,
-    W_s)``: :func:`_split`), ``levels`` scales, in one launch (:func:`_pyramid_kernel`); ``copy``:
-    ``(xc, yc)``, contiguous float32 ``(B, C, H, W)`` tensors to receive ``x`` and ``y`` themselves
-    in float32 as the launch reads them."""
+    W_s)``: :func:`_split`), ``levels`` scales, in one launch (:func:`_pyramid_kernel`)."""
     B, C, H, W = x.shape
     rows, cols = _pyramid_tile(levels, (H + 1) // 2, (W + 1) // 2, x.device)
     grid = (B * C * cdiv((H + 1) // 2, rows), cdiv((W + 1) // 2, cols))
-    xc, yc = copy if copy is not None else (xf, yf)
     with device_guard(x):
         _pyramid_kernel[grid](
-            x, y, xf, yf, xc, yc, B * C, C, H, W, *x.stride(), *y.stride(), LEVELS=levels, TILE_ROWS=rows,
-            TILE_COLS=cols, COPY0=copy is not None, **launch_options(WARPS_PYRAMID),
+            x, y, xf, yf, B * C, C, H, W, *x.stride(), *y.stride(), LEVELS=levels, TILE_ROWS=rows, TILE_COLS=cols,
+            **launch_options(WARPS_PYRAMID),
         )  # fmt: skip
 
 
@@ -472,21 +451,14 @@ def _split(flat: Tensor, B: int, C: int, dims) -> List[Tensor]:
     return out
 
 
-def _pyramid_pair(img1: Tensor, img2: Tensor, B: int, C: int, dims, copy: bool = False):
+def _pyramid_pair(img1: Tensor, img2: Tensor, B: int, C: int, dims):
     """Both images' coarser scales (``dims``), each image's in one flat float32 buffer
-    (:func:`_split`): ``(xf, yf)``; with ``copy``, ``(xf, yf, x0, y0)``, the images' own float32
-    copies written by the same launch (contiguous, in front of the coarser scales in one buffer)."""
+    (:func:`_split`): ``(xf, yf)``."""
     total = sum(B * C * h * w for h, w in dims)
-    n0 = img1.numel() if copy else 0
-    xa = torch.empty(n0 + total, dtype=torch.float32, device=img1.device)
-    ya = torch.empty(n0 + total, dtype=torch.float32, device=img1.device)
-    xf, yf = xa[n0:], ya[n0:]
-    if not copy:
-        _pyramid_into(img1, img2, xf, yf, len(dims))
-        return xf, yf
-    x0, y0 = xa[:n0].view(img1.shape), ya[:n0].view(img1.shape)
-    _pyramid_into(img1, img2, xf, yf, len(dims), copy=(x0, y0))
-    return xf, yf, x0, y0
+    xf = torch.empty(total, dtype=torch.float32, device=img1.device)
+    yf = torch.empty(total, dtype=torch.float32, device=img1.device)
+    _pyramid_into(img1, img2, xf, yf, len(dims))
+    return xf, yf
 
 
 def _terms_impl(
@@ -516,15 +488,12 @@ def _terms_impl(
     if all_scales_eligible(img1, img2, every, K, padding, need1, need2):
         # every scale in one pair of launches: the finest scale's programs and the coarser ones'
         # share the waves, so the coarser scales need not fill the GPU on their own; fp16 / bf16
-        # images are read once, by the pyramid's launch, which writes their float32 copy too
-        if img1.dtype == torch.float32:
-            xf, yf = _pyramid_pair(img1, img2, B, C, dims)
-            x0, y0 = img1, img2
-        else:
-            xf, yf, x0, y0 = _pyramid_pair(img1, img2, B, C, dims, copy=True)
-        g1_0 = torch.empty_like(x0) if need1 else None
-        g2_0 = torch.empty_like(y0) if need2 else None
-        first = (x0, y0, g1_0, g2_0)
+        # images are read as they are (the finest scale's programs convert as they load), their
+        # unit gradients float32
+        xf, yf = _pyramid_pair(img1, img2, B, C, dims)
+        g1_0 = torch.empty_like(img1, dtype=torch.float32) if need1 else None
+        g2_0 = torch.empty_like(img2, dtype=torch.float32) if need2 else None
+        first = (img1, img2, g1_0, g2_0)
         g1_c, g2_c, _ = launch_bwd_scales(
             xf, yf, B, C, every, window, padding, c1, c2, need1, need2, out=terms, first=first
         )  # fmt: skip
@@ -535,20 +504,16 @@ def _terms_impl(
             g2_0 if need2 else empty.clone(),
             g2_c if need2 else empty.clone(),
         ]
-    # elsewhere every scale's kernels read float32 and keep their unit gradients in float32: a
-    # float32 copy of fp16 / bf16 images, written by the pyramid's launch where both are contiguous
-    # and of one dtype (the finest scale then runs on that copy), else cast first
+    # elsewhere the finest scale's kernels and the pyramid's launch read fp16 / bf16 images as they
+    # are where both are contiguous and of one dtype, other ones cast to float32 first; the coarser
+    # scales are float32, every unit gradient too
     half = img1.dtype in (torch.float16, torch.bfloat16)
-    if half and dims and img1.dtype == img2.dtype and img1.is_contiguous() and img2.is_contiguous():
-        xf, yf, img1, img2 = _pyramid_pair(img1, img2, B, C, dims, copy=True)
-    else:
+    if not (half and img1.dtype == img2.dtype and img1.is_contiguous() and img2.is_contiguous()):
         img1, img2 = img1.to(torch.float32), img2.to(torch.float32)
-        xf = yf = None
     g1_0, g2_0 = term_into(terms[:, :, 0], img1, img2, window, padding, c1, c2, scales > 1, need1, need2)
     if not dims:
         return [terms, g1_0, empty, g2_0, empty.clone()]
-    if xf is None:
-        xf, yf = _pyramid_pair(img1, img2, B, C, dims)
+    xf, yf = _pyramid_pair(img1, img2, B, C, dims)
     xs, ys = _split(xf, B, C, dims), _split(yf, B, C, dims)
     g1_c = g2_c = None
     coarse = terms[:, :, 1:]

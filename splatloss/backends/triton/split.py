@@ -483,9 +483,8 @@ def all_scales_eligible(img1, img2, dims, K: int, padding: str, need1: bool, nee
     """Whether MS-SSIM runs its finest scale in the coarser scales' two launches
     (:func:`.backward.launch_bwd_scales` with ``first``; ``dims``: every scale's ``(H, W)``, the
     finest first): where :func:`scales_split_eligible`, column windows, both images contiguous and
-    of one dtype, float32 (the finest scale read as the coarser ones are) or float16 / bfloat16
-    (read by the pyramid's launch, which writes their float32 copy beside the coarser scales), and
-    every scale's moments within
+    of one dtype, float32, float16 or bfloat16 (the finest scale's programs read the images in their
+    own dtype, the coarser scales float32), and every scale's moments within
     :data:`MAX_MOMENTS_BYTES` (a larger batch runs the finest scale on its own, in groups of
     images)."""
     _, reflect = padding_shape(K, padding)
@@ -662,18 +661,49 @@ def _scale_base(ptr, first_ptr, scale, o, N0, FIRST: tl.constexpr):
 def moments_scales_kernel(
     x_ptr, y_ptr, w_ptr, mo_ptr, scr_ptr, BC, C, H1, W1, DH, ROWS, GP, x0_ptr, y0_ptr, N0,
     NS: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
-    FIRST: tl.constexpr,
+    FIRST: tl.constexpr, OWN0: tl.constexpr,
 ):  # fmt: skip
+    # OWN0 (with FIRST): scale 0 read in its own dtype (float16 / bfloat16 images), a body of its own
     pid = tl.program_id(0)
     scale, H, W, start, o, _, n_chunks, n_strips = scale_of(pid, BC, H1, W1, ROWS, DH, DH, NS, F, BW // F, 1)
     hw = H.to(tl.int64) * W
     chw = hw * C
     WP = ((W + DH + F - 1) // F) * F
-    _moments_columns(
-        pid - start, _scale_base(x_ptr, x0_ptr, scale, o, N0, FIRST), _scale_base(y_ptr, y0_ptr, scale, o, N0, FIRST),
-        w_ptr, mo_ptr + _moments_offset(scale, GP, H1, W1, DH, NS, F),
-        scr_ptr + start.to(tl.int64) * ((KEPT_ROWS + 2) * (K // 2) * BW), BC, C, H, W, H + DH, W + DH, WP,
-        n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, K, PAD, F, BW, True, True,
+    mo = mo_ptr + _moments_offset(scale, GP, H1, W1, DH, NS, F)
+    scr = scr_ptr + start.to(tl.int64) * ((KEPT_ROWS + 2) * (K // 2) * BW)
+    if OWN0:
+        if scale == 0:
+            _moments_columns(
+                pid - start, x0_ptr, y0_ptr, w_ptr, mo, scr, BC, C, H, W, H + DH, W + DH, WP, n_chunks, n_strips,
+                ROWS, chw, hw, W, 1, chw, hw, W, 1, K, PAD, F, BW, True, True,
+            )  # fmt: skip
+        else:
+            _moments_columns(
+                pid - start, x_ptr + (o - N0), y_ptr + (o - N0), w_ptr, mo, scr, BC, C, H, W, H + DH, W + DH, WP,
+                n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, K, PAD, F, BW, True, True,
+            )  # fmt: skip
+    else:
+        _moments_columns(
+            pid - start, _scale_base(x_ptr, x0_ptr, scale, o, N0, FIRST),
+            _scale_base(y_ptr, y0_ptr, scale, o, N0, FIRST), w_ptr, mo, scr, BC, C, H, W, H + DH, W + DH, WP,
+            n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, K, PAD, F, BW, True, True,
+        )  # fmt: skip
+
+
+@triton.jit
+def _adjoint_scale(
+    pid, xb, yb, w_ptr, mo, u, gxb, gyb, scr, sums, x_ptr, BC, C, H, W, DH, WP, n_chunks, n_strips, ROWS, c1, c2,
+    K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, MODE: tl.constexpr,
+    NEED1: tl.constexpr, NEED2: tl.constexpr,
+):  # fmt: skip
+    # one scale's adjoint (contiguous planes; MODE 0: the SSIM map's mean, 2: the cs map's)
+    hw = H.to(tl.int64) * W
+    chw = hw * C
+    _adjoint_columns(
+        pid, xb, yb, w_ptr, mo, u, u, u, gxb, gyb, scr, sums,
+        BC, C, H, W, H + DH, W + DH, WP, n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, 0, 0, 0, 0,
+        chw, hw, W, 1, c1, c2, x_ptr, 0, 0, 0, 0, K, PAD, F, BW, False, MODE, False, NEED1, NEED2, True, True, True,
+        False,
     )  # fmt: skip
 
 
@@ -682,34 +712,45 @@ def adjoint_scales_kernel(
     x_ptr, y_ptr, w_ptr, mo_ptr, u_ptr, gx_ptr, gy_ptr, scr_ptr, sum_ptr, BC, C, H1, W1, DH, ROWS, GP, c1, c2,
     x0_ptr, y0_ptr, gx0_ptr, gy0_ptr, N0,
     NS: tl.constexpr, K: tl.constexpr, PAD: tl.constexpr, F: tl.constexpr, BW: tl.constexpr, FA: tl.constexpr,
-    NEED1: tl.constexpr, NEED2: tl.constexpr, FIRST: tl.constexpr,
+    NEED1: tl.constexpr, NEED2: tl.constexpr, FIRST: tl.constexpr, OWN0: tl.constexpr,
 ):  # fmt: skip
+    # OWN0 (with FIRST): scale 0's pair read in its own dtype (float16 / bfloat16 images), a body of
+    # its own; its gradients are float32, as every scale's
     pid = tl.program_id(0)
     STEP: tl.constexpr = F - (K - 1)
     scale, H, W, start, o, so, n_chunks, n_strips = scale_of(pid, BC, H1, W1, ROWS, 0, 0, NS, STEP, BW // F, 2)
-    hw = H.to(tl.int64) * W
-    chw = hw * C
     WP = ((W + DH + FA - 1) // FA) * FA
     mo = mo_ptr + _moments_offset(scale, GP, H1, W1, DH, NS, FA)
     scr = scr_ptr + start.to(tl.int64) * ((12 + 2 * (K - 1)) * BW + 32)
     u = u_ptr + scale * BC
-    xb = _scale_base(x_ptr, x0_ptr, scale, o, N0, FIRST)
-    yb = _scale_base(y_ptr, y0_ptr, scale, o, N0, FIRST)
+    if OWN0:  # the scales after the first at their place in the flat buffers
+        xb = x_ptr + (o - N0)
+        yb = y_ptr + (o - N0)
+    else:
+        xb = _scale_base(x_ptr, x0_ptr, scale, o, N0, FIRST)
+        yb = _scale_base(y_ptr, y0_ptr, scale, o, N0, FIRST)
     gxb = _scale_base(gx_ptr, gx0_ptr, scale, o, N0, FIRST)
     gyb = _scale_base(gy_ptr, gy0_ptr, scale, o, N0, FIRST)
     if scale == NS - 1:  # the last scale: the SSIM map's mean
-        _adjoint_columns(
-            pid - start, xb, yb, w_ptr, mo, u, u, u, gxb, gyb, scr, sum_ptr + so,
-            BC, C, H, W, H + DH, W + DH, WP, n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, 0, 0, 0, 0,
-            chw, hw, W, 1, c1, c2, x_ptr, 0, 0, 0, 0, K, PAD, F, BW, False, 0, False, NEED1, NEED2, True, True, True,
-            False,
+        _adjoint_scale(
+            pid - start, xb, yb, w_ptr, mo, u, gxb, gyb, scr, sum_ptr + so, x_ptr, BC, C, H, W, DH, WP, n_chunks,
+            n_strips, ROWS, c1, c2, K, PAD, F, BW, 0, NEED1, NEED2,
         )  # fmt: skip
+    elif OWN0:
+        if scale == 0:  # the cs map's mean, of the images themselves
+            _adjoint_scale(
+                pid - start, x0_ptr, y0_ptr, w_ptr, mo, u, gxb, gyb, scr, sum_ptr + so, x_ptr, BC, C, H, W, DH, WP,
+                n_chunks, n_strips, ROWS, c1, c2, K, PAD, F, BW, 2, NEED1, NEED2,
+            )  # fmt: skip
+        else:  # the cs map's mean
+            _adjoint_scale(
+                pid - start, xb, yb, w_ptr, mo, u, gxb, gyb, scr, sum_ptr + so, x_ptr, BC, C, H, W, DH, WP,
+                n_chunks, n_strips, ROWS, c1, c2, K, PAD, F, BW, 2, NEED1, NEED2,
+            )  # fmt: skip
     else:  # the cs map's mean
-        _adjoint_columns(
-            pid - start, xb, yb, w_ptr, mo, u, u, u, gxb, gyb, scr, sum_ptr + so,
-            BC, C, H, W, H + DH, W + DH, WP, n_chunks, n_strips, ROWS, chw, hw, W, 1, chw, hw, W, 1, 0, 0, 0, 0,
-            chw, hw, W, 1, c1, c2, x_ptr, 0, 0, 0, 0, K, PAD, F, BW, False, 2, False, NEED1, NEED2, True, True, True,
-            False,
+        _adjoint_scale(
+            pid - start, xb, yb, w_ptr, mo, u, gxb, gyb, scr, sum_ptr + so, x_ptr, BC, C, H, W, DH, WP, n_chunks,
+            n_strips, ROWS, c1, c2, K, PAD, F, BW, 2, NEED1, NEED2,
         )  # fmt: skip
 
 
@@ -734,7 +775,8 @@ def launch_bwd_scales_split(
     """Both launches over MS-SSIM's coarser scales (:func:`.backward.launch_bwd_scales`'s arguments;
     ``u`` the scales' unit upstreams ``[len(dims), B*C]``, ``gx`` / ``gy`` the flat gradients or
     None), the adjoint at ``rows_b`` rows per program. ``first``: ``(x0, y0, gx0, gy0)``, the finest
-    scale's pair (contiguous float32, ``dims[0]``) and its gradients (None where not asked for), in
+    scale's pair (contiguous float32, float16 or bfloat16, ``dims[0]``) and its float32 gradients
+    (None where not asked for), in
     the same launches as the scales after it, which ``x``, ``y``, ``gx``, ``gy`` then hold. Returns
     ``(slots, sum_buf)``: each scale's programs per channel group and their partial sums (SSIM or
     cs)."""
@@ -763,16 +805,17 @@ def launch_bwd_scales_split(
         ox0 = gx0 if gx0 is not None else scratch_b
         oy0 = gy0 if gy0 is not None else scratch_b
         n0 = BC * dims[0][0] * dims[0][1]
+    own0 = x0.dtype != x.dtype  # float16 / bfloat16 images read as they are, the coarser scales float32
     with device_guard(x):
         moments_scales_kernel[(n_prog_a,)](
             x, y, window, moments, scratch_a, BC, C, dims[0][0], dims[0][1], dh, rows_a, gp, x0, y0, n0, NS=len(dims),
-            K=K, PAD=pad, F=geo_a.f, BW=geo_a.bw, FIRST=first is not None,
+            K=K, PAD=pad, F=geo_a.f, BW=geo_a.bw, FIRST=first is not None, OWN0=own0,
             **launch_options(geo_a.warps, maxnreg=reg_a),
         )  # fmt: skip
         adjoint_scales_kernel[(n_prog_b,)](
             x, y, window, moments, u, ox, oy, scratch_b, sum_buf, BC, C, dims[0][0], dims[0][1], dh, rows_b, gp,
             float(c1), float(c2), x0, y0, ox0, oy0, n0, NS=len(dims), K=K, PAD=pad, F=geo_b.f, BW=geo_b.bw,
-            FA=geo_a.f, NEED1=ox is not scratch_b, NEED2=oy is not scratch_b, FIRST=first is not None,
+            FA=geo_a.f, NEED1=ox is not scratch_b, NEED2=oy is not scratch_b, FIRST=first is not None, OWN0=own0,
             **launch_options(geo_b.warps, maxnreg=reg_b),
         )  # fmt: skip
     return slots, sum_buf
