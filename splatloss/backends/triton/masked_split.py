@@ -61,19 +61,24 @@ __all__ = [
 ]
 
 #: Register ceilings of the two launches where a program holds one channel (several: 128, as
-#: :func:`.split.lean_geometry`). At the unmasked pair's 64 the masked moments spill 104 B (the
-#: fifth sum's pending windows and the mask's taps) and the adjoint 32 B (the centre mask and the
-#: inverse beside the partials, sm_90, float32); at 80 and 72 neither spills
-#: (tools/check_kernels.py): six 4-warp programs (24 warps) and, the adjoint in 4-warp programs of
-#: 128 lanes, seven (28 warps) per SM on sm_90, against the one-launch masked kernel's 16 or 12.
-#: The moments at 72 spill 72 B.
-MOMENTS_MAXNREG = 80
-ADJOINT_MAXNREG = 72
+#: :func:`.split.lean_geometry`). With four of the five pending sums in the scratch
+#: (:data:`PENDING_KEPT`) the masked moments fit the unmasked pair's 64 (eight 4-warp programs, 32
+#: warps per SM on sm_90); with all five in registers they spilled 104 B at 64 and 72 B at 72 and
+#: ran at 80 (24 warps). The adjoint spills 32 B at 64 (the centre mask and the inverse beside the
+#: partials, sm_90, float32), not at 72: in 4-warp programs of 128 lanes, seven per SM (28 warps),
+#: against the one-launch masked kernel's 16 or 12 (tools/check_kernels.py).
+MOMENTS_MAXNREG = 64
+ADJOINT_MAXNREG = 64
 #: Bytes of the masked moments per map pixel-channel: four moment sums and 1 / F(M).
 MOMENTS_BYTES = 20
 
 #: Scratch rows per kept input row of the moments kernel: the five sums, then the shifts twice.
 KEPT_SUMS = tl.constexpr(5)
+#: Pending sums kept in the scratch, not registers (the first of: the filtered mask, the weighted
+#: x', y', x'^2 + y'^2 and x'y' sums), one row per pending window each, after the shifts.
+PENDING_KEPT = tl.constexpr(4)
+#: Scratch rows per kept input row of the moments kernel in all.
+SCRATCH_ROWS = tl.constexpr(KEPT_SUMS.value + 2 + PENDING_KEPT.value)
 
 
 @triton.jit
@@ -81,19 +86,33 @@ def _vmoments_masked_shifts_kept(state, h0, h1, h2, h11, h12, s, wt, i, lane, K:
     """:func:`.columns.vmoments_masked` with the last ``K // 2`` rows' five sums and shifts kept in
     the program's scratch (the sums as :func:`.columns.load_kept` keeps them; the shifts past them,
     twice over, so that they are consecutive from slot ``i % (K // 2)``): ``state`` is the pending
-    windows' five sums alone. The same sums bit for bit (the vertical pass reads no older shift)."""
+    windows' four weighted sums alone (their filtered mask in the scratch too, after the shifts).
+    The same sums bit for bit (the vertical pass reads no older shift)."""
     HALF: tl.constexpr = K // 2
     base = lane + (KEPT_SUMS * HALF + i % HALF) * BW
     last = ()
     for k in tl.static_range(HALF):  # slot base + k: row i - HALF + k
         last = last + (tl.load(base + k * BW),)
     hist = (tl.zeros_like(h1),) * (K - 1 - HALF) + last
+    pend = lane + (KEPT_SUMS + 2) * HALF * BW
+    kept = ()
+    for q in tl.static_range(PENDING_KEPT):
+        p = ()
+        for k in tl.static_range(HALF):
+            p = p + (tl.load(pend + (q * HALF + k) * BW),)
+        kept = kept + (p,)
     ring = load_kept(lane, i, 0, KEPT_SUMS, K, BW)
-    done, full = vmoments_masked(ring + (hist,) + state, h0, h1, h2, h11, h12, s, wt, K)
+    done, full = vmoments_masked(ring + (hist,) + kept + state, h0, h1, h2, h11, h12, s, wt, K)
     store_kept(lane, i, (h0, h1, h2, h11, h12), 0, KEPT_SUMS, K, BW)
     tl.store(base, s)  # row i replaces row i - HALF
     tl.store(base + HALF * BW, s)
-    return done, (full[6], full[7], full[8], full[9], full[10])
+    for q in tl.static_range(PENDING_KEPT):
+        for k in tl.static_range(HALF):
+            tl.store(pend + (q * HALF + k) * BW, full[6 + q][k])
+    out = ()
+    for q in tl.static_range(PENDING_KEPT, 5):
+        out = out + (full[6 + q],)
+    return done, out
 
 
 @triton.jit
@@ -116,9 +135,9 @@ def _masked_moments_columns(
     wt = load_taps(w_ptr, K)
     zero = tl.zeros([BW], dtype=tl.float32)
     ring = (zero,) * (K // 2)
-    state = (ring, ring, ring, ring, ring)
-    lane = scr_ptr + pid.to(tl.int64) * ((KEPT_SUMS + 2) * (K // 2) * BW) + tl.arange(0, BW)
-    for j in tl.static_range((KEPT_SUMS + 2) * (K // 2)):
+    state = (ring,) * (5 - PENDING_KEPT)
+    lane = scr_ptr + pid.to(tl.int64) * (SCRATCH_ROWS * (K // 2) * BW) + tl.arange(0, BW)
+    for j in tl.static_range(SCRATCH_ROWS * (K // 2)):
         tl.store(lane + j * BW, zero)
     # one loop from the window's first row, the stores from its K-th (as .split's moments kernel)
     at = mo_base + p_r0.to(tl.int64) * (5 * WP) + 4 * p_c  # map row p's moments; its inverses 4 WP on
@@ -263,9 +282,9 @@ def launch_masked_bwd_split(
         n_prog_b = cdiv(BC, geo_b.bw // geo_b.f) * n_chunks_b * n_strips_b
         if scratch_a is None or scratch_a.shape[0] < n_prog_a:
             scratch_a = torch.empty(
-                (n_prog_a, (KEPT_SUMS.value + 2) * (K // 2) * geo_a.bw), dtype=torch.float32, device=dev
+                (n_prog_a, SCRATCH_ROWS.value * (K // 2) * geo_a.bw), dtype=torch.float32, device=dev
             )
-            scratch_b = torch.empty((n_prog_b, (12 + 2 * (K - 1)) * geo_b.bw + 32), dtype=torch.float32, device=dev)
+            scratch_b = torch.empty((n_prog_b, (12 + 3 * (K - 1)) * geo_b.bw + 32), dtype=torch.float32, device=dev)
         ox = gx[b0:b1] if gx is not None else scratch_b
         oy = gy[b0:b1] if gy is not None else scratch_b
         with device_guard(img1):

@@ -225,6 +225,7 @@ def _adjoint_row(
     # slots, twice over, so that the K - 1 newest are consecutive from slot i % (K - 1))
     SUMS_AT: tl.constexpr = 10 * BW + 32  # the scratch's layout (:func:`_adjoint_columns`)
     RING_AT: tl.constexpr = SUMS_AT + 2 * BW
+    PEND_AT: tl.constexpr = RING_AT + 2 * (K - 1) * BW
     ring = scr + RING_AT + ar
     base = ring + (i % (K - 1)) * BW
     shift = tl.load(base + (K // 2) * BW)  # map row p's centre row
@@ -276,7 +277,15 @@ def _adjoint_row(
     # vertical adjoint: map row p enters gradient rows p - PAD + j with tap j, the means' partials
     # moved to each row's shift; gradient row q = p - PAD completes
     g_sq, a_sq = push(a_sq, dsq, wt, K, False)
-    g_xy, a_xy = push(a_xy, dxy, wt, K, False)
+    if MASKED:  # the x'y' partials' pending sums in the scratch: eight registers fewer (64, no spill)
+        kept = ()
+        for j in tl.static_range(K - 1):
+            kept = kept + (tl.load(scr + PEND_AT + j * BW + ar),)
+        g_xy, kept = push(kept, dxy, wt, K, False)
+        for j in tl.static_range(K - 1):
+            tl.store(scr + PEND_AT + j * BW + ar, kept[j])
+    else:
+        g_xy, a_xy = push(a_xy, dxy, wt, K, False)
     hist = ()  # read where the moved sums need them, not before the partials
     for j in tl.static_range(K - 1):
         hist = hist + (shift if j == K // 2 else tl.load(base + j * BW),)
@@ -366,10 +375,11 @@ def _adjoint_columns(
     zero = tl.zeros([BW], dtype=tl.float32)
     # scratch (stays in L1/L2): two rows of 5 values per lane (the horizontal adjoint's, double-buffered:
     # one barrier per row; read up to K - 1 past a row), then the lanes' two sums and the rows' shifts,
-    # each lane its own slots
+    # each lane its own slots; MASKED: then the x'y' partials' K - 1 pending sums
     SUMS_AT: tl.constexpr = 10 * BW + 32
     RING_AT: tl.constexpr = SUMS_AT + 2 * BW
-    scr = scr_ptr + pid.to(tl.int64) * (RING_AT + 2 * (K - 1) * BW)
+    PEND_AT: tl.constexpr = RING_AT + 2 * (K - 1) * BW
+    scr = scr_ptr + pid.to(tl.int64) * (PEND_AT + (K - 1) * BW if MASKED else PEND_AT)
     sel = group if F == BW else bc
     sel_ok = True if F == BW else lane_ok
     if UPSTREAM_MAP:
@@ -400,7 +410,12 @@ def _adjoint_columns(
                         lane_ok, K, EDGE)  # fmt: skip
         tl.store(ring + j * BW, sj)
         tl.store(ring + (j + K - 1) * BW, sj)
-    pend = ((zero,) * (K - 1), (zero,) * (K - 1), (zero,) * (K - 1), (zero,) * (K - 1))
+    if MASKED:
+        for j in tl.static_range(K - 1):
+            tl.store(scr + PEND_AT + j * BW + tl.arange(0, BW), zero)
+        pend = ((zero,) * (K - 1), (), (zero,) * (K - 1), (zero,) * (K - 1))
+    else:
+        pend = ((zero,) * (K - 1), (zero,) * (K - 1), (zero,) * (K - 1), (zero,) * (K - 1))
     # 2. the next K - 1 complete map rows whose gradient rows lie above the chunk: the pending sums
     for i in tl.range(K - 1, 2 * (K - 1), num_stages=1):
         pend = _adjoint_row(
