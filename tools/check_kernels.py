@@ -291,8 +291,11 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
         masked(masked_loss, per_channel=True), small, grads=(False, False)
     )
     out["masked ms_ssim reflect K=9"] = Call(masked(masked_ms, "reflect", 9), (1, 3, 176, 200), grads=(True, True))
+    # the masked forward of an image narrower than a program (several channels each: 128 registers;
+    # the wide ones' 64-register launch is the per-channel call above)
+    out["masked dssim_l1 same no grad, narrow"] = Call(masked(masked_loss), (2, 3, 48, 40), grads=(False, False))
     # one gradient ("same" / "valid"): the two lean launches (masked_split.masked_moments_kernel,
-    # masked_split.masked_adjoint_kernel at 80 and 72 registers) where the images' columns are
+    # masked_split.masked_adjoint_kernel at 64 registers, 72 on sm_80) where the images' columns are
     # contiguous or share their stride, else the one-launch kernel's light launch at 168
     # (masked_kernels.BWD_LAUNCH; images whose strides differ, below)
     for padding, K in (("valid", 11), ("valid", 3)):

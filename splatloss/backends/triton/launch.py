@@ -379,9 +379,10 @@ def fwd_maxnreg(
     """Register ceiling of a forward launch: :func:`lean_fwd_maxnreg` (64 on sm_90: eight 4-warp
     programs, 32 warps, per SM; 72 on sm_8x) for the ``lean`` column launches, those that keep
     their last rows' sums in scratch (the SSIM statistics of contiguous rows, the fused loss's SSIM
-    and L1 sums under "same" padding, and MS-SSIM's coarser scales; :func:`.forward.launch_fwd`);
-    128 for the other column kernels (a map written, strided rows or the fused loss under "valid"
-    spill 8 to 40 B at 64; the masked forward); 255 for the ring kernels and for
+    and L1 sums under "same" padding, and MS-SSIM's coarser scales; :func:`.forward.launch_fwd`;
+    the masked forward without "reflect", :func:`.masked_kernels.launch_masked_fwd`); 128 for the
+    other column kernels (a map written, strided rows or the fused loss under "valid" spill 8 to 40
+    B at 64; the masked forward of images narrower than a program); 255 for the ring kernels and for
     the column kernel writing both maps (SSIM and cs) under "reflect" (8 B of spills at 128,
     sm_90). ``arch``: the device's compute capability (:func:`device_arch`)."""
     light = K <= COLUMN_TAPS.value and not (reflect and both_maps)

@@ -44,8 +44,10 @@ from .columns import (
     vmoments_masked_kept,
 )
 from .launch import (
+    COLUMN_MAXNREG,
     MAXNREG,
     SIZES,
+    device_arch,
     device_guard,
     fwd_maxnreg,
     geometry,
@@ -53,20 +55,30 @@ from .launch import (
     problem,
     shared_column_stride,
 )
-from .masked_split import launch_masked_bwd_split, masked_split_eligible, masked_split_geometry
+from .masked_split import (
+    KEPT_SUMS,
+    _vmoments_masked_shifts_kept,
+    launch_masked_bwd_split,
+    masked_split_eligible,
+    masked_split_geometry,
+)
 from .moments import partials, ssim_cs
 
 __all__ = ["launch_masked_bwd", "launch_masked_fwd", "masked_bwd_kernel", "masked_fwd_kernel"]
 
 Tensor = torch.Tensor
 
+#: Scratch rows per kept input row of the masked forward's 64-register launches: the five sums, the
+#: shifts twice, the five pending sums (:func:`.masked_split._vmoments_masked_shifts_kept`).
+FWD_SCRATCH_ROWS = tl.constexpr(KEPT_SUMS.value + 2 + 5)
+
 
 @triton.jit
 def _masked_fwd_columns(
-    x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+    x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, scr_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
-    HAS_L1: tl.constexpr,
+    HAS_L1: tl.constexpr, KEEP: tl.constexpr,
     EDGE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -86,9 +98,17 @@ def _masked_fwd_columns(
     wt = load_taps(w_ptr, K)
     zero = tl.zeros([BW], dtype=tl.float32)
     # the vertical pass's state (:func:`.columns.vmoments_masked`): the last rows' shifts and sums,
-    # the windows whose centre row has arrived
+    # the windows whose centre row has arrived; with KEEP (the 64-register launches) the last rows'
+    # sums and shifts and four of the five pending sums in the program's scratch instead
+    # (:func:`.masked_split._vmoments_masked_shifts_kept`, as the masked moments kernel keeps them)
     ring = (zero,) * (K // 2)
-    state = (ring, ring, ring, ring, ring, (zero,) * (K - 1), ring, ring, ring, ring, ring)
+    if KEEP:
+        state = ()
+        lane = scr_ptr + pid.to(tl.int64) * (FWD_SCRATCH_ROWS * (K // 2) * BW) + tl.arange(0, BW)
+        for j in tl.static_range(FWD_SCRATCH_ROWS * (K // 2)):
+            tl.store(lane + j * BW, zero)
+    else:
+        state = (ring, ring, ring, ring, ring, (zero,) * (K - 1), ring, ring, ring, ring, ring)
     acc_s = zero
     acc_c = zero
     acc_l = zero  # HAS_L1 ("same" padding, CEN = 0): every pixel is one map position's centre
@@ -98,7 +118,10 @@ def _masked_fwd_columns(
             x_ptr, y_ptr, m_ptr, x_lane, y_lane, m_lane, r_in, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w, sm_h, sm_w,
             lane_ok, wt, K, REFLECT, EDGE,
         )  # fmt: skip
-        done, state = vmoments_masked(state, h0, h1, h2, h11, h12, s, wt, K)
+        if KEEP:
+            done, state = _vmoments_masked_shifts_kept(state, h0, h1, h2, h11, h12, s, wt, i, lane, K, BW, 5)
+        else:
+            done, state = vmoments_masked(state, h0, h1, h2, h11, h12, s, wt, K)
         fm, f1, f2, f11, f12, shift = done  # F(M) and the weighted sums around the window's shift
         inv = 1.0 / tl.where(fm > 0, fm, 1.0)
         # the differences from the sums: exactly 0 where both images agree (see moments.ratios)
@@ -123,23 +146,23 @@ def _masked_fwd_columns(
 
 @triton.jit(do_not_specialize=SIZES)
 def masked_fwd_kernel(
-    x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
+    x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, scr_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
     sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, c1, c2,
     K: tl.constexpr, PAD: tl.constexpr, REFLECT: tl.constexpr, F: tl.constexpr, BW: tl.constexpr,
-    HAS_L1: tl.constexpr,
+    HAS_L1: tl.constexpr, KEEP: tl.constexpr,
 ):  # fmt: skip
     strip = tl.program_id(0) % n_strips
     if interior(strip * F - PAD, W, K, F, BW):
         _masked_fwd_columns(
-            x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
-            sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, c1, c2, K, PAD, REFLECT, F, BW,
-            HAS_L1, False,
+            x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, scr_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips,
+            ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, c1, c2, K, PAD, REFLECT, F,
+            BW, HAS_L1, KEEP, False,
         )  # fmt: skip
     else:
         _masked_fwd_columns(
-            x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips, ROWS,
-            sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, c1, c2, K, PAD, REFLECT, F, BW,
-            HAS_L1, True,
+            x_ptr, y_ptr, m_ptr, w_ptr, s_ptr, cs_ptr, l1_ptr, scr_ptr, BC, C, H, W, Ho, Wo, n_chunks, n_strips,
+            ROWS, sx_b, sx_c, sx_h, sx_w, sy_b, sy_c, sy_h, sy_w, sm_b, sm_c, sm_h, sm_w, c1, c2, K, PAD, REFLECT, F,
+            BW, HAS_L1, KEEP, True,
         )  # fmt: skip
 
 
@@ -336,8 +359,14 @@ def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: flo
         raise ValueError(f'launch_masked_fwd sums the masked |x - y| under "same" padding only, got {padding!r}')
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
-    maxnreg = fwd_maxnreg(K, reflect, both_maps=True)  # it sums both maps (SSIM and cs)
+    # it sums both maps (SSIM and cs); without "reflect" it keeps its last rows and most pending
+    # sums in scratch, within the lean forward's registers (64 on sm_90: 32 warps per SM)
+    keep = not reflect
+    maxnreg = fwd_maxnreg(K, reflect, both_maps=True, lean=keep, arch=device_arch(img1.device))
     geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=maxnreg)
+    if keep and geo.f < geo.bw:  # several channels a program (narrow images): 128, as split.lean_geometry
+        maxnreg = COLUMN_MAXNREG
+        geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=maxnreg)
     n_strips = launch.cdiv(Wo, geo.f)
 
     def run(rows: int):
@@ -346,11 +375,13 @@ def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: flo
         s = torch.empty((BC, n_chunks * n_strips), dtype=torch.float32, device=img1.device)
         cs = torch.empty_like(s)
         l1_sums = torch.empty_like(s) if l1 else s
+        per_prog = FWD_SCRATCH_ROWS.value * (K // 2) * geo.bw if keep else 1
+        scratch = torch.empty((n_prog, per_prog), dtype=torch.float32, device=img1.device)
         with device_guard(img1):
             masked_fwd_kernel[(n_prog,)](
-                img1, img2, mask, window, s, cs, l1_sums, BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows,
+                img1, img2, mask, window, s, cs, l1_sums, scratch, BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows,
                 *img1.stride(), *img2.stride(), *mask.stride(), float(c1), float(c2),
-                K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, HAS_L1=l1,
+                K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, HAS_L1=l1, KEEP=keep,
                 **launch_options(geo.warps, maxnreg=maxnreg),
             )  # fmt: skip
         return s, cs, l1_sums

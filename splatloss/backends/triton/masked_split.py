@@ -82,7 +82,9 @@ SCRATCH_ROWS = tl.constexpr(KEPT_SUMS.value + 2 + PENDING_KEPT.value)
 
 
 @triton.jit
-def _vmoments_masked_shifts_kept(state, h0, h1, h2, h11, h12, s, wt, i, lane, K: tl.constexpr, BW: tl.constexpr):
+def _vmoments_masked_shifts_kept(
+    state, h0, h1, h2, h11, h12, s, wt, i, lane, K: tl.constexpr, BW: tl.constexpr, KEPT_P: tl.constexpr
+):
     """:func:`.columns.vmoments_masked` with the last ``K // 2`` rows' five sums and shifts kept in
     the program's scratch (the sums as :func:`.columns.load_kept` keeps them; the shifts past them,
     twice over, so that they are consecutive from slot ``i % (K // 2)``): ``state`` is the pending
@@ -96,7 +98,7 @@ def _vmoments_masked_shifts_kept(state, h0, h1, h2, h11, h12, s, wt, i, lane, K:
     hist = (tl.zeros_like(h1),) * (K - 1 - HALF) + last
     pend = lane + (KEPT_SUMS + 2) * HALF * BW
     kept = ()
-    for q in tl.static_range(PENDING_KEPT):
+    for q in tl.static_range(KEPT_P):
         p = ()
         for k in tl.static_range(HALF):
             p = p + (tl.load(pend + (q * HALF + k) * BW),)
@@ -106,11 +108,11 @@ def _vmoments_masked_shifts_kept(state, h0, h1, h2, h11, h12, s, wt, i, lane, K:
     store_kept(lane, i, (h0, h1, h2, h11, h12), 0, KEPT_SUMS, K, BW)
     tl.store(base, s)  # row i replaces row i - HALF
     tl.store(base + HALF * BW, s)
-    for q in tl.static_range(PENDING_KEPT):
+    for q in tl.static_range(KEPT_P):
         for k in tl.static_range(HALF):
             tl.store(pend + (q * HALF + k) * BW, full[6 + q][k])
     out = ()
-    for q in tl.static_range(PENDING_KEPT, 5):
+    for q in tl.static_range(KEPT_P, 5):
         out = out + (full[6 + q],)
     return done, out
 
@@ -146,7 +148,7 @@ def _masked_moments_columns(
             x_ptr, y_ptr, m_base, x_lane, y_lane, m_col, p_r0 - PAD + i, p_c - PAD, H, W, sx_h, sx_w, sy_h, sy_w,
             sm_h, sm_w, lane_ok, wt, K, False, EDGE,
         )  # fmt: skip
-        done, state = _vmoments_masked_shifts_kept(state, h0, h1, h2, h11, h12, s, wt, i, lane, K, BW)
+        done, state = _vmoments_masked_shifts_kept(state, h0, h1, h2, h11, h12, s, wt, i, lane, K, BW, PENDING_KEPT)
         if i >= K - 1:
             fm, f1, f2, f11, f12, _ = done  # around the centre row's shift, which the adjoint forms again
             # no mask: the planes' rows and channels are padded to whole strips and lane groups
