@@ -99,7 +99,7 @@ def _masked_fwd_columns(
     zero = tl.zeros([BW], dtype=tl.float32)
     # the vertical pass's state (:func:`.columns.vmoments_masked`): the last rows' shifts and sums,
     # the windows whose centre row has arrived; with KEEP (the 64-register launches) the last rows'
-    # sums and shifts and four of the five pending sums in the program's scratch instead
+    # sums and shifts and all five pending sums in the program's scratch instead
     # (:func:`.masked_split._vmoments_masked_shifts_kept`, as the masked moments kernel keeps them)
     ring = (zero,) * (K // 2)
     if KEEP:
@@ -359,7 +359,7 @@ def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: flo
         raise ValueError(f'launch_masked_fwd sums the masked |x - y| under "same" padding only, got {padding!r}')
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
-    # it sums both maps (SSIM and cs); without "reflect" it keeps its last rows and most pending
+    # it sums both maps (SSIM and cs); without "reflect" it keeps its last rows and its pending
     # sums in scratch, within the lean forward's registers (64 on sm_90: 32 warps per SM)
     keep = not reflect
     maxnreg = fwd_maxnreg(K, reflect, both_maps=True, lean=keep, arch=device_arch(img1.device))

@@ -61,12 +61,12 @@ __all__ = [
 ]
 
 #: Register ceilings of the two launches where a program holds one channel (several: 128, as
-#: :func:`.split.lean_geometry`). With four of the five pending sums in the scratch
-#: (:data:`PENDING_KEPT`) the masked moments fit the unmasked pair's 64 (eight 4-warp programs, 32
-#: warps per SM on sm_90); with all five in registers they spilled 104 B at 64 and 72 B at 72 and
-#: ran at 80 (24 warps). The adjoint spills 32 B at 64 (the centre mask and the inverse beside the
-#: partials, sm_90, float32), not at 72: in 4-warp programs of 128 lanes, seven per SM (28 warps),
-#: against the one-launch masked kernel's 16 or 12 (tools/check_kernels.py).
+#: :func:`.split.lean_geometry`): the unmasked pair's 64, eight 4-warp programs (32 warps) per SM on
+#: sm_90, against the one-launch masked kernel's 16 or 12 (tools/check_kernels.py: no spill on sm_80
+#: or sm_90). The moments fit with four of their five pending sums in the scratch
+#: (:data:`PENDING_KEPT`; all five in registers spilled 104 B at 64 and 72 B at 72), the adjoint with
+#: its x'y' partials' pending sums there (``split._adjoint_row`` under ``MASKED``; in registers it
+#: spilled 32 B at 64: the centre mask and the inverse beside the partials).
 MOMENTS_MAXNREG = 64
 ADJOINT_MAXNREG = 64
 #: Bytes of the masked moments per map pixel-channel: four moment sums and 1 / F(M).
@@ -87,9 +87,10 @@ def _vmoments_masked_shifts_kept(
 ):
     """:func:`.columns.vmoments_masked` with the last ``K // 2`` rows' five sums and shifts kept in
     the program's scratch (the sums as :func:`.columns.load_kept` keeps them; the shifts past them,
-    twice over, so that they are consecutive from slot ``i % (K // 2)``): ``state`` is the pending
-    windows' four weighted sums alone (their filtered mask in the scratch too, after the shifts).
-    The same sums bit for bit (the vertical pass reads no older shift)."""
+    twice over, so that they are consecutive from slot ``i % (K // 2)``), and the first ``KEPT_P``
+    of the pending windows' five sums (the filtered mask, the weighted x', y', x'^2 + y'^2, x'y')
+    there too, after the shifts: ``state`` is the other ``5 - KEPT_P`` alone. The same sums bit for
+    bit (the vertical pass reads no older shift)."""
     HALF: tl.constexpr = K // 2
     base = lane + (KEPT_SUMS * HALF + i % HALF) * BW
     last = ()
