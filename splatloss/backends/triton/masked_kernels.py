@@ -44,10 +44,8 @@ from .columns import (
     vmoments_masked_kept,
 )
 from .launch import (
-    COLUMN_MAXNREG,
     MAXNREG,
     SIZES,
-    device_arch,
     device_guard,
     fwd_maxnreg,
     geometry,
@@ -63,6 +61,7 @@ from .masked_split import (
     masked_split_geometry,
 )
 from .moments import partials, ssim_cs
+from .split import lean_geometry
 
 __all__ = ["launch_masked_bwd", "launch_masked_fwd", "masked_bwd_kernel", "masked_fwd_kernel"]
 
@@ -359,13 +358,14 @@ def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: flo
         raise ValueError(f'launch_masked_fwd sums the masked |x - y| under "same" padding only, got {padding!r}')
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     BC = B * C
-    # it sums both maps (SSIM and cs); without "reflect" it keeps its last rows and its pending
-    # sums in scratch, within the lean forward's registers (64 on sm_90: 32 warps per SM)
+    # without "reflect" it keeps its last rows and its pending sums in scratch: the lean launches'
+    # geometry and registers (64 on sm_90, 32 warps per SM; 128 for images narrower than a program);
+    # under "reflect" the ceiling of a kernel summing both maps (SSIM and cs)
     keep = not reflect
-    maxnreg = fwd_maxnreg(K, reflect, both_maps=True, lean=keep, arch=device_arch(img1.device))
-    geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=maxnreg)
-    if keep and geo.f < geo.bw:  # several channels a program (narrow images): 128, as split.lean_geometry
-        maxnreg = COLUMN_MAXNREG
+    if keep:
+        geo, maxnreg = lean_geometry(Wo, Ho, K, BC, img1.device, False)
+    else:
+        maxnreg = fwd_maxnreg(K, reflect, both_maps=True)
         geo = geometry(Wo, Ho, K, BC, img1.device, maxnreg=maxnreg)
     n_strips = launch.cdiv(Wo, geo.f)
 
