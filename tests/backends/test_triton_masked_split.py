@@ -129,6 +129,15 @@ def test_the_masked_two_launches_take_the_unmasked_pairs_cases(monkeypatch):
     assert not masked_split.masked_split_eligible(x, y, 11, False, True, False)
 
 
+def test_a_masked_batch_runs_in_the_unmasked_groups(monkeypatch):
+    # the bound counts map pixels: five 1080p RGB images' masked moments (622 MB at 20 B a pixel)
+    # run in one pair of launches, as the unmasked ones (498 MB) do; 4K images one at a time
+    monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
+    window = window_taps(SSIMConfig(padding="same"), torch.device("cpu"))
+    for shape, group in (((5, 3, 1080, 1920), 5), ((2, 3, 2160, 3840), 1)):
+        assert split.split_group(torch.empty(shape), window, "same") == group, shape
+
+
 @pytest.mark.slow
 def test_a_masked_batch_over_the_memory_bound_runs_in_even_groups(monkeypatch):
     # three images whose moments fit two at a time: two groups (2 + 1), the gradients the same bits
@@ -143,9 +152,10 @@ def test_a_masked_batch_over_the_memory_bound_runs_in_even_groups(monkeypatch):
     launches = _count_adjoint_launches(monkeypatch)
     whole = _run(x, y, m, cfg, g_s, None, True, False, None, False, monkeypatch)
     assert len(launches) == 1
-    per_image = masked_split.MOMENTS_BYTES * 2 * 20 * 32  # two channels, 20 map rows of 32 (a strip)
+    # the bound counts map pixels at the unmasked moments' 16 B: two channels, 20 map rows of 32 (a strip)
+    per_image = 16 * 2 * 20 * 32
     monkeypatch.setattr(split, "MAX_MOMENTS_BYTES", 2 * per_image)
-    assert split.split_group(x, window_taps(cfg, DEV), "same", masked_split.MOMENTS_BYTES) == 2
+    assert split.split_group(x, window_taps(cfg, DEV), "same") == 2
     grouped = _run(x, y, m, cfg, g_s, None, True, False, None, False, monkeypatch)
     assert len(launches) == 3
     if EXACT:

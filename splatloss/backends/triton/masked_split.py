@@ -69,8 +69,6 @@ __all__ = [
 #: spilled 32 B at 64: the centre mask and the inverse beside the partials).
 MOMENTS_MAXNREG = 64
 ADJOINT_MAXNREG = 64
-#: Bytes of the masked moments per map pixel-channel: four moment sums and 1 / F(M).
-MOMENTS_BYTES = 20
 
 #: Scratch rows per kept input row of the moments kernel: the five sums, then the shifts twice.
 KEPT_SUMS = tl.constexpr(5)
@@ -225,7 +223,7 @@ def masked_split_geometry(img1, window, padding: str):
     """The two launches' geometry and register ceilings: ``(geo_a, geo_b, reg_a, reg_b)``
     (:data:`MOMENTS_MAXNREG`, :data:`ADJOINT_MAXNREG`)."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
-    group = split_group(img1, window, padding, MOMENTS_BYTES)
+    group = split_group(img1, window, padding)
     dev = img1.device
     geo_a, reg_a = _geometry(Wo, Ho, K, group * C, dev, False, MOMENTS_MAXNREG)  # rows for a group of images
     # the adjoint in 4-warp programs: seven per SM at 72 registers (28 warps), 8-warp ones three (24)
@@ -252,7 +250,8 @@ def launch_masked_bwd_split(
     """Both launches, as :func:`.masked_kernels.launch_masked_bwd` asks (``g_s`` / ``g_cs`` / ``l1``
     float32 ``[B, C]`` contiguous, ``g_cs`` and ``l1`` optional; ``gx`` / ``gy`` the gradient to
     write, the other None), with ``rows_a`` / ``rows_b`` rows per program, over groups of images
-    whose moments take at most :data:`.split.MAX_MOMENTS_BYTES`. Returns the one-launch kernel's
+    of as many map pixels as :data:`.split.MAX_MOMENTS_BYTES` holds of the unmasked moments
+    (:func:`.split.split_group`). Returns the one-launch kernel's
     ``[B*C, P, 2]`` partial sums when ``sums``, else a placeholder."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     dev = img1.device
@@ -260,7 +259,7 @@ def launch_masked_bwd_split(
     G = geo_a.bw // geo_a.f  # channels per program of the moments' launch
     n_strips_a = cdiv(Wo, geo_a.f)
     wp = n_strips_a * geo_a.f  # map rows padded to whole strips: the moments' launch stores without masks
-    group = split_group(img1, window, padding, MOMENTS_BYTES)
+    group = split_group(img1, window, padding)
     gp = cdiv(group * C, G) * G  # channels padded to whole lane groups, for the same reason
     # per map row: four moments per column, then the columns' 1 / F(M)
     moments = torch.empty((gp, Ho, 5 * wp), dtype=torch.float32, device=dev)

@@ -540,12 +540,14 @@ def split_geometry(img1, img2, window, padding: str):
     return geo_a, geo_b, reg_a, reg_b
 
 
-def split_group(img1, window, padding: str, per_pixel: int = 16) -> int:
-    """Images per pair of launches (:func:`image_group`): the moments take ``per_pixel`` bytes per
-    map pixel-channel, the map's rows padded to whole strips of the moments' launch."""
+def split_group(img1, window, padding: str) -> int:
+    """Images per pair of launches (:func:`image_group`), counted in map pixel-channels (the map's
+    rows padded to whole strips of the moments' launch) at the unmasked moments' 16 B each, masked
+    or not: the masked pair's moments (20 B a pixel) get the same pixels, so a batch runs in the
+    same groups either way (five 1080p RGB images: 498 MB of moments in one group, 622 MB masked)."""
     B, C, H, W, K, pad, reflect, Ho, Wo = problem(img1, window, padding)
     f = geometry(Wo, Ho, K, C, img1.device).f  # map columns per strip: the same for any batch
-    return image_group(B, C * Ho * cdiv(Wo, f) * f * per_pixel)
+    return image_group(B, C * Ho * cdiv(Wo, f) * f * 16)
 
 
 def lean_geometry(frame: int, rows: int, K: int, bc: int, device, halo: bool):
@@ -560,8 +562,9 @@ def lean_geometry(frame: int, rows: int, K: int, bc: int, device, halo: bool):
     return geo, lean
 
 
-#: The moments buffer of one pair of launches at most (bytes): a larger batch runs in groups of
-#: images one after the other, each group at least one image (16 B per map pixel and channel).
+#: The moments buffer of one pair of launches at most (bytes, at 16 B per map pixel and channel;
+#: the masked pair's 20 B moments hold as many pixels, 640 MiB: :func:`split_group`): a larger
+#: batch runs in groups of images one after the other, each group at least one image.
 MAX_MOMENTS_BYTES = 512 * 2**20
 
 
