@@ -479,15 +479,16 @@ def test_cost_json_structure_no_spills(tmp_path):
         assert ms["launches"] <= 12 and ms["dram_bytes_per_pixel"] <= 87, (arch, ms)
         assert ms["estimate_us"] <= 1.35 * one["estimate_us"], (arch, ms, one)
         # the masked 3DGS loss, its L1 fused in the masked adjoint's pass, its weights and loss one
-        # launch each (12 launches), its one-gradient backward in two lean launches at the unmasked
-        # pair's registers (64 on sm_90, 72 on sm_80: 32 and 28 warps per SM, some pending sums in
-        # the scratch; 24 at 80 and 72 registers before, 16 in one launch at 128). The target is
-        # 1.15x the unmasked loss, not met: the launch tables model it at 1.26x (2.13x in one
+        # launch each (11 launches; the mask is the call's input), its one-gradient backward in two
+        # lean launches at the unmasked pair's registers (64 on sm_90, 72 on sm_80: 32 and 28 warps
+        # per SM, some pending sums in the scratch; 24 at 80 and 72 registers before, 16 in one
+        # launch at 128). The target is
+        # 1.15x the unmasked loss, not met: the launch tables model it at 1.25x (2.13x in one
         # launch); measured on an H200 in one launch at 50 rows and 12 warps per SM, 1.64x the
         # unmasked loss's device time (docs/triton.md, "Masks"). This keeps it from growing further
         masked, plain = calls["dssim_l1_masked_fwd_bwd"], calls["dssim_l1_fwd_bwd"]
         warps = 32 if arch == "sm_90" else 28
-        assert masked["launches"] <= 12 and masked["min_warps_per_sm"] >= warps, (arch, masked)
+        assert masked["launches"] <= 11 and masked["min_warps_per_sm"] >= warps, (arch, masked)
         assert masked["warp_instructions_per_pixel"] <= 1.4 * plain["warp_instructions_per_pixel"], (arch, masked)
         assert masked["estimate_us"] <= 1.4 * plain["estimate_us"], (arch, masked)
 
