@@ -326,13 +326,14 @@ def test_the_coarser_scales_launch_takes_the_rows_of_least_wave_time(monkeypatch
 
 
 def test_uneven_groups_of_images_take_rows_planned_over_every_group(monkeypatch):
-    # the masked backward at five 1080p images runs as three and two (its moments pass the bound
-    # for five): with the first group's own rows (72 and 84 at 64 registers) each group's launches
+    # the masked backward at five 1080p images under a moments bound of four images' runs as three
+    # and two: with the first group's own rows (72 and 84 at 64 registers) each group's launches
     # fill part of one wave (the moments' 64 % and 43 %); rows planned over both groups (47 and 54:
     # 98 % and 65 %) take less summed wave-quantised time. Equal groups plan as one group alone does.
-    from splatloss.backends.triton import masked_split
+    from splatloss.backends.triton import masked_split, split
 
     monkeypatch.setattr(launch, "FORCE_CUDA_GEOMETRY", True)
+    monkeypatch.setattr(split, "MAX_MOMENTS_BYTES", 4 * 3 * 1080 * 1920 * 16)  # four images' moments
     cpu = torch.device("cpu")
     window = torch.ones(11)
 
