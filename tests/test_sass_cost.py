@@ -482,10 +482,10 @@ def test_cost_json_structure_no_spills(tmp_path):
         # launch each (11 launches; the mask is the call's input), its one-gradient backward in two
         # lean launches at the unmasked pair's registers (64 on sm_90, 72 on sm_80: 32 and 28 warps
         # per SM, some pending sums in the scratch; 24 at 80 and 72 registers before, 16 in one
-        # launch at 128). The target is
-        # 1.15x the unmasked loss, not met: the launch tables model it at 1.25x (2.13x in one
-        # launch); measured on an H200 in one launch at 50 rows and 12 warps per SM, 1.64x the
-        # unmasked loss's device time (docs/triton.md, "Masks"). This keeps it from growing further
+        # launch at 128). The target is 1.15x the unmasked loss, not met: the launch tables model it
+        # at 1.25x (2.13x in one launch); measured on an H200 in one launch at 50 rows and 12 warps
+        # per SM, 1.64x the unmasked loss's device time (docs/triton.md, "Masks"). This keeps it
+        # from growing further
         masked, plain = calls["dssim_l1_masked_fwd_bwd"], calls["dssim_l1_fwd_bwd"]
         warps = 32 if arch == "sm_90" else 28
         assert masked["launches"] <= 11 and masked["min_warps_per_sm"] >= warps, (arch, masked)
