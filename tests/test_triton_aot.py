@@ -64,6 +64,7 @@ FAMILIES = {
     "masked_adjoint_kernel",
     "masked_weights_kernel",
     "masked_reduce_kernel",
+    "rescale_kernel",
 }
 
 # the sm_80 calls (labels of check_kernels.aot_calls), as --only patterns

@@ -77,7 +77,7 @@ def test_dssim_l1_gradient_from_the_forward_and_the_recompute_fallback():
     grads = []
     for need in (True, False):
         xa = x.clone().requires_grad_()
-        loss, _, _ = mod._dssim_l1_op(xa, y, *args, need, False)
+        loss, _, _ = mod._dssim_l1_op(xa, y, *args, need, False, 1.0)
         (gx,) = torch.autograd.grad((g * loss).sum(), xa)
         grads.append(gx)
     assert_rel(grads[0], grads[1], SAME_GRADIENT, "forward-computed vs recomputed")

@@ -4,7 +4,9 @@ When an input requires a gradient (training), the forward is one pass of the SSI
 for a unit upstream gradient per image: it recomputes nothing later, sums the SSIM values and
 ``|x - y|`` on its way, and adds the L1 term ``l1 * sign(x - y)`` in registers before the single
 store of each gradient (8 B read + 4 B written per gradient, kept in float32 for the backward).
-The backward scales that gradient by the upstream one (one elementwise pass, 8 B).
+The gradient is computed for the upstream of the default mean over the batch (``1 / B`` per
+image), and the backward hands it on untouched when that is the upstream it gets (float32
+images), or scales it in place by the ratio (one elementwise pass, 8 B): :mod:`.rescale`.
 
 Without a gradient (evaluation): the SSIM forward kernel in its "stats_l1" mode -- while the taps
 of each input row are in registers for the horizontal pass, each lane also sums ``|x - y|`` over
@@ -27,6 +29,7 @@ from .backward import launch_bwd
 from .forward import launch_fwd
 from .glue import (
     backward_from_unit_grads,
+    batch_mean_upstream,
     check_inputs,
     fake_grads,
     fake_unit_grads,
@@ -60,9 +63,10 @@ def _dssim_l1_impl(
     lam: float,
     need1: bool,
     need2: bool,
+    expect: float,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """The loss per image ``[B]``, and for each image that needs one its gradient for a unit
-    upstream gradient (float32; empty where not asked)."""
+    """The loss per image ``[B]``, and for each image that needs one its gradient for an upstream
+    gradient of ``expect`` per image (float32; empty where not asked)."""
     n_map, n_img = _sizes(img1, window, padding)
     empty = img1.new_empty(0, dtype=torch.float32)
     if not (need1 or need2):
@@ -70,8 +74,8 @@ def _dssim_l1_impl(
         B, C = img1.shape[:2]
         return dssim_l1_loss(s, l1, B, C, lam, n_map, n_img), empty, empty.clone()
     shape = img1.shape[:2]
-    g_s = torch.full(shape, -lam / n_map, dtype=torch.float32, device=img1.device)
-    w_l1 = torch.full(shape, (1.0 - lam) / n_img, dtype=torch.float32, device=img1.device)
+    g_s = torch.full(shape, -lam * expect / n_map, dtype=torch.float32, device=img1.device)
+    w_l1 = torch.full(shape, (1.0 - lam) * expect / n_img, dtype=torch.float32, device=img1.device)
     gx, gy, parts, _ = launch_bwd(
         img1, img2, window, padding, c1, c2, g_s, None, need1, need2, l1=w_l1, sums=True, grad_dtype=torch.float32,
         raw_sums=True,
@@ -84,7 +88,7 @@ _dssim_l1_op = torch.library.custom_op("splatloss::triton_dssim_l1", _dssim_l1_i
 
 
 @_dssim_l1_op.register_fake
-def _(img1, img2, window, padding, c1, c2, lam, need1, need2):
+def _(img1, img2, window, padding, c1, c2, lam, need1, need2, expect):
     gx, gy = fake_unit_grads(img1, img2, need1, need2)
     return img1.new_empty(img1.shape[:1], dtype=torch.float32), gx, gy
 
@@ -117,23 +121,26 @@ def _(g, img1, img2, window, padding, c1, c2, lam, need1, need2):
 
 
 def _save(ctx, inputs, output):
-    img1, img2, window, padding, c1, c2, lam, need1, need2 = inputs
+    img1, img2, window, padding, c1, c2, lam, need1, need2, expect = inputs
     save_unit_grads(ctx, img1, img2, window, *output[1:])
     ctx.cfg = (padding, c1, c2, lam)
+    ctx.expect = expect
 
 
 def _backward(ctx, g, _gx, _gy):
     def recompute(img1, img2, window, need1, need2):
         return _dssim_l1_bwd_op(g, img1, img2, window, *ctx.cfg, need1, need2)
 
-    return backward_from_unit_grads(ctx, g, 1, recompute, "dssim_l1")
+    return backward_from_unit_grads(ctx, g, 1, recompute, "dssim_l1", n_inputs=10, expect=ctx.expect)
 
 
 _dssim_l1_call = with_autograd(_dssim_l1_op, _dssim_l1_impl, _save, _backward)
 
 
 def dssim_l1(img1: Tensor, img2: Tensor, cfg, lam: float) -> Tensor:
-    """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)``, shape ``[B]`` float32."""
+    """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)``, shape ``[B]`` float32. Its
+    gradient is computed for the upstream of the mean over the batch, so a ``loss.backward()`` hands
+    it on untouched (:mod:`.rescale`)."""
     check_inputs(img1, img2, cfg)
     with functorch_guard():
         loss, _, _ = _dssim_l1_call(
@@ -146,5 +153,6 @@ def dssim_l1(img1: Tensor, img2: Tensor, cfg, lam: float) -> Tensor:
             float(lam),
             wants_grad(img1),
             wants_grad(img2),
+            batch_mean_upstream(img1),
         )
     return loss

@@ -10,6 +10,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 
 from .launch import MAX_WINDOW, out_size
+from .rescale import rescale_
 
 Tensor = torch.Tensor
 
@@ -199,29 +200,70 @@ def save_unit_grads(ctx, img1: Tensor, img2: Tensor, window: Tensor, gx: Tensor,
     ctx.save_for_backward(img1, img2, window, gx, gy, *extra)
     ctx.mark_non_differentiable(gx, gy)
     ctx.set_materialize_grads(False)  # no zero-filled upstream gradients for gx / gy (4 B each)
+    ctx.unit_used = False
+
+
+def batch_mean_upstream(img: Tensor) -> float:
+    """The upstream gradient each image's loss gets from ``loss.mean().backward()`` over the batch of
+    ``img``: ``1 / B`` rounded to float32 as autograd's mean backward rounds it. A loss that bakes
+    it into its kept gradient hands that gradient on untouched (:mod:`.rescale`), which only the
+    eager path does with float32 images; elsewhere (``torch.compile`` or a ``torch.func`` transform,
+    where the custom op runs; float16 / bfloat16 images, whose gradient is converted in any case)
+    the backward scales out of place, and this is 1, so that no division joins that pass."""
+    return _inverse_f32(int(img.shape[0])) if eager() and img.dtype == torch.float32 else 1.0
+
+
+@functools.lru_cache(maxsize=256)
+def _inverse_f32(n: int) -> float:
+    return float((torch.ones((), dtype=torch.float32) / n).item())
 
 
 def backward_from_unit_grads(
-    ctx, upstream: Optional[Tensor], dims: int, recompute, op: str, n_inputs: int = 9
+    ctx, upstream: Optional[Tensor], dims: int, recompute, op: str, n_inputs: int = 9, expect: float = 1.0
 ) -> tuple:
     """The backward of such an op (``n_inputs`` inputs, the two images first): scale the kept gradients by
-    ``upstream``, one scalar per leading index (``dims`` of them: per image, or per image and
-    channel), one elementwise pass each, and return them in each input's dtype. An input that
-    needs a gradient its forward did not compute (it did not need one then) gets
-    ``recompute(img1, img2, window, need1, need2, *extra) -> (gx, gy)``. ``op`` names the op in the
-    error a double backward gets (:func:`refuse_double_backward`)."""
+    ``upstream / expect``, one scalar per leading index (``dims`` of them: per image, or per image
+    and channel), and return them in each input's dtype. ``expect`` is the upstream the forward
+    baked into them (1: none).
+
+    Eager, with float32 images: in place (:func:`.rescale.rescale_`), where the upstream is
+    ``expect`` without touching the gradient, and handed on; a second backward through the same
+    graph (``retain_graph=True``) then finds them used and recomputes. Otherwise one elementwise
+    pass each, into a new tensor (the same numbers). An input that needs a gradient its forward did
+    not compute (it did not need one then) gets ``recompute(img1, img2, window, need1, need2,
+    *extra) -> (gx, gy)`` (for the actual upstream). ``op`` names the op in the error a double
+    backward gets (:func:`refuse_double_backward`)."""
     refuse_double_backward(op)
     need1, need2 = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
     rest = (None,) * (n_inputs - 2)
     if not (need1 or need2) or upstream is None:
         return (None, None) + rest
     img1, img2, window, gx, gy, *extra = ctx.saved_tensors
-    if (need1 and gx.numel() == 0) or (need2 and gy.numel() == 0):
+    if getattr(ctx, "unit_used", False) or (need1 and gx.numel() == 0) or (need2 and gy.numel() == 0):
         gx, gy = recompute(img1, img2, window, need1, need2, *extra)
         return (gx if need1 else None, gy if need2 else None) + rest
     u = upstream.to(torch.float32)
+    wanted = [(g, img) for g, img, need in ((gx, img1, need1), (gy, img2, need2)) if need]
+    if eager(u, *(g for g, _ in wanted)) and all(_in_place(g, img, u, dims) for g, img in wanted):
+        ctx.unit_used = True
+        return (rescale_(gx, u, expect) if need1 else None, rescale_(gy, u, expect) if need2 else None) + rest
+    if expect != 1.0:
+        u = u / expect  # exactly 1 where the upstream is the expected one
     u = u.reshape(u.shape + (1,) * (4 - dims))
     return (_scaled(gx, u, img1.dtype) if need1 else None, _scaled(gy, u, img2.dtype) if need2 else None) + rest
+
+
+def _in_place(g: Tensor, img: Tensor, u: Tensor, dims: int) -> bool:
+    """Whether the kept gradient ``g`` of ``img`` can be scaled in place and handed on: the image
+    is float32 (the gradient's own dtype), ``g`` is dense with the upstream's leading indices
+    outermost in memory (per image: any dense layout; per image and channel: contiguous NCHW), on
+    the upstream's device."""
+    if img.dtype != torch.float32 or g.dtype != torch.float32 or g.device != u.device or u.numel() == 0:
+        return False
+    if dims == 2:
+        return g.is_contiguous()
+    dense = g.is_contiguous() or g.is_contiguous(memory_format=torch.channels_last)
+    return dense and (g.shape[0] == 1 or g.stride(0) * g.shape[0] == g.numel())
 
 
 def _scaled(g: Tensor, u: Tensor, dtype: torch.dtype) -> Tensor:

@@ -31,6 +31,7 @@ from ..base import masked_l1
 from . import partials
 from .glue import (
     backward_from_unit_grads,
+    batch_mean_upstream,
     check_inputs,
     fake_grads,
     fake_unit_grads,
@@ -217,12 +218,12 @@ def _term_backward(ctx, g_t, _gx, _gy):
 _term_op.register_autograd(_term_backward, setup_context=_term_save)
 
 
-def _loss_weights(z: Tensor, planes: Tensor, lam: float) -> Tuple[Tensor, Tensor]:
-    """``[B, C]`` weights of the fused masked loss for a unit upstream per image: the SSIM sums'
-    ``-lam / C / z`` (``z`` the centre weights; 0 where ``z`` is) and the L1 term's
+def _loss_weights(z: Tensor, planes: Tensor, lam: float, expect: float = 1.0) -> Tuple[Tensor, Tensor]:
+    """``[B, C]`` weights of the fused masked loss for an upstream of ``expect`` per image: the SSIM
+    sums' ``-lam / C / z`` (``z`` the centre weights; 0 where ``z`` is) and the L1 term's
     ``(1 - lam) / sum M`` over the image's channels and pixels (``planes``: the mask's plane sums;
-    0 for an empty mask). One launch (:func:`.partials.masked_weights`)."""
-    w = partials.masked_weights(z, -lam / z.shape[1], planes, 1.0 - lam)
+    0 for an empty mask), each times ``expect``. One launch (:func:`.partials.masked_weights`)."""
+    w = partials.masked_weights(z, -lam * expect / z.shape[1], planes, (1.0 - lam) * expect)
     return w[0], w[1]
 
 
@@ -237,9 +238,10 @@ def _masked_dssim_l1_impl(
     lam: float,
     need1: bool,
     need2: bool,
+    expect: float,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """The masked loss per image ``[B]`` and, for each image that needs one, its gradient for a
-    unit upstream gradient (float32; empty where not asked)."""
+    """The masked loss per image ``[B]`` and, for each image that needs one, its gradient for an
+    upstream gradient of ``expect`` per image (float32; empty where not asked)."""
     m = _float_mask(mask, img1)
     z, planes = plane_sums(mask, img1, window, padding)
     empty = img1.new_empty(0, dtype=torch.float32)
@@ -251,7 +253,7 @@ def _masked_dssim_l1_impl(
         # every pixel is one map position's centre: the forward kernel sums the masked |x - y| too
         s, _, l1 = launch_masked_fwd(img1, img2, m, window, padding, c1, c2, l1=True)
         return partials.masked_dssim_l1_loss(s, l1, z, planes, lam), empty, empty.clone()
-    g_s, w_l1 = _loss_weights(z, planes, lam)
+    g_s, w_l1 = _loss_weights(z, planes, lam, expect)
     gx, gy, parts = launch_masked_bwd(
         img1, img2, m, window, padding, c1, c2, g_s, None, need1, need2, True, torch.float32, l1=w_l1
     )
@@ -263,7 +265,7 @@ _dssim_l1_op = torch.library.custom_op("splatloss::triton_masked_dssim_l1", _mas
 
 
 @_dssim_l1_op.register_fake
-def _(img1, img2, mask, window, padding, c1, c2, lam, need1, need2):
+def _(img1, img2, mask, window, padding, c1, c2, lam, need1, need2, expect):
     gx, gy = fake_unit_grads(img1, img2, need1, need2)
     return img1.new_empty(img1.shape[:1], dtype=torch.float32), gx, gy
 
@@ -295,16 +297,17 @@ def _(g, img1, img2, mask, window, padding, c1, c2, lam, need1, need2):
 
 
 def _dssim_l1_save(ctx, inputs, output):
-    img1, img2, mask, window, padding, c1, c2, lam, need1, need2 = inputs
+    img1, img2, mask, window, padding, c1, c2, lam, need1, need2, expect = inputs
     save_unit_grads(ctx, img1, img2, window, *output[1:], mask)
     ctx.cfg = (padding, c1, c2, lam)
+    ctx.expect = expect
 
 
 def _dssim_l1_backward(ctx, g, _gx, _gy):
     def recompute(img1, img2, window, need1, need2, mask):
         return _dssim_l1_bwd_op(g, img1, img2, mask, window, *ctx.cfg, need1, need2)
 
-    return backward_from_unit_grads(ctx, g, 1, recompute, "masked dssim_l1", n_inputs=10)
+    return backward_from_unit_grads(ctx, g, 1, recompute, "masked dssim_l1", n_inputs=11, expect=ctx.expect)
 
 
 _dssim_l1_call = with_autograd(_dssim_l1_op, _masked_dssim_l1_impl, _dssim_l1_save, _dssim_l1_backward)
@@ -338,6 +341,12 @@ def masked_dssim_l1(img1: Tensor, img2: Tensor, mask: Tensor, cfg, lam: float) -
     """Per image ``(1 - lam) * sum M |x - y| / sum M + lam * (1 - masked SSIM)``, ``[B]`` float32."""
     with functorch_guard():
         loss, _, _ = _dssim_l1_call(
-            img1, img2, *_args(img1, img2, mask, cfg), float(lam), wants_grad(img1), wants_grad(img2)
+            img1,
+            img2,
+            *_args(img1, img2, mask, cfg),
+            float(lam),
+            wants_grad(img1),
+            wants_grad(img2),
+            batch_mean_upstream(img1),
         )
     return loss
