@@ -535,9 +535,11 @@ class _Eval:
                 node = it[1]
                 c = self.val(node.cond)
                 if c is None:
-                    raise ValueError(
-                        f"loop bound depends on a condition not computable from the arguments ({node.cond})"
-                    )
+                    if _has_loop(node.then) or _has_loop(node.other):
+                        raise ValueError(
+                            f"loop bound depends on a condition not computable from the arguments ({node.cond})"
+                        )
+                    continue  # a data-dependent branch without loops: no trip count depends on it
                 ys = self.region(node.then if c else node.other)
                 for r, v in zip(node.results, ys or []):
                     if v is not None:
