@@ -35,9 +35,9 @@ def _rescale_kernel(g_ptr, u_ptr, expect, N_PER, NBLK, BLOCK: tl.constexpr):
     u = tl.load(u_ptr + p)
     if u != expect:  # a NaN upstream scales too (NaN != NaN)
         k = tl.math.div_rn(u, expect)
-        i = (pid % NBLK) * BLOCK + tl.arange(0, BLOCK)
-        live = i < N_PER
-        at = g_ptr + p.to(tl.int64) * N_PER + i
+        start = (pid % NBLK).to(tl.int64) * BLOCK  # 64-bit scalars (an image may pass 2**31 elements),
+        at = g_ptr + (p.to(tl.int64) * N_PER + start) + tl.arange(0, BLOCK)  # 32-bit lane offsets
+        live = tl.arange(0, BLOCK) < tl.minimum(N_PER - start, BLOCK).to(tl.int32)
         tl.store(at, tl.load(at, mask=live) * k, mask=live)
 
 
