@@ -441,9 +441,10 @@ def test_cost_json_structure_no_spills(tmp_path):
         assert calls["ssim_loss_fwd_bwd"]["dram_bytes_per_pixel"] >= 8
         # the one-gradient loss's two lean launches move their moments through memory (16 B written
         # and 16 B read back per pixel-channel); both gradients run in one launch that keeps them on
-        # chip: 8 B of images, 8 B of gradients, 16 B of glue scaling the kept ones
+        # chip: 8 B of images, 8 B of gradients, handed on untouched (the upstream of 1 - ssim is
+        # the one the forward computed them for: rescale.py)
         both, one = calls["ssim_loss_fwd_bwd_both_grads"], calls["ssim_loss_fwd_bwd"]
-        assert both["dram_bytes_per_pixel"] == pytest.approx(32, abs=0.5), (arch, both)
+        assert both["dram_bytes_per_pixel"] == pytest.approx(16, abs=0.5), (arch, both)
         assert one["dram_bytes_per_pixel"] > both["dram_bytes_per_pixel"] + 16, (arch, one, both)
         # the targets the kernels are designed to (docs/triton.md, "Targets"); fused-ssim, counted
         # the same way, issues 42.8 warp-instructions per pixel-channel for its loss (27.6 with its
@@ -457,9 +458,9 @@ def test_cost_json_structure_no_spills(tmp_path):
             for name in ("ssim_loss_fwd_bwd", "dssim_l1_fwd_bwd", "ms_ssim_loss_fwd_bwd"):
                 assert calls[name]["min_warps_per_sm"] >= 32, (name, calls[name])
         # the images read by each launch (8 + 8 B), the moments written and read back (16 + 16 B), the
-        # kept gradient written (4 B) and scaled by the upstream (glue: 4 B read, 4 B written): 60 B
-        # (docs/triton.md, "Targets": over the 32 B target since the backward took two launches)
-        assert one["dram_bytes_per_pixel"] <= 60.5, (arch, one)
+        # kept gradient written (4 B) and handed on: 52 B (docs/triton.md, "Targets": over the 32 B
+        # target since the backward took two launches; 60 B while a pass scaled the gradient)
+        assert one["dram_bytes_per_pixel"] <= 52.5, (arch, one)
         ratio = {n: calls[n]["warp_instructions_per_pixel"] / one["warp_instructions_per_pixel"] for n in calls}
         # MS-SSIM: on their own, the coarser scales' launches were under one wave at 128 rows, so
         # their programs streamed 17 rows (one wave nearly full, launch.plan_rows) and re-streamed
@@ -469,15 +470,16 @@ def test_cost_json_structure_no_spills(tmp_path):
         assert ratio["dssim_l1_fwd_bwd"] <= 1.1 and ratio["ms_ssim_loss_fwd_bwd"] <= 1.4, (arch, ratio)
         # MS-SSIM's scales as one op: the whole pyramid, every scale's terms and gradients (the
         # finest scale's programs in the coarser scales' two launches), the product, the joins one
-        # launch each: 12 launches and 86.7 B per pixel-channel at 1080p (the SSIM loss's 60 B and
-        # about a third more for the coarser scales, the pyramid and the chain; the scale-by-scale
-        # composition took 89 launches, its per-scale multiply, adjoint and add 25 B a scale). Its
-        # time against the SSIM loss's: 1.31x on sm_90
-        # (1.33x on sm_80) by this estimate, 1.30x in the launch model (docs/cost_model.md); 1.45x
-        # with the finest scale in launches of its own
+        # launch each: 12 launches and 86.7 B per pixel-channel at 1080p (the SSIM loss's 52 B, its
+        # 60 B while a pass scaled its gradient, and about a third more for the coarser scales, the
+        # pyramid and the chain; the scale-by-scale composition took 89 launches, its per-scale
+        # multiply, adjoint and add 25 B a scale). Its time against the SSIM loss's: 1.40x on sm_90
+        # (1.42x on sm_80) by this estimate; 1.31x (1.33x) while the SSIM loss's gradient took that
+        # pass, which MS-SSIM's chain launch never needed; 1.45x (against the SSIM loss with the
+        # pass) with the finest scale in launches of its own
         ms = calls["ms_ssim_loss_fwd_bwd"]
         assert ms["launches"] <= 12 and ms["dram_bytes_per_pixel"] <= 87, (arch, ms)
-        assert ms["estimate_us"] <= 1.35 * one["estimate_us"], (arch, ms, one)
+        assert ms["estimate_us"] <= 1.45 * one["estimate_us"], (arch, ms, one)
         # the masked 3DGS loss, its L1 fused in the masked adjoint's pass, its weights and loss one
         # launch each (11 launches; the mask is the call's input), its one-gradient backward in two
         # lean launches at the unmasked pair's registers (64 on sm_90, 72 on sm_80: 32 and 28 warps

@@ -246,7 +246,7 @@ def test_eager_calls_skip_the_custom_op_dispatch_and_equal_it_bitwise():
     x, y = (torch.rand(1, 2, 20, 22, generator=g).to(DEV) for _ in range(2))
     w = window_taps(SSIMConfig(), x.device)
     cases = {
-        "ssim_term": (ssim._term_op, ssim._term_call, (w, "same", 1e-4, 9e-4, False, True, True)),
+        "ssim_term": (ssim._term_op, ssim._term_call, (w, "same", 1e-4, 9e-4, False, True, True, -0.25)),
         "dssim_l1": (dssim_l1._dssim_l1_op, dssim_l1._dssim_l1_call, (w, "same", 1e-4, 9e-4, 0.2, True, True, 0.5)),
         "downsample2x": (ms_ssim._down_op, ms_ssim._down_call, ()),
     }

@@ -101,7 +101,7 @@ def test_term_op_recompute_fallback(cs):
     grads = []
     for need in (True, False):
         xa, ya = x.clone().requires_grad_(), y.clone().requires_grad_()
-        t, _, _ = mod._term_op(xa, ya, *args, need, need)
+        t, _, _ = mod._term_op(xa, ya, *args, need, need, 1.0)
         grads.append(torch.autograd.grad((up * t).sum(), (xa, ya)))
     for a, b in zip(*grads):
         assert_rel(a, b, SAME_GRADIENT, f"cs={cs}: forward-computed vs recomputed")

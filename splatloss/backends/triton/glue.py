@@ -149,16 +149,16 @@ def window_taps(cfg, device: torch.device) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=64)
-def _unit_upstreams(sizes: Tuple[int, ...], bc: int, device: str) -> torch.Tensor:
-    return torch.tensor([[1.0 / n] * bc for n in sizes], dtype=torch.float32).to(device)
+def _unit_upstreams(sizes: Tuple[int, ...], bc: int, device: str, scale: float) -> torch.Tensor:
+    return torch.tensor([[scale / n] * bc for n in sizes], dtype=torch.float32).to(device)
 
 
-def unit_upstreams(sizes: Sequence[int], bc: int, device: torch.device) -> torch.Tensor:
-    """``[len(sizes), bc]`` float32 on ``device``: row ``k`` is ``1 / sizes[k]`` (rounded once from
-    float64), the upstream gradient of a mean over ``sizes[k]`` map pixels in every (image,
-    channel). Built once per (sizes, bc, device) and shared: the kernels only read it, and a
-    training loop then launches no fills for it."""
-    return _unit_upstreams(tuple(int(n) for n in sizes), int(bc), str(device))
+def unit_upstreams(sizes: Sequence[int], bc: int, device: torch.device, scale: float = 1.0) -> torch.Tensor:
+    """``[len(sizes), bc]`` float32 on ``device``: row ``k`` is ``scale / sizes[k]`` (rounded once
+    from float64), the upstream gradient of a mean over ``sizes[k]`` map pixels in every (image,
+    channel) whose own upstream is ``scale``. Built once per (sizes, bc, device, scale) and shared:
+    the kernels only read it, and a training loop then launches no fills for it."""
+    return _unit_upstreams(tuple(int(n) for n in sizes), int(bc), str(device), float(scale))
 
 
 def wants_grad(t: Tensor) -> bool:
@@ -213,9 +213,20 @@ def batch_mean_upstream(img: Tensor) -> float:
     return _inverse_f32(int(img.shape[0])) if eager() and img.dtype == torch.float32 else 1.0
 
 
+def dssim_mean_upstream(img: Tensor) -> float:
+    """The upstream gradient each (image, channel) mean of the SSIM map gets from the D-SSIM loss
+    ``1 - ssim(x, y)`` (or ``dssim``, ``SSIMLoss``) reduced by the mean and backpropagated: ``-1 / B``
+    then divided by ``C``, each rounded to float32 as autograd's mean backwards round them. As
+    :func:`batch_mean_upstream`: eager with float32 images, else 1."""
+    if not (eager() and img.dtype == torch.float32):
+        return 1.0
+    return _inverse_f32(int(img.shape[0]), -1.0, int(img.shape[1]))
+
+
 @functools.lru_cache(maxsize=256)
-def _inverse_f32(n: int) -> float:
-    return float((torch.ones((), dtype=torch.float32) / n).item())
+def _inverse_f32(n: int, sign: float = 1.0, then: int = 1) -> float:
+    one = torch.full((), sign, dtype=torch.float32)
+    return float((one / n / then).item())
 
 
 def backward_from_unit_grads(

@@ -33,6 +33,7 @@ from .glue import (
     backward_from_unit_grads,
     batch_mean_upstream,
     check_inputs,
+    dssim_mean_upstream,
     fake_grads,
     fake_unit_grads,
     functorch_guard,
@@ -180,16 +181,18 @@ def _term_op(
     c2: float,
     need1: bool,
     need2: bool,
+    expect: float,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """The ``[B, C]`` masked SSIM mean and, for each image that needs one, its gradient for a unit
-    upstream (float32), from one pass of the masked backward kernel (as ``ssim.ssim_term``)."""
+    """The ``[B, C]`` masked SSIM mean and, for each image that needs one, its gradient for an
+    upstream of ``expect`` per (image, channel) (float32), from one pass of the masked backward
+    kernel (as ``ssim.ssim_term``)."""
     m = _float_mask(mask, img1)
     z = centre_weights(mask, img1, window, padding)
     empty = img1.new_empty(0, dtype=torch.float32)
     if not (need1 or need2):
         s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
         return partials.masked_means(s, z), empty, empty.clone()
-    inv_z = partials.masked_weights(z, 1.0)[0]
+    inv_z = partials.masked_weights(z, expect)[0]
     gx, gy, parts = launch_masked_bwd(
         img1, img2, m, window, padding, c1, c2, inv_z, None, need1, need2, True, torch.float32
     )
@@ -197,22 +200,23 @@ def _term_op(
 
 
 @_term_op.register_fake
-def _(img1, img2, mask, window, padding, c1, c2, need1, need2):
+def _(img1, img2, mask, window, padding, c1, c2, need1, need2, expect):
     gx, gy = fake_unit_grads(img1, img2, need1, need2)
     return img1.new_empty(img1.shape[:2], dtype=torch.float32), gx, gy
 
 
 def _term_save(ctx, inputs, output):
-    img1, img2, mask, window, padding, c1, c2, need1, need2 = inputs
+    img1, img2, mask, window, padding, c1, c2, need1, need2, expect = inputs
     save_unit_grads(ctx, img1, img2, window, *output[1:], mask)
     ctx.cfg = (padding, c1, c2)
+    ctx.expect = expect
 
 
 def _term_backward(ctx, g_t, _gx, _gy):
     def recompute(img1, img2, window, need1, need2, mask):
         return _stats_bwd_op(g_t, torch.zeros_like(g_t), img1, img2, mask, window, *ctx.cfg, need1, need2)
 
-    return backward_from_unit_grads(ctx, g_t, 2, recompute, "masked ssim_term")
+    return backward_from_unit_grads(ctx, g_t, 2, recompute, "masked ssim_term", n_inputs=10, expect=ctx.expect)
 
 
 _term_op.register_autograd(_term_backward, setup_context=_term_save)
@@ -333,7 +337,9 @@ def masked_ssim_term(img1: Tensor, img2: Tensor, mask: Tensor, cfg) -> Tensor:
     """The masked ``[B, C]`` SSIM mean for a loss: with a gradient to compute, the masked backward
     kernel's single pass computes it in the forward (as :func:`.ssim.ssim_term`)."""
     with functorch_guard():
-        s, _, _ = _term_op(img1, img2, *_args(img1, img2, mask, cfg), wants_grad(img1), wants_grad(img2))
+        s, _, _ = _term_op(
+            img1, img2, *_args(img1, img2, mask, cfg), wants_grad(img1), wants_grad(img2), dssim_mean_upstream(img1)
+        )
     return s
 
 

@@ -37,6 +37,7 @@ from .forward import launch_fwd
 from .glue import (
     backward_from_unit_grads,
     check_inputs,
+    dssim_mean_upstream,
     fake_grads,
     fake_unit_grads,
     functorch_guard,
@@ -204,13 +205,14 @@ def term_into(
     need2: bool,
     grad1: Optional[Tensor] = None,
     grad2: Optional[Tensor] = None,
+    expect: float = 1.0,
 ) -> Tuple[Tensor, Tensor]:
     """:func:`_term_impl` with the mean written into ``out`` (float32, any view of ``B * C``
     elements that can be seen as ``(B * C, 1)``, e.g. MS-SSIM's terms at the finest scale): the
     partial sums' means in one launch (:func:`.partials.means`). ``grad1``, ``grad2``: float32
     tensors of the images' shape to write the unit gradients into (e.g. views of MS-SSIM's flat
-    buffer of the coarser scales'), else new ones. Returns the gradients (empty where not
-    computed)."""
+    buffer of the coarser scales'), else new ones. The gradients are those for an upstream of
+    ``expect`` per (image, channel). Returns them (empty where not computed)."""
     n = map_numel(img1, window, padding)
     BC = img1.shape[0] * img1.shape[1]
     empty = img1.new_empty(0, dtype=torch.float32)
@@ -218,7 +220,7 @@ def term_into(
         s, c = launch_fwd(img1, img2, window, padding, c1, c2, "stats", raw=True)
         partial_means(c if cs else s, BC, [s.shape[1]], [n], out.view(BC, 1))
         return empty, empty.clone()
-    unit = unit_upstreams([n], BC, img1.device)[0].view(img1.shape[:2])  # shared, read only
+    unit = unit_upstreams([n], BC, img1.device, expect)[0].view(img1.shape[:2])  # shared, read only
     gx, gy, parts, _ = launch_bwd(
         img1,
         img2,
@@ -251,13 +253,15 @@ def _term_impl(
     cs: bool,
     need1: bool,
     need2: bool,
+    expect: float,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The ``[B, C]`` mean of the SSIM map (or of the cs map when ``cs``), and, for each image
-    that needs one (``need1`` / ``need2``), the gradient of that mean with respect to it: the
-    backward kernel's pass, which computes every SSIM value on its way to the gradient, run in
-    the forward (8 B read + 4 B written per gradient); the backward then only scales it."""
+    that needs one (``need1`` / ``need2``), the gradient of that mean with respect to it, times
+    ``expect`` (the upstream it assumes): the backward kernel's pass, which computes every SSIM
+    value on its way to the gradient, run in the forward (8 B read + 4 B written per gradient);
+    the backward then only scales it, or hands it on (:mod:`.rescale`)."""
     out = torch.empty(img1.shape[:2], dtype=torch.float32, device=img1.device)
-    gx, gy = term_into(out, img1, img2, window, padding, c1, c2, cs, need1, need2)
+    gx, gy = term_into(out, img1, img2, window, padding, c1, c2, cs, need1, need2, expect=expect)
     return out, gx, gy
 
 
@@ -265,15 +269,16 @@ _term_op = torch.library.custom_op("splatloss::triton_ssim_term", _term_impl, mu
 
 
 @_term_op.register_fake
-def _(img1, img2, window, padding, c1, c2, cs, need1, need2):
+def _(img1, img2, window, padding, c1, c2, cs, need1, need2, expect):
     gx, gy = fake_unit_grads(img1, img2, need1, need2)
     return img1.new_empty(img1.shape[:2], dtype=torch.float32), gx, gy
 
 
 def _term_save(ctx, inputs, output):
-    img1, img2, window, padding, c1, c2, cs, need1, need2 = inputs
+    img1, img2, window, padding, c1, c2, cs, need1, need2, expect = inputs
     save_unit_grads(ctx, img1, img2, window, *output[1:])
     ctx.cfg = (padding, c1, c2, cs)
+    ctx.expect = expect
 
 
 def _term_backward(ctx, g_t, _gx, _gy):
@@ -284,7 +289,7 @@ def _term_backward(ctx, g_t, _gx, _gy):
         g_s, g_cs = (zero, g_t) if cs else (g_t, zero)
         return stats_bwd_op(g_s, g_cs, img1, img2, window, padding, c1, c2, need1, need2)
 
-    return backward_from_unit_grads(ctx, g_t, 2, recompute, "ssim_term")
+    return backward_from_unit_grads(ctx, g_t, 2, recompute, "ssim_term", n_inputs=10, expect=ctx.expect)
 
 
 _term_call = with_autograd(_term_op, _term_impl, _term_save, _term_backward)
@@ -338,7 +343,15 @@ def ssim_term(img1: Tensor, img2: Tensor, cfg, cs: bool = False) -> Tensor:
         (True, torch.Size([1, 1, 16, 16]))
     """
     with functorch_guard():
-        s, _, _ = _term_call(img1, img2, *_args(img1, img2, cfg), bool(cs), wants_grad(img1), wants_grad(img2))
+        s, _, _ = _term_call(
+            img1,
+            img2,
+            *_args(img1, img2, cfg),
+            bool(cs),
+            wants_grad(img1),
+            wants_grad(img2),
+            dssim_mean_upstream(img1),
+        )
     return s
 
 
