@@ -41,7 +41,9 @@ def _terms_both_ways(x, y, cfg, scales, need1, need2, upstream):
         if fused:
             terms = M.ms_terms(xa, ya, cfg, scales)
         else:
-            term = lambda last, a, b: ssim_term(a, b, cfg, cs=not last)  # noqa: E731
+            # each scale's gradient for a unit upstream, as the one op keeps them (not the D-SSIM
+            # loss's upstream, which ssim_term assumes by default: another rounding)
+            term = lambda last, a, b: ssim_term(a, b, cfg, cs=not last, expect=1.0)  # noqa: E731
             terms = multiscale.scale_terms(term, (xa, ya), scales, down=M.downsample2x, cast=False)
         wrt = [t for t, need in ((xa, need1), (ya, need2)) if need]
         grads = torch.autograd.grad((terms * upstream).sum(), wrt)

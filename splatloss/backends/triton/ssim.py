@@ -325,14 +325,16 @@ def ssim_stats(img1: Tensor, img2: Tensor, cfg) -> Tuple[Tensor, Tensor]:
         return _stats_op(img1, img2, *_args(img1, img2, cfg))
 
 
-def ssim_term(img1: Tensor, img2: Tensor, cfg, cs: bool = False) -> Tensor:
+def ssim_term(img1: Tensor, img2: Tensor, cfg, cs: bool = False, expect: Optional[float] = None) -> Tensor:
     """The ``[B, C]`` mean of the SSIM map (of the cs map when ``cs``) float32, for a loss.
 
     When an input requires a gradient, the forward computes the mean's gradient too, in the
     backward kernel's single pass (its SSIM values summed on the way), and keeps it (float32, 4 B
     per pixel-channel and input) for the backward, which only scales it by the upstream
-    gradient: one pass over the moments instead of two. Without a gradient to compute it is the
-    forward kernel's pass (8 B read).
+    gradient: one pass over the moments instead of two. It is computed for the upstream
+    ``expect`` per (image, channel), by default the D-SSIM loss's (:func:`.glue.dssim_mean_upstream`),
+    which the backward then hands on untouched. Without a gradient to compute it is the forward
+    kernel's pass (8 B read).
 
     Examples:
         >>> from splatloss.config import SSIMConfig
@@ -350,7 +352,7 @@ def ssim_term(img1: Tensor, img2: Tensor, cfg, cs: bool = False) -> Tensor:
             bool(cs),
             wants_grad(img1),
             wants_grad(img2),
-            dssim_mean_upstream(img1),
+            dssim_mean_upstream(img1) if expect is None else float(expect),
         )
     return s
 
