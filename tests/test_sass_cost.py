@@ -473,7 +473,7 @@ def test_cost_json_structure_no_spills(tmp_path):
         # launch each: 12 launches and 86.7 B per pixel-channel at 1080p (the SSIM loss's 52 B, its
         # 60 B while a pass scaled its gradient, and about a third more for the coarser scales, the
         # pyramid and the chain; the scale-by-scale composition took 89 launches, its per-scale
-        # multiply, adjoint and add 25 B a scale). Its time against the SSIM loss's: 1.40x on sm_90
+        # multiply, adjoint and add 25 B a scale). Its time against the SSIM loss's: 1.39x on sm_90
         # (1.42x on sm_80) by this estimate; 1.31x (1.33x) while the SSIM loss's gradient took that
         # pass, which MS-SSIM's chain launch never needed; 1.45x (against the SSIM loss with the
         # pass) with the finest scale in launches of its own

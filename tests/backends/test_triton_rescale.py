@@ -118,6 +118,25 @@ def test_in_place_scaling_gives_the_out_of_place_bits(monkeypatch, name):
         assert torch.equal(in_place, out_of_place)
 
 
+def test_per_channel_upstreams_reach_their_channels(monkeypatch):
+    """The SSIM mean's upstream is one value per image and channel: in NCHW each plane is one block,
+    channels-last interleaves them (channel ``i % C`` at element ``i``). Distinct upstreams per
+    channel, the expected one among them: in place equals out of place, in either layout."""
+    x, y = make_pair((2, 3, 13, 16), seed=8, device=device_for(T))
+    cfg = splatloss.SSIMConfig(padding="same", window_size=5)
+    e = glue.dssim_mean_upstream(x)
+    w = torch.tensor([[e, 2.0, -0.5], [0.25, e, 3.0]], device=x.device)
+    grads = []
+    for layout in (torch.contiguous_format, torch.channels_last):
+        xl, yl = x.contiguous(memory_format=layout), y.contiguous(memory_format=layout)
+        for in_place in (True, False):
+            with monkeypatch.context() as mp:
+                if not in_place:
+                    mp.setattr(glue, "_in_place", lambda *a: False)
+                grads.append(_grad(lambda a, b: (tri_ssim.ssim_term(a, b, cfg) * w).sum(), xl, yl))
+    assert all(torch.equal(g, grads[0]) for g in grads[1:])
+
+
 @pytest.mark.parametrize("name", LOSSES)
 def test_a_second_walk_of_the_graph_recomputes(name):
     """retain_graph=True: the first backward scaled the kept gradient in place (upstream 2.5 times
@@ -133,9 +152,38 @@ def test_a_second_walk_of_the_graph_recomputes(name):
     _close(second, truth)
 
 
+@pytest.mark.parametrize("name", LOSSES)
+def test_an_upstream_near_the_float32_limit_is_not_overflowed(name):
+    """The expected upstreams are below 1 in magnitude (1 / B, -1 / (B C)), so ``u / e`` overflows
+    for an upstream near float32's largest where the gradient does not: the kernel then scales by
+    ``(g / e) * u``. Finite, and the float64 gradient; the out-of-place pass likewise."""
+    x, y = make_pair((3,) + SHAPE[1:], seed=6, device=device_for(T))
+    w = torch.tensor([3e38, -2e38, 1 / 3], device=x.device)
+    truth = _reference_grad(name, x, y, w.cpu())
+    for layout in (torch.contiguous_format, torch.channels_last):
+        xl, yl = x.contiguous(memory_format=layout), y.contiguous(memory_format=layout)
+        g = _grad(lambda a, b: (_loss(name, a, b, "none") * w).sum(), xl, yl)
+        assert torch.isfinite(g).all()
+        _close(g, truth)
+
+
+def test_scaled_matches_the_kernel_where_the_quotient_overflows(monkeypatch):
+    x, y = make_pair((3,) + SHAPE[1:], seed=7, device=device_for(T))
+    w = torch.tensor([3e38, 0.5, -3e38], device=x.device)
+
+    def fn(a, b):
+        return (_loss("dssim", a, b, "none") * w).sum()
+
+    in_place = _grad(fn, x, y)
+    monkeypatch.setattr(glue, "_in_place", lambda *a: False)
+    assert torch.equal(in_place, _grad(fn, x, y))
+
+
 def test_rescale_refuses_what_it_cannot_scale():
-    g = torch.zeros(2, 3, dtype=torch.float64)
-    with pytest.raises(ValueError, match="float32 gradient"):
+    g = torch.zeros(2, 3, 4, 5, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"float32 \[B, C, H, W\] gradient"):
         rescale.rescale_(g, torch.ones(2), 1.0)
-    with pytest.raises(ValueError, match="equal blocks"):
-        rescale.rescale_(torch.zeros(7), torch.ones(2), 1.0)
+    with pytest.raises(ValueError, match="one upstream per image or per image and channel"):
+        rescale.rescale_(torch.zeros(2, 3, 4, 5), torch.ones(5), 1.0)
+    with pytest.raises(ValueError, match="strides"):  # a plane-strided view: not dense per image
+        rescale.rescale_(torch.zeros(2, 3, 4, 10)[..., ::2], torch.ones(2), 1.0)

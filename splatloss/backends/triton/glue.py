@@ -10,7 +10,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 
 from .launch import MAX_WINDOW, out_size
-from .rescale import rescale_
+from .rescale import addressable, rescale_, scaled
 
 Tensor = torch.Tensor
 
@@ -255,31 +255,25 @@ def backward_from_unit_grads(
         return (gx if need1 else None, gy if need2 else None) + rest
     u = upstream.to(torch.float32)
     wanted = [(g, img) for g, img, need in ((gx, img1, need1), (gy, img2, need2)) if need]
-    if eager(u, *(g for g, _ in wanted)) and all(_in_place(g, img, u, dims) for g, img in wanted):
+    if eager(u, *(g for g, _ in wanted)) and all(_in_place(g, img, u) for g, img in wanted):
         ctx.unit_used = True
         return (rescale_(gx, u, expect) if need1 else None, rescale_(gy, u, expect) if need2 else None) + rest
-    if expect != 1.0:
-        u = u / expect  # exactly 1 where the upstream is the expected one
     u = u.reshape(u.shape + (1,) * (4 - dims))
-    return (_scaled(gx, u, img1.dtype) if need1 else None, _scaled(gy, u, img2.dtype) if need2 else None) + rest
+    return (
+        _scaled(gx, u, img1.dtype, expect) if need1 else None,
+        _scaled(gy, u, img2.dtype, expect) if need2 else None,
+    ) + rest
 
 
-def _in_place(g: Tensor, img: Tensor, u: Tensor, dims: int) -> bool:
+def _in_place(g: Tensor, img: Tensor, u: Tensor) -> bool:
     """Whether the kept gradient ``g`` of ``img`` can be scaled in place and handed on: the image
-    is float32 (the gradient's own dtype), ``g`` is dense with the upstream's leading indices
-    outermost in memory (per image: any dense layout; per image and channel: contiguous NCHW), on
-    the upstream's device."""
-    if img.dtype != torch.float32 or g.dtype != torch.float32 or g.device != u.device or u.numel() == 0:
-        return False
-    if dims == 2:
-        return g.is_contiguous()
-    dense = g.is_contiguous() or g.is_contiguous(memory_format=torch.channels_last)
-    return dense and (g.shape[0] == 1 or g.stride(0) * g.shape[0] == g.numel())
+    is float32 (the gradient's own dtype) and the kernel addresses ``g``'s layout
+    (:func:`.rescale.addressable`)."""
+    return img.dtype == torch.float32 and addressable(g, u)
 
 
-def _scaled(g: Tensor, u: Tensor, dtype: torch.dtype) -> Tensor:
-    """``(g * u).to(dtype)`` in one elementwise pass: the float32 product rounded once, as it is
-    stored (float16 / bfloat16 images: the product is never written in float32 first)."""
-    if dtype == g.dtype:
-        return g * u
-    return torch.mul(g, u, out=torch.empty_like(g, dtype=dtype))
+def _scaled(g: Tensor, u: Tensor, dtype: torch.dtype, expect: float) -> Tensor:
+    """``(g * (u / expect)).to(dtype)`` (:func:`.rescale.scaled`): for float16 / bfloat16 images
+    (whose ``expect`` is 1) one elementwise pass, the float32 product rounded once as it is stored,
+    never written in float32 first."""
+    return scaled(g, u, expect, torch.empty_like(g, dtype=dtype))
