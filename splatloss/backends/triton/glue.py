@@ -10,7 +10,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 
 from .launch import MAX_WINDOW, out_size
-from .rescale import addressable, rescale_, scaled
+from .rescale import addressable, f32_quotient, rescale_, scaled
 
 Tensor = torch.Tensor
 
@@ -210,7 +210,7 @@ def batch_mean_upstream(img: Tensor) -> float:
     eager path does with float32 images; elsewhere (``torch.compile`` or a ``torch.func`` transform,
     where the custom op runs; float16 / bfloat16 images, whose gradient is converted in any case)
     the backward scales out of place, and this is 1, so that no division joins that pass."""
-    return _inverse_f32(int(img.shape[0])) if eager() and img.dtype == torch.float32 else 1.0
+    return f32_quotient(1.0, int(img.shape[0])) if eager() and img.dtype == torch.float32 else 1.0
 
 
 def dssim_mean_upstream(img: Tensor) -> float:
@@ -220,13 +220,7 @@ def dssim_mean_upstream(img: Tensor) -> float:
     :func:`batch_mean_upstream`: eager with float32 images, else 1."""
     if not (eager() and img.dtype == torch.float32):
         return 1.0
-    return _inverse_f32(int(img.shape[0]), -1.0, int(img.shape[1]))
-
-
-@functools.lru_cache(maxsize=256)
-def _inverse_f32(n: int, sign: float = 1.0, then: int = 1) -> float:
-    one = torch.full((), sign, dtype=torch.float32)
-    return float((one / n / then).item())
+    return f32_quotient(-1.0, int(img.shape[0]), int(img.shape[1]))
 
 
 def backward_from_unit_grads(

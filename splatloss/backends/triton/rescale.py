@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .launch import device_guard, next_power_of_2
 
-__all__ = ["addressable", "reciprocal", "rescale_", "scaled"]
+__all__ = ["addressable", "f32_quotient", "rescale_", "scaled"]
 
 Tensor = torch.Tensor
 
@@ -68,10 +68,13 @@ def _rescale_kernel(
 
 
 @functools.lru_cache(maxsize=256)
-def reciprocal(expect: float) -> float:
-    """``1 / expect`` rounded to float32 (as both the kernel and :func:`scaled` use it)."""
-    one = torch.ones((), dtype=torch.float32)
-    return float((one / torch.tensor(expect, dtype=torch.float32)).item())
+def f32_quotient(numerator: float, *divisors: float) -> float:
+    """``numerator / divisors[0] / divisors[1] ...``, each step rounded to float32: as autograd's
+    mean backwards round the upstreams, and ``1 / expect`` as the kernel and :func:`scaled` use it."""
+    q = torch.full((), numerator, dtype=torch.float32)
+    for d in divisors:
+        q = q / d
+    return float(q.item())
 
 
 def _layout(g: Tensor, P: int):
@@ -116,7 +119,7 @@ def rescale_(g: Tensor, upstream: Tensor, expect: float) -> Tensor:
     nblk = triton.cdiv(n_per, BLOCK)
     with device_guard(g):
         _rescale_kernel[(blocks * nblk,)](
-            g, u, float(expect), reciprocal(float(expect)), n_per, nblk, ch,
+            g, u, float(expect), f32_quotient(1.0, float(expect)), n_per, nblk, ch,
             INTERLEAVED=ch > 1, CP2=max(2, next_power_of_2(ch)), BLOCK=BLOCK, num_warps=4,
         )  # fmt: skip
     return g
@@ -130,6 +133,6 @@ def scaled(g: Tensor, u: Tensor, expect: float, out: Tensor) -> Tensor:
         return torch.mul(g, u, out=out)
     k = u / expect
     big = k.isinf() & u.isfinite()
-    f1 = torch.where(big, torch.full_like(k, reciprocal(float(expect))), k)
+    f1 = torch.where(big, torch.full_like(k, f32_quotient(1.0, float(expect))), k)
     f2 = torch.where(big, u, torch.ones_like(u))
     return torch.mul(g * f1, f2, out=out)
