@@ -116,8 +116,8 @@ def _moments_columns(
     for j in tl.static_range((KEPT_ROWS + 2) * (K // 2)):
         tl.store(lane + j * BW, zero)
     # the window's first K - 1 rows complete no map row; then each row completes map row p. One loop
-    # (a constant-count loop for the first rows would be unrolled by ptxas, its SASS no longer the
-    # IR's loops that the cost tools match)
+    # for both: ptxas unrolls a loop of constant count, and tools/sass_cost.py counts the SASS by the
+    # loops of the IR, so the first rows stay in the loop with the others
     at = mo_ptr + 4 * ((bc.to(tl.int64) * Ho + p_r0) * WP + p_c)  # map row p's moments
     for i in tl.range(0, n_rows + K - 1, num_stages=1):
         # padded input row p_r0 - PAD + i enters; from i = K - 1 map row p = p_r0 + i - (K - 1) completes
