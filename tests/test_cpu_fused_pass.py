@@ -2,13 +2,14 @@
 the gradient for a unit upstream, and the backward scales it. The value must be the forward-only
 value bit for bit, the gradient the same whatever the threads, the column tiles or how many times
 the graph is walked, and an upstream the unit gradient cannot serve (SSIM and cs both used) must
-still get the exact gradient."""
+still get the exact gradient. The masked 3DGS loss too: its unit gradient divides by the mask's
+sums, read from the mask before the sweep, and must be the split backward's for an upstream of 1."""
 
 import pytest
 import torch
 
 from splatloss import backends
-from splatloss.backends.cpu import library
+from splatloss.backends.cpu import functions, library
 from splatloss.config import SSIMConfig
 
 CPU = backends.get("cpu")
@@ -21,9 +22,17 @@ def _pair(shape, seed=0):
     return x, (0.7 * x + 0.3 * torch.rand(shape, generator=g)).clamp(0, 1)
 
 
+def _mask_for(x):
+    """A soft (1, 1, H, W) mask with holes, the same for every call at a size."""
+    H, W = x.shape[-2:]
+    m = torch.rand((1, 1, H, W), generator=torch.Generator().manual_seed(1000 * H + W))
+    return torch.where(m < 0.25, torch.zeros_like(m), m)
+
+
 OPS = {
     "ssim": lambda x, y, cfg: CPU.ssim_stats(x, y, cfg)[0],
     "dssim_l1": lambda x, y, cfg: CPU.dssim_l1(x, y, cfg, 0.2),
+    "dssim_l1_masked": lambda x, y, cfg: CPU.dssim_l1(x, y, cfg, 0.2, mask=_mask_for(x)),
     "ms_ssim": lambda x, y, cfg: CPU.ms_ssim(x, y, cfg, WEIGHTS, tau=0.05),
 }
 
@@ -105,3 +114,27 @@ def test_ssim_and_cs_both_used_get_the_exact_gradient():
     sd, cd = backends.get("torch").ssim_stats(xd, y.double(), cfg)
     (gd,) = torch.autograd.grad((sd * 0.7 + cd * 1.3).sum(), xd)
     assert float((g.double() - gd).norm() / gd.norm()) < 1e-6  # measured 6e-8
+
+
+@pytest.mark.parametrize("padding", ["valid", "same"])
+@pytest.mark.parametrize("mask_shape", [(1, 1), (2, 1), (2, 3)])
+def test_the_masked_unit_gradient_is_the_split_backwards_for_an_upstream_of_one(padding, mask_shape):
+    """The fused masked pass against the forward + recomputing backward (the op traced code runs),
+    both images needing a gradient, masks shared or per image and channel, an empty channel
+    included: the same value and, for an upstream of 1, the same gradient bit for bit."""
+    cfg = SSIMConfig(padding=padding)
+    x, y = _pair((2, 3, 47, 58), seed=5)
+    m = torch.rand(mask_shape + (47, 58), generator=torch.Generator().manual_seed(6))
+    m = torch.where(m < 0.3, torch.zeros_like(m), m)
+    if mask_shape == (2, 3):
+        m[1, 2] = 0  # an empty channel: no gradient from its SSIM
+    results = []
+    for split in (False, True):
+        xs, ys = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+        xp, yp, mp, pad = functions.masked_padded(xs, ys, m, cfg)
+        args = (xp, yp, mp, cfg.window_1d(xp.dtype, "cpu"), cfg.C1, cfg.C2, pad, 0.2)
+        fn = functions._MDSSIML1Fn if split else functions._MDSSIML1FusedFn
+        v = fn.apply(*args)[0]
+        results.append((v.detach(),) + torch.autograd.grad(v.sum(), (xs, ys)))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)

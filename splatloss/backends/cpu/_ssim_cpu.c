@@ -1126,11 +1126,12 @@ static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
         vr ssim = lum * cs;
         vr c = ld(cw + j);
         vmask vm = (lane + j) < d.Wp;
-        if (mode == 0) {
+        if (sums) {
             acc_s += (vr)((vmask)(c * ssim) & vm);
             acc_c += (vr)((vmask)(c * cs) & vm);
             acc_z += c;
-        } else {
+        }
+        if (mode == 1) {
             vr hs = vgs * c, hc2 = vgc * c;
             vr beta2 = two * (-(hs * ssim + hc2 * cs) * iB2);
             vr gamma = two * (hs * lum + hc2) * iB2;
@@ -1152,7 +1153,7 @@ static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
             st(ao + 5 * qs, (vr)((vmask)Sy & vm));
         }
     }
-    if (mode == 0) {
+    if (sums) {
         double s = 0, cc = 0, z = 0;
         for (int i = 0; i < V; i++) { s += acc_s[i]; cc += acc_c[i]; z += acc_z[i]; }
         sums[0] += s;
@@ -1162,7 +1163,7 @@ static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
 }
 
 static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1c,
-                      int q0, int q1, int c_lo, int c_hi, REAL *gx, REAL *gy) {
+                      int q0, int q1, int c_lo, int c_hi, REAL *gx, REAL *gy, double *rows, int own0, int own1) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
     const REAL *g = w->g;
@@ -1180,7 +1181,8 @@ static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL 
         int mlo = q - K + 1 < 0 ? 0 : q - K + 1;
         while (next_m <= mhi) {
             mfill_rows(w, next_m, &next_in);
-            mmap_row(w, next_m, C1, C2, 1, NULL, gS, gC, need_x, need_y);
+            double *sums = rows && next_m >= own0 && next_m < own1 ? rows + 3 * (size_t)next_m : NULL;
+            mmap_row(w, next_m, C1, C2, 1, sums, gS, gC, need_x, need_y);
             next_m++;
         }
         const int L = d.Lin;
@@ -1254,12 +1256,19 @@ void splat_mssim_fwd(const REAL *x, const REAL *y, const REAL *mask, int H, int 
 }
 
 /* Masked backward: gradient rows [q0, q1) of one plane of
- * L = gS * sum(c ssim) + gC * sum(c cs) + l1c * sum m |x - y| (see splat_ssim_bwd for the rest). */
+ * L = gS * sum(c ssim) + gC * sum(c cs) + l1c * sum m |x - y| (see splat_ssim_bwd for the rest).
+ * rows != NULL (zeroed by the caller): the forward's sums in the same pass, rows[3 m .. 3 m + 2] +=
+ * splat_mssim_fwd's sums of map row m for the map rows this strip owns, [q0 + pad - K/2,
+ * q1 + pad - K/2) clipped to the map; the plane is then swept in whole rows (as splat_mssim_fwd
+ * sweeps it), so the sums are its numbers bit for bit. */
 void splat_mssim_bwd(const REAL *x, const REAL *y, const REAL *mask, int H, int W, const REAL *g, int K,
                      REAL C1, REAL C2, REAL gS, REAL gC, int q0, int q1, REAL *work,
-                     REAL *gx, REAL *gy, int tile, int pad, REAL l1c) {
+                     REAL *gx, REAL *gy, int tile, int pad, REAL l1c, double *rows) {
     const int Wl = W + 2 * pad;
-    const int T = tile > 0 ? tile : W;
+    const int T = tile > 0 && rows == NULL ? tile : W;
+    const int Hp = H + 2 * pad - K + 1, r = K / 2;
+    const int own0 = q0 + pad - r < 0 ? 0 : q0 + pad - r;
+    const int own1 = q1 + pad - r > Hp ? Hp : q1 + pad - r;
     for (int c0 = pad; c0 < pad + W; c0 += T) {
         int c1 = pad + W - c0 < T ? pad + W : c0 + T;
         int a = c0 - K + 1 < 0 ? 0 : c0 - K + 1;
@@ -1268,7 +1277,32 @@ void splat_mssim_bwd(const REAL *x, const REAL *y, const REAL *mask, int H, int 
         img_t im = {x, y, H, W, W, pad, a, 0};
         memset(work, 0, mws_elems(d) * sizeof(REAL));
         mws_t w = make_mws(d, im, mask, g, work, Wl - K + 1);
-        mbwd_tile(&w, H + 2 * pad, C1, C2, gS, gC, l1c, q0 + pad, q1 + pad, c0 - a, c1 - a, gx, gy);
+        mbwd_tile(&w, H + 2 * pad, C1, C2, gS, gC, l1c, q0 + pad, q1 + pad, c0 - a, c1 - a, gx, gy, rows, own0, own1);
+    }
+}
+
+/* The centre weights' sums of map rows [m0, m1) of one plane, out[m - m0] = splat_mssim_fwd's
+ * sum of c over the row, bit for bit (the same lanes in the same order): the masked means'
+ * denominators, known from the mask alone before a fused pass needs them. work: a row of
+ * rup(W + 2 pad) + V REALs. */
+void splat_mssim_centre_rows(const REAL *mask, int H, int W, int K, int m0, int m1, REAL *work, double *out,
+                             int pad) {
+    const int Wp = W + 2 * pad - K + 1;
+    const dims_t d = make_dims(W + 2 * pad, K);
+    img_t im = {NULL, NULL, H, W, W, pad, 0, 0};
+    mws_t w;
+    memset(&w, 0, sizeof w);
+    w.d = d;
+    w.im = im;
+    w.m = mask;
+    for (int m = m0; m < m1; m++) {
+        copy_mask(&w, work, m + K / 2, -pad + K / 2, Wp);
+        memset(work + Wp, 0, sizeof(REAL) * (d.Wpp - Wp));
+        vr acc = {0};
+        for (int j = 0; j < d.Wpp; j += V) acc += ld(work + j);
+        double z = 0;
+        for (int i = 0; i < V; i++) z += acc[i];
+        out[m - m0] = z;
     }
 }
 

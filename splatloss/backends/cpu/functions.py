@@ -109,10 +109,11 @@ def _function(name: str, forward, setup_context, backward):
     return type(name, (torch.autograd.Function,), methods)
 
 
-def _fused_function(name: str, fused, setup_context, backward):
+def _fused_function(name: str, fused, setup_context, backward, saved: int = 3):
     """The eager twin of a custom op that computes its gradient *in the forward pass*, for a unit
     upstream, when an input needs one: ``fused(ctx, *inputs)`` returns the output and leaves on
     ``ctx.unit`` what ``backward`` turns into the gradient by one multiplication per plane.
+    ``setup_context`` (called with no output) saves the first ``saved`` inputs, the tensors.
 
     Why: the gradient needs the same filtered statistics as the value; a forward that only reduces
     them and a backward that recomputes them pay for the statistics twice. The unit gradient is the
@@ -123,7 +124,8 @@ def _fused_function(name: str, fused, setup_context, backward):
 
     def forward(ctx, *inputs):
         setup_context(ctx, inputs, None)
-        ctx.fused, ctx.fused_args = fused, inputs[3:]  # inputs[:3] are saved: x, y, w
+        ctx.fused, ctx.fused_args = fused, inputs[saved:]  # inputs[:saved] are saved: x, y, (m,) w
+        ctx.fused_saved = saved
         return fused(ctx, *inputs)
 
     methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
@@ -139,9 +141,9 @@ def _take_unit(ctx, usable: bool):
     if not usable:
         return None
     if unit is None and getattr(ctx, "fused", None) is not None:
-        x, y, w = ctx.saved_tensors
+        tensors = ctx.saved_tensors[: ctx.fused_saved]
         with torch.no_grad():
-            ctx.fused(ctx, x, y, w, *ctx.fused_args)
+            ctx.fused(ctx, *tensors, *ctx.fused_args)
         unit, ctx.unit = ctx.unit, None
     return unit
 
@@ -814,15 +816,23 @@ def _(x, y, m, w, c1, c2, pad, lam):
 def _mdssim_l1_setup(ctx, inputs, output):
     x, y, m, w, c1, c2, pad, lam = inputs
     ctx.c1, ctx.c2, ctx.pad, ctx.lam = c1, c2, pad, lam
-    ctx.save_for_backward(x, y, m, w, output[1], output[2])
+    if output is None:  # the fused pass: it leaves z and den on ctx.weights
+        ctx.save_for_backward(x, y, m, w)
+    else:
+        ctx.save_for_backward(x, y, m, w, output[1], output[2])
 
 
 def _mdssim_l1_backward(ctx, g, _g_z, _g_den):
-    x, y, m, w, z, den = ctx.saved_tensors
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    unit = _take_unit(ctx, g is not None and (need_x or need_y) and not _torch_ops(g))
+    saved = ctx.saved_tensors
+    x, y, m, w = saved[:4]
+    z, den = saved[4:] if len(saved) > 4 else ctx.weights
     none = (None,) * 6
     if g is None or not (need_x or need_y):
         return (None, None) + none
+    if unit is not None:
+        return _scaled(unit, g[:, None, None, None]) + none  # the forward's d loss / d x, scaled per image
     C = x.shape[1]
     g_s = (-ctx.lam / C) * g[:, None].expand(-1, C)  # d loss / d masked mean SSIM of each plane
     g_l1 = ((1 - ctx.lam) * g * _safe_inv(den))[:, None].expand(-1, C)  # d loss / d sum m |x - y| of each plane
@@ -840,11 +850,42 @@ _mdssim_l1_op.register_autograd(_mdssim_l1_backward, setup_context=_mdssim_l1_se
 _MDSSIML1Fn = _function("_MDSSIML1Fn", _mdssim_l1_impl, _mdssim_l1_setup, _mdssim_l1_backward)
 
 
+def _mdssim_l1_fused(ctx, x, y, m, w, c1, c2, pad, lam):
+    """The masked loss and its gradient for a unit upstream in one sweep. The coefficients of the
+    SSIM and L1 sums divide by the centre weights' and the mask's sums, which the mask alone gives
+    (read before the sweep, the same numbers the forward computes), so they are the backward's for
+    an upstream of 1, computed the same way."""
+    need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
+    B, C = x.shape[:2]
+    lib = library.require(x.dtype, w.numel())
+    num, den = library.masked_l1_sums(lib, x, y, m)
+    num, den = num.sum(dim=1), den.sum(dim=1)  # per image, over channels and pixels
+    zt = library.masked_centre_sums(lib, m, B, C, w.numel(), pad).to(x.dtype)
+    dent = den.to(x.dtype)
+    one = torch.ones(B, dtype=x.dtype)
+    g_s = ((-lam / C) * one[:, None].expand(-1, C)) * _safe_inv(zt)  # as _mdssim_l1_backward's, for g = 1
+    g_l1 = ((1 - lam) * one * _safe_inv(dent))[:, None].expand(-1, C)
+    gx, gy, ss, _, z = library.masked_backward(
+        lib, x, y, m, w, c1, c2, g_s.contiguous(), torch.zeros_like(g_s), need_x, need_y, pad,
+        g_l1.contiguous(), with_forward=True,
+    )  # fmt: skip
+    ctx.unit = (gx, gy)
+    ctx.weights = (z.to(x.dtype), dent)
+    s, _ = _masked_means(ss, ss, z, x.dtype)
+    l1 = (num * _safe_inv(den)).to(x.dtype)
+    return (1 - lam) * l1 + lam * (1 - s.mean(dim=1)), z.to(x.dtype), dent
+
+
+_MDSSIML1FusedFn = _fused_function("_MDSSIML1FusedFn", _mdssim_l1_fused, _mdssim_l1_setup, _mdssim_l1_backward, saved=4)
+
+
 def masked_dssim_l1(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig, lam: float) -> Tensor:
     """Per image ``(1 - lam) * L1 + lam * (1 - SSIM)`` ``[B]`` under the masked semantics, ``L1 =
     sum m |x - y| / sum m`` over channels and pixels (0 for an empty mask). "valid" and "same" run
-    fused in one kernel pass each way; "reflect" adds a torch masked L1 to the kernel's SSIM (its
-    mirrored copy must not enter the L1)."""
+    fused: eagerly with an input that needs a gradient, the value and the unit gradient in one sweep
+    (:func:`_mdssim_l1_fused`), else one kernel pass each way; "reflect" adds a torch masked L1 to
+    the kernel's SSIM (its mirrored copy must not enter the L1)."""
     if cfg.padding == "reflect":  # one cast first: the two terms' gradients add up in float32
         img1, img2 = to_accumulation_dtype(img1), to_accumulation_dtype(img2)
         mf = mask.to(img1.dtype).expand(img1.shape)
@@ -855,5 +896,8 @@ def masked_dssim_l1(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig, l
     x, y, m, pad = masked_padded(img1, img2, mask, cfg)
     w = cfg.window_1d(x.dtype, "cpu")
     args = (x, y, m, w, cfg.C1, cfg.C2, pad, float(lam))
-    out, _, _ = _mdssim_l1_op(*args) if _tracing(x, y) else _MDSSIML1Fn.apply(*args)
+    if _tracing(x, y):
+        out, _, _ = _mdssim_l1_op(*args)
+    else:
+        out, _, _ = (_MDSSIML1FusedFn if _wants_fused(x, y) else _MDSSIML1Fn).apply(*args)
     return out

@@ -36,6 +36,8 @@ __all__ = [
     "l1_means",
     "masked_forward",
     "masked_backward",
+    "masked_centre_sums",
+    "masked_l1_sums",
     "down2",
     "down2_backward",
     "fma_peak",
@@ -75,7 +77,9 @@ def _load(dtype: torch.dtype, taps: int):
     lib.splat_mssim_fwd.restype = None
     lib.splat_mssim_fwd.argtypes = [P, P, P, I, I, P, I, R, R, I, I, P, P, I, I]
     lib.splat_mssim_bwd.restype = None
-    lib.splat_mssim_bwd.argtypes = [P, P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I, I, R]
+    lib.splat_mssim_bwd.argtypes = [P, P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I, I, R, P]
+    lib.splat_mssim_centre_rows.restype = None
+    lib.splat_mssim_centre_rows.argtypes = [P, I, I, I, I, I, P, P, I]
     lib.splat_masked_l1_rows.restype = None
     lib.splat_masked_l1_rows.argtypes = [P, P, P, I, I, P]
     lib.splat_l1_rows.restype = None
@@ -374,13 +378,45 @@ def masked_forward(
     sums = rows.sum(dim=1).view(B, C, 3)  # summed in float64 in a fixed order
     out = (sums[..., 0], sums[..., 1], sums[..., 2])
     if l1:
-        l1rows = torch.empty(P, H, 2, dtype=torch.float64)
-        for p in range(P):
-            off = p * H * W * esz
-            lib.splat_masked_l1_rows(xp + off, yp + off, mp + moff(p), H, W, l1rows.data_ptr() + p * H * 16)
-        l1sums = l1rows.sum(dim=1).view(B, C, 2)
-        out += (l1sums[..., 0], l1sums[..., 1])
+        out += masked_l1_sums(lib, x, y, m)
     return out
+
+
+def masked_l1_sums(lib, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor):
+    """``(sum m |x - y|, sum m)`` per plane ``[B, C]`` in float64 (arguments as in
+    :func:`masked_forward`; no padding: the L1 term is over the pixels)."""
+    B, C, H, W = x.shape
+    P, esz = B * C, x.element_size()
+    xp, yp, mp = x.data_ptr(), y.data_ptr(), m.data_ptr()
+    moff = _mask_plane(m, B, C)
+    l1rows = torch.empty(P, H, 2, dtype=torch.float64)
+    for p in range(P):
+        off = p * H * W * esz
+        lib.splat_masked_l1_rows(xp + off, yp + off, mp + moff(p), H, W, l1rows.data_ptr() + p * H * 16)
+    l1sums = l1rows.sum(dim=1).view(B, C, 2)
+    return l1sums[..., 0], l1sums[..., 1]
+
+
+def masked_centre_sums(lib, m: torch.Tensor, B: int, C: int, K: int, pad: int = 0) -> torch.Tensor:
+    """The centre weights' sums ``[B, C]`` (float64) of the planes of ``B x C`` images under the mask
+    ``m`` ``(B|1, C|1, H, W)``: :func:`masked_forward`'s third sums, bit for bit, from the mask
+    alone (one read of each distinct mask plane)."""
+    _, _, H, W = m.shape
+    Hp, Wp = H + 2 * pad - K + 1, W + 2 * pad - K + 1
+    moff = _mask_plane(m, B, C)
+    work = torch.empty((Wp + 2 * 64) // 64 * 64 + 64, dtype=m.dtype)  # a vector-padded map row
+    rows = torch.empty(Hp, dtype=torch.float64)
+    done: dict = {}
+    out = torch.empty(B * C, dtype=torch.float64)
+    for p in range(B * C):
+        o = moff(p)
+        if o not in done:
+            lib.splat_mssim_centre_rows(m.data_ptr() + o, H, W, K, 0, Hp, work.data_ptr(), rows.data_ptr(), pad)
+            laid = torch.zeros(1, Hp, 3, dtype=torch.float64)  # masked_forward's layout and reduction
+            laid[0, :, 2] = rows
+            done[o] = laid.sum(dim=1)[0, 2]
+        out[p] = done[o]
+    return out.view(B, C)
 
 
 def masked_backward(
@@ -397,10 +433,15 @@ def masked_backward(
     need_y: bool,
     pad: int = 0,
     gl1: Optional[torch.Tensor] = None,
+    with_forward: bool = False,
 ):
     """Gradients of ``sum(gs * sum(c ssim) + gc * sum(c cs) + gl1 * sum(m |x - y|))`` (coefficients
     per plane ``[B, C]``, sums over each plane's map / pixels) w.r.t. ``x`` and ``y`` (None where not
-    needed); arguments as in :func:`masked_forward`."""
+    needed); arguments as in :func:`masked_forward`.
+
+    ``with_forward``: the forward in the same pass, ``(gx, gy, sum c ssim, sum c cs, sum c)`` with
+    the sums bit for bit :func:`masked_forward`'s (the plane is then swept in whole rows, as the
+    forward sweeps it)."""
     B, C, H, W = x.shape
     K = window.numel()
     P = B * C
@@ -410,8 +451,11 @@ def masked_backward(
     gx = torch.empty_like(x) if need_x else None
     gy = torch.empty_like(y) if need_y else None
     ns = _strips(H, P)
-    tile = BWD_TILE if W > 2.5 * BWD_TILE else 0
+    tile = BWD_TILE if W > 2.5 * BWD_TILE and not with_forward else 0
     nws = lib.splat_mssim_workspace(W + 2 * pad, K, tile)
+    Hp = H + 2 * pad - K + 1
+    rows = torch.zeros(P, Hp, 3, dtype=torch.float64) if with_forward else None  # per map row, as the forward's
+    rp = rows.data_ptr() if with_forward else 0
     workspaces = threading.local()
     esz = x.element_size()
     xp, yp, mp, gp = x.data_ptr(), y.data_ptr(), m.data_ptr(), window.data_ptr()
@@ -446,9 +490,13 @@ def masked_backward(
             tile,
             pad,
             gll[p],
+            (rp + p * Hp * 24) if with_forward else None,
         )
 
     _run(task, P * ns)
+    if with_forward:
+        sums = rows.sum(dim=1).view(B, C, 3)  # summed in float64 in masked_forward's order
+        return gx, gy, sums[..., 0], sums[..., 1], sums[..., 2]
     return gx, gy
 
 
