@@ -1043,7 +1043,7 @@ static void mhfilter(mws_t *w, int r, int slot) {
         const vr sx = ld(dst + 5 * qs), sy = ld(dst + 6 * qs);
         vr s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0};
         for (int k = 0; k < K; k++) {
-            vr gk = bc(w->g[k]);
+            vr gk = tap(w->g + k);
             vr mk = ld(bm + j + k);
             vr a = ld(bx + j + k) - sx, b = ld(by + j + k) - sy;
             vr ma = mk * a, mb = mk * b;
@@ -1100,7 +1100,7 @@ static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
         vr fw = {0}, fx = {0}, fy = {0}, fss = {0}, fxy = {0};
         for (int k = 0; k < K; k++) {
             const REAL *h = hp[k] + MQ * j;
-            vr gk = bc(w->g[k]);
+            vr gk = tap(w->g + k);
             vr hm = ld(h), h1x = ld(h + qs), h1y = ld(h + 2 * qs);
             vr tx = ld(h + 5 * qs) - Sx, ty = ld(h + 6 * qs) - Sy;
             vr ax = h1x + tx * hm, ay = h1y + ty * hm;
@@ -1212,7 +1212,7 @@ static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL 
             const vr xv = ld(bx + j), yv = ld(by + j), mv = ld(bm + j);
             vr gxv = {0}, gyv = {0};
             for (int t = 0; t < K; t++) {
-                vr gk = bc(g[K - 1 - t]);
+                vr gk = tap(g + K - 1 - t);
                 const REAL *v = w->vrow + j + t, *s = srow + j + t;
                 vr B = ld(v), G = ld(v + d.Lv);
                 vr dx = xv - ld(s), dy = yv - ld(s + d.Lv);
