@@ -2,8 +2,9 @@
 the gradient for a unit upstream, and the backward scales it. The value must be the forward-only
 value bit for bit, the gradient the same whatever the threads, the column tiles or how many times
 the graph is walked, and an upstream the unit gradient cannot serve (SSIM and cs both used) must
-still get the exact gradient. The masked 3DGS loss too: its unit gradient divides by the mask's
-sums, read from the mask before the sweep, and must be the split backward's for an upstream of 1."""
+still get the exact gradient. The masked 3DGS loss and masked SSIM mean too: their unit gradients
+divide by the mask's sums, read from the mask before the sweep, and must be the split backward's
+for an upstream of 1."""
 
 import pytest
 import torch
@@ -33,6 +34,7 @@ OPS = {
     "ssim": lambda x, y, cfg: CPU.ssim_stats(x, y, cfg)[0],
     "dssim_l1": lambda x, y, cfg: CPU.dssim_l1(x, y, cfg, 0.2),
     "dssim_l1_masked": lambda x, y, cfg: CPU.dssim_l1(x, y, cfg, 0.2, mask=_mask_for(x)),
+    "ssim_masked": lambda x, y, cfg: CPU.ssim_mean(x, y, cfg, _mask_for(x)),
     "ms_ssim": lambda x, y, cfg: CPU.ms_ssim(x, y, cfg, WEIGHTS, tau=0.05),
 }
 
@@ -138,3 +140,27 @@ def test_the_masked_unit_gradient_is_the_split_backwards_for_an_upstream_of_one(
         results.append((v.detach(),) + torch.autograd.grad(v.sum(), (xs, ys)))
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+def test_masked_ssim_and_cs_both_used_get_the_exact_gradient():
+    """The masked fused pass's unit gradient is the SSIM mean's; an upstream on the cs mean too
+    takes the recomputing backward (compared with the float64 torch ops of the shared fallback)."""
+    x, y = _pair((1, 2, 48, 52), seed=4)
+    m = _mask_for(x)
+    cfg = SSIMConfig(padding="same")
+    xs = x.clone().requires_grad_(True)
+    s, c = functions.masked_ssim_stats(xs, y, m, cfg, fused=True)
+    (g,) = torch.autograd.grad((s * 0.7 + c * 1.3).sum(), xs)
+    xd = x.double().requires_grad_(True)
+    sd, cd = backends.get("torch").masked_ssim_stats(xd, y.double(), m.double(), cfg)
+    (gd,) = torch.autograd.grad((sd * 0.7 + cd * 1.3).sum(), xd)
+    assert float((g.double() - gd).norm() / gd.norm()) < 1e-6
+    # and the SSIM mean alone through the unit gradient, scaled per plane
+    xs = x.clone().requires_grad_(True)
+    s, _ = functions.masked_ssim_stats(xs, y, m, cfg, fused=True)
+    up = torch.tensor([[0.4, 1.7]])
+    (g,) = torch.autograd.grad((s * up).sum(), xs)
+    xd = x.double().requires_grad_(True)
+    sd, _ = backends.get("torch").masked_ssim_stats(xd, y.double(), m.double(), cfg)
+    (gd,) = torch.autograd.grad((sd * up.double()).sum(), xd)
+    assert float((g.double() - gd).norm() / gd.norm()) < 1e-6

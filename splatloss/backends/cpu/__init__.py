@@ -115,6 +115,13 @@ class CPUBackend(Backend):
             return masked.masked_ssim_stats(img1, img2, mask, cfg)
         return functions.masked_ssim_stats(img1, img2, mask, cfg)
 
+    def ssim_mean(self, img1, img2, cfg: SSIMConfig, mask=None):
+        """The SSIM mean alone: masked, its gradient computed in the forward's sweep when an input
+        needs one (MS-SSIM's scales, which use the cs mean, take :meth:`masked_ssim_stats`)."""
+        if mask is None or _torch_ops_only(img1, img2):
+            return super().ssim_mean(img1, img2, cfg, mask)
+        return functions.masked_ssim_stats(img1, img2, mask, cfg, fused=True)[0]
+
     def ssim_mean_and_grad(self, img1, img2, cfg: SSIMConfig, upstream, mask=None):
         if mask is not None or img1.shape[0] == 0:
             return super().ssim_mean_and_grad(img1, img2, cfg, upstream, mask)

@@ -760,15 +760,26 @@ def _(x, y, m, w, c1, c2, pad):
 def _mstats_setup(ctx, inputs, output):
     x, y, m, w, c1, c2, pad = inputs
     ctx.c1, ctx.c2, ctx.pad = c1, c2, pad
-    ctx.save_for_backward(x, y, m, w, output[2])
+    if output is None:  # the fused pass: it leaves z on ctx.weights
+        ctx.save_for_backward(x, y, m, w)
+    else:
+        ctx.save_for_backward(x, y, m, w, output[2])
 
 
 def _mstats_backward(ctx, g_s, g_c, _g_z):
-    x, y, m, w, z = ctx.saved_tensors
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    # the fused forward's unit gradient is that of the SSIM mean: usable when cs has no upstream
+    usable = (need_x or need_y) and g_s is not None and not _torch_ops(g_s) and not _tracing(g_s)
+    usable = usable and (g_c is None or not bool(g_c.any()))
+    unit = _take_unit(ctx, usable)
+    saved = ctx.saved_tensors
+    x, y, m, w = saved[:4]
+    z = saved[4] if len(saved) > 4 else ctx.weights
     none = (None,) * 5
     if (g_s is None and g_c is None) or not (need_x or need_y):
         return (None, None) + none
+    if unit is not None:
+        return _scaled(unit, g_s[..., None, None]) + none  # the forward's d mean-SSIM / d x, scaled
     if _torch_ops(g_s, g_c):
         return _masked_torch_ops_grads(x, y, m, w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y) + none
     inv = _safe_inv(z)
@@ -782,12 +793,41 @@ _mstats_op.register_autograd(_mstats_backward, setup_context=_mstats_setup)
 _MStatsFn = _function("_MStatsFn", _mstats_impl, _mstats_setup, _mstats_backward)
 
 
-def masked_ssim_stats(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig) -> Tuple[Tensor, Tensor]:
-    """Masked ``(ssim_mean, cs_mean)`` [B, C] through the kernel (the mask gets no gradient)."""
+def _mstats_fused(ctx, x, y, m, w, c1, c2, pad):
+    """The masked means and the SSIM mean's gradient per plane in one sweep: its coefficient divides
+    by the centre weights' sum, which the mask alone gives (read before the sweep, the forward's
+    numbers), so it is the backward's for an upstream of 1 on the SSIM mean."""
+    need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
+    B, C = x.shape[:2]
+    lib = library.require(x.dtype, w.numel())
+    zt = library.masked_centre_sums(lib, m, B, C, w.numel(), pad).to(x.dtype)
+    g_s = torch.ones(B, C, dtype=x.dtype) * _safe_inv(zt)  # as _mstats_backward's, for g_s = 1
+    gx, gy, ss, cc, z = library.masked_backward(
+        lib, x, y, m, w, c1, c2, g_s, torch.zeros_like(g_s), need_x, need_y, pad, with_forward=True
+    )
+    ctx.unit = (gx, gy)  # d mean-SSIM / d x and / d y, plane by plane
+    ctx.weights = z.to(x.dtype)
+    s, c = _masked_means(ss, cc, z, x.dtype)
+    return s, c, z.to(x.dtype)
+
+
+_MStatsFusedFn = _fused_function("_MStatsFusedFn", _mstats_fused, _mstats_setup, _mstats_backward, saved=4)
+
+
+def masked_ssim_stats(
+    img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig, fused: bool = False
+) -> Tuple[Tensor, Tensor]:
+    """Masked ``(ssim_mean, cs_mean)`` [B, C] through the kernel (the mask gets no gradient).
+    ``fused``: the caller differentiates the SSIM mean alone (``ssim``, not MS-SSIM's cs terms), so
+    an eager call whose input needs a gradient computes it in the forward's sweep."""
     x, y, m, pad = masked_padded(img1, img2, mask, cfg)
     w = cfg.window_1d(x.dtype, "cpu")
     args = (x, y, m, w, cfg.C1, cfg.C2, pad)
-    s, c, _ = _mstats_op(*args) if _tracing(x, y) else _MStatsFn.apply(*args)
+    if _tracing(x, y):
+        s, c, _ = _mstats_op(*args)
+    else:
+        s, c, _ = (_MStatsFusedFn if fused and _wants_fused(x, y) else _MStatsFn).apply(*args)
     return s, c
 
 
@@ -891,7 +931,7 @@ def masked_dssim_l1(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig, l
         mf = mask.to(img1.dtype).expand(img1.shape)
         num = (mf * (img1 - img2).abs()).sum(dim=(1, 2, 3))
         l1 = num * _safe_inv(mf.sum(dim=(1, 2, 3)))
-        s, _ = masked_ssim_stats(img1, img2, mask, cfg)
+        s, _ = masked_ssim_stats(img1, img2, mask, cfg, fused=True)
         return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
     x, y, m, pad = masked_padded(img1, img2, mask, cfg)
     w = cfg.window_1d(x.dtype, "cpu")
