@@ -83,6 +83,25 @@ def test_column_tiles_and_row_strips_own_each_map_pixel_once(monkeypatch, op):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("padding", ["valid", "same"])
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_in_column_tiles_and_strips_the_value_is_still_the_forwards(monkeypatch, op, padding):
+    """Tiles and strips change how the sums are grouped; the forward alone and the fused pass
+    (the L1 sums of D-SSIM + L1 taken as its gradient rows pass) must still group them alike."""
+    cfg = SSIMConfig(padding=padding)
+    x, y = _pair((1, 2, 150, 137), seed=7)
+    monkeypatch.setattr(library, "BWD_TILE", 24)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        with torch.no_grad():
+            plain = OPS[op](x, y, cfg)
+        fused = _value_and_grads(op, x, y, cfg)[0]
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(plain, fused)
+
+
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_threads_do_not_change_a_bit(op):
     x, y = _pair((1, 2, 150, 67), seed=1)

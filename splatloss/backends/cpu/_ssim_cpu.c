@@ -576,12 +576,24 @@ static inline __attribute__((always_inline)) void vadjoint2(const REAL *const *a
     }
 }
 
+/* |d| in the lanes whose column (col) lies in [lo, hi), +0 in the others (a NaN there too). */
+static inline vr abs_own(vr d, vmask col, int lo, int hi) {
+    vmask neg = d < (vr){0}, own = (col >= lo) & (col < hi);
+    return (vr)((((vmask)d & ~neg) | ((vmask)(-d) & neg)) & own);
+}
+
+static inline double lane_sum(vr v) {
+    double s = 0;
+    for (int i = 0; i < V; i++) s += v[i];
+    return s;
+}
+
 /* Horizontal adjoint of gradient row q from its vertical sums (vrow set `vr0`, K-1 zeros before
  * them) and its shifts (sr0, likewise placed), and the gradient row written out:
  *   gx(j) = sum_j0 g (Ax(j0) + beta2(j0) (x(j) - sx(j0)) + gamma(j0) (y(j) - sy(j0))),  gy likewise. */
 static inline __attribute__((always_inline)) void hadjoint_row_(ws_t *w, int q, const REAL *vr0, const REAL *sr0,
                                                                  REAL l1c, int c_lo, int c_hi, int need_x,
-                                                                 int need_y, REAL *gx, REAL *gy) {
+                                                                 int need_y, REAL *gx, REAL *gy, double *l1sum) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
     const REAL *g = w->g;
@@ -591,9 +603,13 @@ static inline __attribute__((always_inline)) void hadjoint_row_(ws_t *w, int q, 
     REAL *ox = w->grow, *oy = w->grow + d.Wo;
     const vr l1 = bc(l1c), one = bc(1);
     const int qy = 2 + need_x;
+    vmask lane;
+    for (int i = 0; i < V; i++) lane[i] = i;
+    vr l1acc = {0};
     for (int j = c_lo / V * V; j < c_hi; j += V) {
         const vr xv = ld(bx + j), yv = ld(by + j);
         vr gxv = {0}, gyv = {0};
+        if (l1sum) l1acc += abs_own(xv - yv, lane + j, c_lo, c_hi);
         for (int t = 0; t < K; t++) {
             vr gk = tap(g + K - 1 - t);
             const REAL *v = vr0 + j + t, *s = sr0 + j + t;
@@ -610,18 +626,20 @@ static inline __attribute__((always_inline)) void hadjoint_row_(ws_t *w, int q, 
         if (need_x) st(ox + j, gxv);
         if (need_y) st(oy + j, gyv);
     }
+    if (l1sum) *l1sum += lane_sum(l1acc);
     const img_t im = w->im;
     const size_t o = (size_t)(q - im.pad) * im.ld + (im.col0 + c_lo - im.pad);
     if (need_x) memcpy(gx + o, ox + c_lo, sizeof(REAL) * (c_hi - c_lo));
     if (need_y) memcpy(gy + o, oy + c_lo, sizeof(REAL) * (c_hi - c_lo));
 }
 
-/* hadjoint_row_ with the image flags as constants (no test in its tap loop). */
+/* hadjoint_row_ with the image flags as constants (no test in its tap loop). l1sum != NULL: add the
+ * row's sum of |x - y| over the columns [c_lo, c_hi) to *l1sum (splat_l1_rows_tiled's lanes). */
 static void hadjoint_row(ws_t *w, int q, const REAL *vr0, const REAL *sr0, REAL l1c, int c_lo, int c_hi,
-                         int need_x, int need_y, REAL *gx, REAL *gy) {
-    if (need_x && need_y) hadjoint_row_(w, q, vr0, sr0, l1c, c_lo, c_hi, 1, 1, gx, gy);
-    else if (need_x) hadjoint_row_(w, q, vr0, sr0, l1c, c_lo, c_hi, 1, 0, gx, gy);
-    else hadjoint_row_(w, q, vr0, sr0, l1c, c_lo, c_hi, 0, 1, gx, gy);
+                         int need_x, int need_y, REAL *gx, REAL *gy, double *l1sum) {
+    if (need_x && need_y) hadjoint_row_(w, q, vr0, sr0, l1c, c_lo, c_hi, 1, 1, gx, gy, l1sum);
+    else if (need_x) hadjoint_row_(w, q, vr0, sr0, l1c, c_lo, c_hi, 1, 0, gx, gy, l1sum);
+    else hadjoint_row_(w, q, vr0, sr0, l1c, c_lo, c_hi, 0, 1, gx, gy, l1sum);
 }
 
 /* Map rows [m0, m1) of the tile: adds each row's sums over the own columns to out[2 m], out[2 m + 1]. */
@@ -652,7 +670,7 @@ static void copy_shifts(const ws_t *w, int q, REAL *s) {
  * reaches columns [c_lo, c_hi). gx / gy point at the physical planes. */
 static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1c,
                      int q0, int q1, int c_lo, int c_hi, REAL *gx, REAL *gy,
-                     double *rows, int own0, int own1, int olo, int ohi) {
+                     double *rows, int own0, int own1, int olo, int ohi, double *l1rows) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
     const REAL *g = w->g;
@@ -665,6 +683,7 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
     REAL *sb = srow0 + (K - 1), *sb1 = srow1 + (K - 1);
     int next_in = q0 - K + 1 < 0 ? 0 : q0 - K + 1;
     int next_m = next_in;
+#define L1ROW(q) (l1rows ? l1rows + ((q) - w->im.pad) : NULL)  /* logical row q's image row */
 
     for (int q = q0; q < q1;) {
         /* two gradient rows at once where both see K map rows */
@@ -691,8 +710,8 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
             if (need_x && need_y) vadjoint2(ap, g, K, 1, 1, qs, d.Wpp, d.Lv, sb, sb1, vb, vb1);
             else if (need_x) vadjoint2(ap, g, K, 1, 0, qs, d.Wpp, d.Lv, sb, sb1, vb, vb1);
             else vadjoint2(ap, g, K, 0, 1, qs, d.Wpp, d.Lv, sb, sb1, vb, vb1);
-            hadjoint_row(w, q, w->vrow, srow0, l1c, c_lo, c_hi, need_x, need_y, gx, gy);
-            hadjoint_row(w, q + 1, vrow1, srow1, l1c, c_lo, c_hi, need_x, need_y, gx, gy);
+            hadjoint_row(w, q, w->vrow, srow0, l1c, c_lo, c_hi, need_x, need_y, gx, gy, L1ROW(q));
+            hadjoint_row(w, q + 1, vrow1, srow1, l1c, c_lo, c_hi, need_x, need_y, gx, gy, L1ROW(q + 1));
             q += 2;
             continue;
         }
@@ -713,10 +732,12 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
         } else {
             vadjoint(ap, gw, n, need_x, need_y, qs, d.Wpp, d.Lv, sb, vb);
         }
-        hadjoint_row(w, q, w->vrow, srow0, l1c, c_lo, c_hi, need_x, need_y, gx, gy);
+        hadjoint_row(w, q, w->vrow, srow0, l1c, c_lo, c_hi, need_x, need_y, gx, gy, L1ROW(q));
         q++;
     }
 }
+
+#undef L1ROW
 
 /* One plane (H x W, contiguous, seen with `pad` zero rows / columns around it), swept in column
  * tiles of `tile` gradient columns (tile <= 0: whole rows). A tile covers the logical image columns
@@ -727,7 +748,7 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
  * column 0), so every tile forms the same moments. */
 static void plane_tiles(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K, REAL C1, REAL C2,
                         REAL gS, REAL gC, REAL l1c, int r0, int r1, REAL *work, REAL *gx, REAL *gy, int tile,
-                        int pad, double *rows, int grad) {
+                        int pad, double *rows, int grad, double *l1rows) {
     const int Wl = W + 2 * pad, Hl = H + 2 * pad;
     const int Wp = Wl - K + 1, Hp = Hl - K + 1, r = K / 2;
     const int T = tile > 0 ? tile : W;
@@ -751,7 +772,7 @@ static void plane_tiles(const REAL *x, const REAL *y, int H, int W, const REAL *
             int own0 = r0 + pad - r < 0 ? 0 : r0 + pad - r;
             int own1 = r1 + pad - r > Hp ? Hp : r1 + pad - r;
             bwd_tile(&w, Hl, C1, C2, gS, gC, l1c, r0 + pad, r1 + pad, c0 - a, c1 - a, gx, gy, rows, own0, own1,
-                     olo - a, ohi - a);
+                     olo - a, ohi - a, l1rows);
         }
     }
 }
@@ -761,7 +782,7 @@ static void plane_tiles(const REAL *x, const REAL *y, int H, int W, const REAL *
  * zeroed by the caller; `tile` as in splat_ssim_bwd, which gives the same sums). */
 void splat_ssim_fwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
                     REAL C1, REAL C2, int m0, int m1, REAL *work, double *out, int tile, int pad) {
-    plane_tiles(x, y, H, W, g, K, C1, C2, 0, 0, 0, m0, m1, work, NULL, NULL, tile, pad, out, 0);
+    plane_tiles(x, y, H, W, g, K, C1, C2, 0, 0, 0, m0, m1, work, NULL, NULL, tile, pad, out, 0, NULL);
 }
 
 /* Gradient rows [q0, q1) of one plane (H x W, seen with `pad` zero rows / columns around it) of
@@ -773,25 +794,45 @@ void splat_ssim_fwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, i
  * owns, [q0 + pad - K/2, q1 + pad - K/2) clipped to the map, exactly as splat_ssim_fwd adds them. */
 void splat_ssim_bwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
                     REAL C1, REAL C2, REAL gS, REAL gC, int q0, int q1, REAL *work,
-                    REAL *gx, REAL *gy, int tile, int pad, REAL l1c, double *rows) {
-    plane_tiles(x, y, H, W, g, K, C1, C2, gS, gC, l1c, q0, q1, work, gx, gy, tile, pad, rows, 1);
+                    REAL *gx, REAL *gy, int tile, int pad, REAL l1c, double *rows, double *l1rows) {
+    plane_tiles(x, y, H, W, g, K, C1, C2, gS, gC, l1c, q0, q1, work, gx, gy, tile, pad, rows, 1, l1rows);
 }
 
-/* Per-row sums of |x - y| of one plane: out[r] = sum_j |x(r, j) - y(r, j)| (the L1 term). */
-void splat_l1_rows(const REAL *x, const REAL *y, int H, int W, double *out) {
-    for (int r = 0; r < H; r++) {
-        const REAL *a = x + (size_t)r * W, *b = y + (size_t)r * W;
-        vr acc = {0};
-        int j = 0;
-        for (; j + V <= W; j += V) {
-            vr dlt = ld(a + j) - ld(b + j);
-            vmask neg = dlt < 0;
-            acc += (vr)(((vmask)dlt & ~neg) | ((vmask)(-dlt) & neg));  /* |d| */
+/* Per-row sums of |x - y| of one plane, out[i] += the sum over row i, in the lanes and the order of
+ * splat_ssim_bwd's l1rows (the same column tiles; each tile's vectors counted from its first
+ * logical column, the lanes outside its own columns dropped), so a forward alone and the fused pass
+ * give the same numbers. out zeroed by the caller. */
+void splat_l1_rows_tiled(const REAL *x, const REAL *y, int H, int W, int K, int tile, int pad, double *out) {
+    const int T = tile > 0 ? tile : W;
+    vmask lane;
+    for (int i = 0; i < V; i++) lane[i] = i;
+    REAL bx[V_LANES], by[V_LANES];
+    for (int c0 = pad; c0 < pad + W; c0 += T) {
+        const int c1 = pad + W - c0 < T ? pad + W : c0 + T;
+        const int a = c0 - K + 1 < 0 ? 0 : c0 - K + 1;
+        const int c_lo = c0 - a, c_hi = c1 - a;
+        for (int i = 0; i < H; i++) {
+            const REAL *xr = x + (size_t)i * W, *yr = y + (size_t)i * W;
+            vr acc = {0};
+            for (int j = c_lo / V * V; j < c_hi; j += V) {
+                const int p0 = a + j - pad;  /* the image column of lane 0 */
+                vr xv, yv;
+                if (p0 >= 0 && p0 + V <= W) {
+                    xv = ld(xr + p0);
+                    yv = ld(yr + p0);
+                } else {  /* lanes past the image: not its own, dropped below */
+                    for (int l = 0; l < V; l++) {
+                        const int pc = p0 + l;
+                        bx[l] = pc >= 0 && pc < W ? xr[pc] : 0;
+                        by[l] = pc >= 0 && pc < W ? yr[pc] : 0;
+                    }
+                    xv = ld(bx);
+                    yv = ld(by);
+                }
+                acc += abs_own(xv - yv, lane + j, c_lo, c_hi);
+            }
+            out[i] += lane_sum(acc);
         }
-        double s = 0;
-        for (int i = 0; i < V; i++) s += acc[i];
-        for (; j < W; j++) s += a[j] > b[j] ? a[j] - b[j] : b[j] - a[j];
-        out[r] = s;
     }
 }
 

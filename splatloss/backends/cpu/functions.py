@@ -352,8 +352,9 @@ def _dssim_l1_fused(ctx, x, y, w, c1, c2, pad, lam):
     lib = library.require(x.dtype, w.numel())
     g_s = torch.full(x.shape[:2], -lam / C, dtype=x.dtype)  # d loss / d mean-SSIM of each plane
     g_l1 = torch.full(x.shape[:2], (1 - lam) / C, dtype=x.dtype)  # d loss / d mean|x - y| of each plane
-    gx, gy, s, _ = library.backward(lib, x, y, w, c1, c2, g_s, g_s * 0, need_x, need_y, pad, g_l1, with_forward=True)
-    (l1,) = library.l1_means(lib, x, y)
+    gx, gy, s, _, l1 = library.backward(
+        lib, x, y, w, c1, c2, g_s, g_s * 0, need_x, need_y, pad, g_l1, with_forward=True, l1=True
+    )  # the L1 sums too, as the gradient rows pass
     ctx.unit = (gx, gy)
     return (1 - lam) * l1.mean(dim=1) + lam * (1 - s.mean(dim=1))
 

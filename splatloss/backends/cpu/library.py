@@ -71,7 +71,7 @@ def _load(dtype: torch.dtype, taps: int):
     lib.splat_ssim_fwd.restype = None
     lib.splat_ssim_fwd.argtypes = [P, P, I, I, P, I, R, R, I, I, P, P, I, I]
     lib.splat_ssim_bwd.restype = None
-    lib.splat_ssim_bwd.argtypes = [P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I, I, R, P]
+    lib.splat_ssim_bwd.argtypes = [P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I, I, R, P, P]
     lib.splat_mssim_workspace.restype = ctypes.c_size_t
     lib.splat_mssim_workspace.argtypes = [I, I, I]
     lib.splat_mssim_fwd.restype = None
@@ -82,8 +82,8 @@ def _load(dtype: torch.dtype, taps: int):
     lib.splat_mssim_centre_rows.argtypes = [P, I, I, I, I, I, P, P, I]
     lib.splat_masked_l1_rows.restype = None
     lib.splat_masked_l1_rows.argtypes = [P, P, P, I, I, P]
-    lib.splat_l1_rows.restype = None
-    lib.splat_l1_rows.argtypes = [P, P, I, I, P]
+    lib.splat_l1_rows_tiled.restype = None
+    lib.splat_l1_rows_tiled.argtypes = [P, P, I, I, I, I, I, P]
     lib.splat_down2_fwd.restype = None
     lib.splat_down2_fwd.argtypes = [P, I, I, I, P]
     lib.splat_fma_peak.restype = ctypes.c_double
@@ -211,7 +211,7 @@ def forward(
         lib.splat_ssim_fwd(xp + off, yp + off, H, W, gp, K, c1, c2, m0, m1, ws.data_ptr(), rp + p * Hp * 16, tile, pad)
 
     _run(task, P * ns)
-    return _means(rows, Hp * Wp, x.dtype, B, C) + (l1_means(lib, x, y) if l1 else ())
+    return _means(rows, Hp * Wp, x.dtype, B, C) + (l1_means(lib, x, y, K, pad) if l1 else ())
 
 
 def _means(rows: torch.Tensor, n: int, dtype: torch.dtype, B: int, C: int):
@@ -220,15 +220,18 @@ def _means(rows: torch.Tensor, n: int, dtype: torch.dtype, B: int, C: int):
     return sums[..., 0].contiguous(), sums[..., 1].contiguous()
 
 
-def l1_means(lib, x: torch.Tensor, y: torch.Tensor):
-    """``(mean |x - y|,)`` per plane of contiguous ``x``, ``y`` [B, C, H, W], ``[B, C]``."""
+def l1_means(lib, x: torch.Tensor, y: torch.Tensor, K: int, pad: int = 0):
+    """``(mean |x - y|,)`` per plane of contiguous ``x``, ``y`` [B, C, H, W], ``[B, C]``: summed as
+    :func:`backward`'s fused pass sums it for a ``K``-tap window and ``pad`` (the same column tiles
+    and lanes), so the forward alone and the fused pass give the same numbers."""
     B, C, H, W = x.shape
     P, esz = B * C, x.element_size()
     xp, yp = x.data_ptr(), y.data_ptr()
-    l1rows = torch.empty(P, H, dtype=torch.float64)
+    l1rows = torch.zeros(P, H, dtype=torch.float64)
+    tile = _tile(W)
     for p in range(P):
         off = p * H * W * esz
-        lib.splat_l1_rows(xp + off, yp + off, H, W, l1rows.data_ptr() + p * H * 8)
+        lib.splat_l1_rows_tiled(xp + off, yp + off, H, W, K, tile, pad, l1rows.data_ptr() + p * H * 8)
     return ((l1rows.sum(dim=1) / float(H * W)).to(x.dtype).view(B, C),)
 
 
@@ -246,13 +249,15 @@ def backward(
     pad: int = 0,
     gl1: Optional[torch.Tensor] = None,
     with_forward: bool = False,
+    l1: bool = False,
 ):
     """Gradients of ``sum(gs * mean ssim + gc * mean cs + gl1 * mean |x - y|)`` (all per plane,
     ``[B, C]``) w.r.t. ``x`` and ``y`` (None where not needed).
 
     ``with_forward``: the forward in the same pass, ``(gx, gy, ssim_mean, cs_mean)`` with the means
     bit for bit those of :func:`forward` (one sweep instead of two: the statistics the gradient
-    needs are those the forward computes)."""
+    needs are those the forward computes); with ``l1`` also ``mean |x - y|``, bit for bit
+    :func:`l1_means`'s."""
     B, C, H, W = x.shape
     K = window.numel()
     Hp, Wp = H + 2 * pad - K + 1, W + 2 * pad - K + 1
@@ -273,6 +278,9 @@ def backward(
     gxp = gx.data_ptr() if need_x else 0
     gyp = gy.data_ptr() if need_y else 0
     rp = rows.data_ptr() if with_forward else 0
+    l1 = l1 and with_forward
+    l1rows = torch.zeros(P, H, dtype=torch.float64) if l1 else None  # per image row, as l1_means's
+    lp = l1rows.data_ptr() if l1 else 0
 
     def task(t: int) -> None:
         ws = getattr(workspaces, "buf", None)
@@ -301,11 +309,15 @@ def backward(
             pad,
             gll[p],
             (rp + p * Hp * 16) if with_forward else None,
+            (lp + p * H * 8) if l1 else None,
         )
 
     _run(task, P * ns)
     if with_forward:
-        return (gx, gy) + _means(rows, Hp * Wp, x.dtype, B, C)
+        out = (gx, gy) + _means(rows, Hp * Wp, x.dtype, B, C)
+        if l1:
+            out += ((l1rows.sum(dim=1) / float(H * W)).to(x.dtype).view(B, C),)
+        return out
     return gx, gy
 
 
