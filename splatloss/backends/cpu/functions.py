@@ -149,8 +149,14 @@ def _take_unit(ctx, usable: bool):
 
 
 def _scaled(unit, k: Tensor):
-    """``unit`` gradients scaled in place by ``k`` (broadcasting per plane or per image)."""
-    return tuple(None if g is None else g.mul_(k.to(g.dtype)) for g in unit)
+    """``unit`` gradients scaled in place by ``k`` (broadcasting per plane or per image), or handed
+    on untouched where every factor is 1 in their dtype (``g * 1`` is ``g`` bit for bit): the
+    upstream of a mean loss over one image, 3DGS's case."""
+    dtype = next(g.dtype for g in unit if g is not None)
+    k = k.to(dtype)
+    if bool((k == 1).all()):
+        return tuple(unit)
+    return tuple(None if g is None else g.mul_(k) for g in unit)
 
 
 def _wants_fused(x: Tensor, y: Tensor) -> bool:
