@@ -138,16 +138,17 @@ def test_ssim_and_cs_both_used_get_the_exact_gradient():
 
 
 @pytest.mark.parametrize("padding", ["valid", "same"])
-@pytest.mark.parametrize("mask_shape", [(1, 1), (2, 1), (2, 3)])
-def test_the_masked_unit_gradient_is_the_split_backwards_for_an_upstream_of_one(padding, mask_shape):
+@pytest.mark.parametrize("mask_shape", [(1, 1), (3, 1), (3, 3)])
+def test_the_masked_fused_gradient_is_the_split_backwards_for_the_mean_loss(padding, mask_shape):
     """The fused masked pass against the forward + recomputing backward (the op traced code runs),
     both images needing a gradient, masks shared or per image and channel, an empty channel
-    included: the same value and, for an upstream of 1, the same gradient bit for bit."""
+    included: the same value and, for the upstream of ``loss.mean()`` (the one the fused pass
+    computes its gradient for), the same gradient bit for bit."""
     cfg = SSIMConfig(padding=padding)
-    x, y = _pair((2, 3, 47, 58), seed=5)
+    x, y = _pair((3, 3, 47, 58), seed=5)
     m = torch.rand(mask_shape + (47, 58), generator=torch.Generator().manual_seed(6))
     m = torch.where(m < 0.3, torch.zeros_like(m), m)
-    if mask_shape == (2, 3):
+    if mask_shape == (3, 3):
         m[1, 2] = 0  # an empty channel: no gradient from its SSIM
     results = []
     for split in (False, True):
@@ -156,7 +157,7 @@ def test_the_masked_unit_gradient_is_the_split_backwards_for_an_upstream_of_one(
         args = (xp, yp, mp, cfg.window_1d(xp.dtype, "cpu"), cfg.C1, cfg.C2, pad, 0.2)
         fn = functions._MDSSIML1Fn if split else functions._MDSSIML1FusedFn
         v = fn.apply(*args)[0]
-        results.append((v.detach(),) + torch.autograd.grad(v.sum(), (xs, ys)))
+        results.append((v.detach(),) + torch.autograd.grad(v.mean(), (xs, ys)))
     for a, b in zip(*results):
         assert torch.equal(a, b)
 
@@ -183,3 +184,42 @@ def test_masked_ssim_and_cs_both_used_get_the_exact_gradient():
     sd, _ = backends.get("torch").masked_ssim_stats(xd, y.double(), m.double(), cfg)
     (gd,) = torch.autograd.grad((sd * up.double()).sum(), xd)
     assert float((g.double() - gd).norm() / gd.norm()) < 1e-6
+
+
+@pytest.mark.parametrize("op", ["ssim", "dssim_l1", "ssim_masked", "dssim_l1_masked"])
+def test_an_upstream_near_the_float32_limit_is_not_overflowed(op):
+    """The fused gradient is computed for a mean loss's upstream (-1 / (B C) or 1 / B); another
+    upstream u scales it by u / that, which overflows for u near float32's largest where the
+    gradient itself does not: it is then scaled by 1 / that and by u (against float64)."""
+    x, y = _pair((1, 3, 40, 44), seed=8)
+    cfg = SSIMConfig(padding="same")
+    xs = x.clone().requires_grad_(True)
+    v = OPS[op](xs, y, cfg)
+    up = torch.full_like(v, 3e38)
+    (g,) = torch.autograd.grad(v, xs, grad_outputs=up)
+    xd = x.double().requires_grad_(True)
+    vd = OPS[op](xd, y.double(), cfg)
+    (gd,) = torch.autograd.grad(vd, xd, grad_outputs=up.double())
+    assert torch.isfinite(g).all()
+    assert float((g.double() - gd).norm() / gd.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("padding", ["valid", "same"])
+@pytest.mark.parametrize("shape", [(3, 3, 47, 58), (1, 1, 33, 90)])
+def test_the_masked_fused_sums_are_the_forwards_in_float64(padding, shape):
+    """The float64 sums themselves, not only the float32 value they round to (which hides a last-bit
+    difference in most draws): the fused pass runs the forward's own code for each map row, so its
+    sums of c ssim, c cs and c are the forward's bit for bit, for masks shared or per plane."""
+    B, C, H, W = shape
+    x, y = _pair(shape, seed=9)
+    cfg = SSIMConfig(padding=padding)
+    for mask_shape in ((1, 1), (B, C)):
+        m = torch.rand(mask_shape + (H, W), generator=torch.Generator().manual_seed(10))
+        xp, yp, mp, pad = functions.masked_padded(x, y, torch.where(m < 0.3, torch.zeros_like(m), m), cfg)
+        w = cfg.window_1d(xp.dtype, "cpu")
+        lib = library.require(xp.dtype, w.numel())
+        plain = library.masked_forward(lib, xp, yp, mp, w, cfg.C1, cfg.C2, pad)
+        g = torch.full((B, C), -0.01)
+        fused = library.masked_backward(lib, xp, yp, mp, w, cfg.C1, cfg.C2, g, g * 0, False, True, pad, g, True)[2:]
+        for a, b in zip(plain, fused):
+            assert torch.equal(a, b)

@@ -106,6 +106,13 @@ typedef __typeof__((*(vmask *)0)[0]) mint;  /* vmask's lane: an integer of REAL'
 #define KTAPS(k) (k)
 #endif
 
+/* A function compiled once, not cloned per constant argument (see mmap_row). */
+#if defined(__clang__)
+#define ONE_BODY __attribute__((noinline))
+#else
+#define ONE_BODY __attribute__((noinline, noclone))
+#endif
+
 static inline vr ld(const REAL *p) { vr v; memcpy(&v, p, sizeof v); return v; }
 static inline void st(REAL *p, vr v) { memcpy(p, &v, sizeof v); }
 static inline vr bc(REAL s) { return (vr){0} + s; }
@@ -1113,11 +1120,15 @@ static void mfill_rows(mws_t *w, int m, int *next) {
 
 /* Vertical filter for map row m (each input row's sums re-based to the map row's shifts), the
  * masked statistics and the SSIM algebra.
- * mode 0: add the row's sums of c ssim, c cs and c to sums[0..2].
+ * sums != NULL: add the row's sums of c ssim, c cs and c to sums[0..2] (the forward, mode 0, and
+ * the fused pass, mode 1, alike).
  * mode 1: write 2 beta / W, gamma / W, the alpha(s) / W and the shifts Sx, Sy of map row m to
- * aring slot m % K (pad lanes 0). */
-static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode, double *sums,
-                     REAL gS, REAL gC, int need_x, int need_y) {
+ * aring slot m % K (pad lanes 0).
+ * noinline, noclone: both modes run this one body, so the compiler contracts its multiply-adds
+ * alike for both and their sums are the same bits (a clone per mode contracted them differently:
+ * the sums differed in their last bits). */
+ONE_BODY static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode,
+                       double *sums, REAL gS, REAL gC, int need_x, int need_y) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
     const size_t qs = V;  /* interleaved slots: quantities qs apart */

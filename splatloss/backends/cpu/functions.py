@@ -159,6 +159,30 @@ def _scaled(unit, k: Tensor):
     return tuple(None if g is None else g.mul_(k) for g in unit)
 
 
+def _expected(x: Tensor, numerator: float, *divisors: int) -> float:
+    """The upstream a mean loss hands an op's per-image (or per-plane) outputs: ``numerator`` divided
+    by each of ``divisors`` in turn, rounded to ``x``'s dtype at each step as autograd's mean
+    backwards round it (``loss.mean()`` over B images: ``1 / B``; ``1 - ssim(x, y)``: ``-1 / B``,
+    then ``/ C``). A fused pass computes its gradient for this upstream, and the backward hands it
+    on untouched when it comes (:func:`_rescaled`)."""
+    q = torch.full((), numerator, dtype=x.dtype)
+    for d in divisors:
+        q = q / d
+    return float(q)
+
+
+def _rescaled(unit, u: Tensor, expect: float):
+    """The unit gradients, computed for the upstream ``expect``, for the upstream ``u`` (per plane or
+    per image, broadcasting): scaled in place by ``u / expect`` (handed on where that is 1); where
+    ``u / expect`` overflows and ``u`` does not, by ``1 / expect`` and then by ``u``."""
+    dtype = next(g.dtype for g in unit if g is not None)
+    u = u.to(dtype)
+    k = u / expect
+    if bool((torch.isinf(k) & torch.isfinite(u)).any()):
+        return _scaled(_scaled(unit, torch.full_like(u, 1 / expect)), u)
+    return _scaled(unit, k)
+
+
 def _wants_fused(x: Tensor, y: Tensor) -> bool:
     """Whether an eager call will need gradients (then the forward computes them)."""
     return torch.is_grad_enabled() and (x.requires_grad or y.requires_grad)
@@ -266,7 +290,7 @@ def _stats_backward(ctx, g_s, g_c):
     if (g_s is None and g_c is None) or not (need_x or need_y):
         return (None, None) + none
     if unit is not None:
-        return _scaled(unit, g_s[..., None, None]) + none  # the forward's d mean-SSIM / d x, scaled
+        return _rescaled(unit, g_s[..., None, None], ctx.expect) + none  # the forward's, rescaled
     if _torch_ops(g_s, g_c):
         return _torch_ops_grads(x, y, w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y) + none
     x, y = x.contiguous(), y.contiguous()
@@ -280,10 +304,11 @@ _StatsFn = _function("_StatsFn", _stats_impl, _stats_setup, _stats_backward)
 def _stats_fused(ctx, x, y, w, c1, c2, pad):
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     x, y = x.contiguous(), y.contiguous()
-    ones = torch.ones(x.shape[:2], dtype=x.dtype)
+    ctx.expect = _expected(x, -1.0, *x.shape[:2])  # the D-SSIM loss's, 1 - ssim(x, y)
+    gs = torch.full(x.shape[:2], ctx.expect, dtype=x.dtype)
     lib = library.require(x.dtype, w.numel())
-    gx, gy, s, c = library.backward(lib, x, y, w, c1, c2, ones, ones * 0, need_x, need_y, pad, with_forward=True)
-    ctx.unit = (gx, gy)  # d mean-SSIM / d x and / d y, plane by plane
+    gx, gy, s, c = library.backward(lib, x, y, w, c1, c2, gs, gs * 0, need_x, need_y, pad, with_forward=True)
+    ctx.unit = (gx, gy)  # expect * d mean-SSIM / d x and / d y, plane by plane
     return s, c
 
 
@@ -335,7 +360,7 @@ def _dssim_l1_backward(ctx, g):
     if g is None or not (need_x or need_y):
         return (None, None) + none
     if unit is not None:
-        return _scaled(unit, g[:, None, None, None]) + none  # the forward's d loss / d x, scaled per image
+        return _rescaled(unit, g[:, None, None, None], ctx.expect) + none  # the forward's, rescaled per image
     C = x.shape[1]
     g_s = (-ctx.lam / C) * g[:, None].expand(-1, C)  # d loss / d mean-SSIM of each plane
     g_l1 = ((1 - ctx.lam) / C) * g[:, None].expand(-1, C)  # d loss / d mean|x - y| of each plane
@@ -356,8 +381,10 @@ def _dssim_l1_fused(ctx, x, y, w, c1, c2, pad, lam):
     x, y = x.contiguous(), y.contiguous()
     C = x.shape[1]
     lib = library.require(x.dtype, w.numel())
-    g_s = torch.full(x.shape[:2], -lam / C, dtype=x.dtype)  # d loss / d mean-SSIM of each plane
-    g_l1 = torch.full(x.shape[:2], (1 - lam) / C, dtype=x.dtype)  # d loss / d mean|x - y| of each plane
+    ctx.expect = _expected(x, 1.0, x.shape[0])  # loss.mean()'s
+    g = torch.full(x.shape[:1], ctx.expect, dtype=x.dtype)
+    g_s = ((-lam / C) * g[:, None].expand(-1, C)).contiguous()  # d loss / d mean-SSIM of each plane
+    g_l1 = (((1 - lam) / C) * g[:, None].expand(-1, C)).contiguous()  # d loss / d mean|x - y| of each plane
     gx, gy, s, _, l1 = library.backward(
         lib, x, y, w, c1, c2, g_s, g_s * 0, need_x, need_y, pad, g_l1, with_forward=True, l1=True
     )  # the L1 sums too, as the gradient rows pass
@@ -786,7 +813,7 @@ def _mstats_backward(ctx, g_s, g_c, _g_z):
     if (g_s is None and g_c is None) or not (need_x or need_y):
         return (None, None) + none
     if unit is not None:
-        return _scaled(unit, g_s[..., None, None]) + none  # the forward's d mean-SSIM / d x, scaled
+        return _rescaled(unit, g_s[..., None, None], ctx.expect) + none  # the forward's, rescaled
     if _torch_ops(g_s, g_c):
         return _masked_torch_ops_grads(x, y, m, w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y) + none
     inv = _safe_inv(z)
@@ -809,7 +836,8 @@ def _mstats_fused(ctx, x, y, m, w, c1, c2, pad):
     B, C = x.shape[:2]
     lib = library.require(x.dtype, w.numel())
     zt = library.masked_centre_sums(lib, m, B, C, w.numel(), pad).to(x.dtype)
-    g_s = torch.ones(B, C, dtype=x.dtype) * _safe_inv(zt)  # as _mstats_backward's, for g_s = 1
+    ctx.expect = _expected(x, -1.0, B, C)  # the D-SSIM loss's, 1 - ssim(x, y, mask=m)
+    g_s = torch.full((B, C), ctx.expect, dtype=x.dtype) * _safe_inv(zt)  # as _mstats_backward's
     gx, gy, ss, cc, z = library.masked_backward(
         lib, x, y, m, w, c1, c2, g_s, torch.zeros_like(g_s), need_x, need_y, pad, with_forward=True
     )
@@ -879,7 +907,7 @@ def _mdssim_l1_backward(ctx, g, _g_z, _g_den):
     if g is None or not (need_x or need_y):
         return (None, None) + none
     if unit is not None:
-        return _scaled(unit, g[:, None, None, None]) + none  # the forward's d loss / d x, scaled per image
+        return _rescaled(unit, g[:, None, None, None], ctx.expect) + none  # the forward's, rescaled per image
     C = x.shape[1]
     g_s = (-ctx.lam / C) * g[:, None].expand(-1, C)  # d loss / d masked mean SSIM of each plane
     g_l1 = ((1 - ctx.lam) * g * _safe_inv(den))[:, None].expand(-1, C)  # d loss / d sum m |x - y| of each plane
@@ -910,9 +938,10 @@ def _mdssim_l1_fused(ctx, x, y, m, w, c1, c2, pad, lam):
     num, den = num.sum(dim=1), den.sum(dim=1)  # per image, over channels and pixels
     zt = library.masked_centre_sums(lib, m, B, C, w.numel(), pad).to(x.dtype)
     dent = den.to(x.dtype)
-    one = torch.ones(B, dtype=x.dtype)
-    g_s = ((-lam / C) * one[:, None].expand(-1, C)) * _safe_inv(zt)  # as _mdssim_l1_backward's, for g = 1
-    g_l1 = ((1 - lam) * one * _safe_inv(dent))[:, None].expand(-1, C)
+    ctx.expect = _expected(x, 1.0, B)  # loss.mean()'s
+    g = torch.full((B,), ctx.expect, dtype=x.dtype)
+    g_s = ((-lam / C) * g[:, None].expand(-1, C)) * _safe_inv(zt)  # as _mdssim_l1_backward's
+    g_l1 = ((1 - lam) * g * _safe_inv(dent))[:, None].expand(-1, C)
     gx, gy, ss, _, z = library.masked_backward(
         lib, x, y, m, w, c1, c2, g_s.contiguous(), torch.zeros_like(g_s), need_x, need_y, pad,
         g_l1.contiguous(), with_forward=True,
