@@ -223,3 +223,33 @@ def test_the_masked_fused_sums_are_the_forwards_in_float64(padding, shape):
         fused = library.masked_backward(lib, xp, yp, mp, w, cfg.C1, cfg.C2, g, g * 0, False, True, pad, g, True)[2:]
         for a, b in zip(plain, fused):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 24, 20), (3, 1, 24, 20), (3, 3, 24, 20)])
+def test_the_mean_losses_hand_the_fused_gradient_on_untouched(monkeypatch, shape):
+    """``1 - ssim(x, y)``, ``dssim`` and 3DGS's loss (masked or not), reduced by the mean: the
+    upstream that reaches each fused op is the one its gradient was computed for, so the backward
+    multiplies by nothing (the factor it would scale by is 1 everywhere)."""
+    import splatloss
+
+    factors = []
+    scaled = functions._scaled
+
+    def spy(unit, k):
+        factors.append(bool((k == 1).all()))
+        return scaled(unit, k)
+
+    monkeypatch.setattr(functions, "_scaled", spy)
+    x, y = _pair(shape, seed=11)
+    m = _mask_for(x)
+    losses = [
+        lambda a: 1 - splatloss.ssim(a, y, backend="cpu"),
+        lambda a: splatloss.dssim(a, y, backend="cpu"),
+        lambda a: splatloss.dssim_l1(a, y, backend="cpu"),
+        lambda a: 1 - splatloss.ssim(a, y, mask=m, backend="cpu"),
+        lambda a: splatloss.dssim_l1(a, y, mask=m, backend="cpu"),
+    ]
+    for loss in losses:
+        factors.clear()
+        loss(x.clone().requires_grad_(True)).backward()
+        assert factors == [True]
