@@ -1,10 +1,10 @@
 """The C kernel's fused pass: with an input that needs a gradient, one sweep computes the value and
-the gradient for a unit upstream, and the backward scales it. The value must be the forward-only
+the gradient for a mean loss's upstream, and the backward hands it on or scales it. The value must be the forward-only
 value bit for bit, the gradient the same whatever the threads, the column tiles or how many times
 the graph is walked, and an upstream the unit gradient cannot serve (SSIM and cs both used) must
-still get the exact gradient. The masked 3DGS loss and masked SSIM mean too: their unit gradients
+still get the exact gradient. The masked 3DGS loss and masked SSIM mean too: their gradients
 divide by the mask's sums, read from the mask before the sweep, and must be the split backward's
-for an upstream of 1."""
+for the same upstream."""
 
 import pytest
 import torch

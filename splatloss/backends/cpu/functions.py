@@ -8,8 +8,9 @@ the accumulation dtype; "valid" runs as is, "same" is the kernel's implicit zero
 "reflect" is an ``F.pad`` copy in front of the op whose adjoint autograd takes care of.
 
 Backward: eagerly, when an input needs a gradient, the forward runs the kernel's fused pass (the
-value and the gradient for a unit upstream in one sweep; the statistics are computed once) and the
-backward scales that gradient by the upstream per plane or image (:func:`_fused_function`). Traced
+value and the gradient in one sweep, for the upstream a mean loss hands the op: the statistics are
+computed once), and the backward hands that gradient on untouched when that upstream comes, else
+scales it per plane or image (:func:`_fused_function`, :func:`_rescaled`). Traced
 custom ops keep the functional split: a forward, and a backward that recomputes the statistics row
 by row as it writes the gradient (only the two inputs are saved). Where a backward must itself be
 differentiable (``create_graph=True``) or runs batched (``autograd.grad(..., is_grads_batched=True)``)
@@ -110,9 +111,10 @@ def _function(name: str, forward, setup_context, backward):
 
 
 def _fused_function(name: str, fused, setup_context, backward, saved: int = 3):
-    """The eager twin of a custom op that computes its gradient *in the forward pass*, for a unit
-    upstream, when an input needs one: ``fused(ctx, *inputs)`` returns the output and leaves on
-    ``ctx.unit`` what ``backward`` turns into the gradient by one multiplication per plane.
+    """The eager twin of a custom op that computes its gradient *in the forward pass*, for the
+    upstream ``ctx.expect`` (a mean loss's: :func:`_expected`), when an input needs one:
+    ``fused(ctx, *inputs)`` returns the output and leaves on ``ctx.unit`` what ``backward`` hands
+    on, or scales by one factor per plane or image (:func:`_rescaled`).
     ``setup_context`` (called with no output) saves the first ``saved`` inputs, the tensors.
 
     Why: the gradient needs the same filtered statistics as the value; a forward that only reduces
@@ -172,8 +174,8 @@ def _expected(x: Tensor, numerator: float, *divisors: int) -> float:
 
 
 def _rescaled(unit, u: Tensor, expect: float):
-    """The unit gradients, computed for the upstream ``expect``, for the upstream ``u`` (per plane or
-    per image, broadcasting): scaled in place by ``u / expect`` (handed on where that is 1); where
+    """The fused pass's gradients, computed for the upstream ``expect``, for the upstream ``u`` (per
+    plane or per image, broadcasting): scaled in place by ``u / expect`` (handed on where that is 1); where
     ``u / expect`` overflows and ``u`` does not, by ``1 / expect`` and then by ``u``."""
     dtype = next(g.dtype for g in unit if g is not None)
     u = u.to(dtype)
@@ -830,7 +832,7 @@ _MStatsFn = _function("_MStatsFn", _mstats_impl, _mstats_setup, _mstats_backward
 def _mstats_fused(ctx, x, y, m, w, c1, c2, pad):
     """The masked means and the SSIM mean's gradient per plane in one sweep: its coefficient divides
     by the centre weights' sum, which the mask alone gives (read before the sweep, the forward's
-    numbers), so it is the backward's for an upstream of 1 on the SSIM mean."""
+    numbers), so it is the backward's for the D-SSIM loss's upstream on the SSIM mean."""
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
     B, C = x.shape[:2]
@@ -841,7 +843,7 @@ def _mstats_fused(ctx, x, y, m, w, c1, c2, pad):
     gx, gy, ss, cc, z = library.masked_backward(
         lib, x, y, m, w, c1, c2, g_s, torch.zeros_like(g_s), need_x, need_y, pad, with_forward=True
     )
-    ctx.unit = (gx, gy)  # d mean-SSIM / d x and / d y, plane by plane
+    ctx.unit = (gx, gy)  # expect * d mean-SSIM / d x and / d y, plane by plane
     ctx.weights = z.to(x.dtype)
     s, c = _masked_means(ss, cc, z, x.dtype)
     return s, c, z.to(x.dtype)
@@ -926,10 +928,10 @@ _MDSSIML1Fn = _function("_MDSSIML1Fn", _mdssim_l1_impl, _mdssim_l1_setup, _mdssi
 
 
 def _mdssim_l1_fused(ctx, x, y, m, w, c1, c2, pad, lam):
-    """The masked loss and its gradient for a unit upstream in one sweep. The coefficients of the
-    SSIM and L1 sums divide by the centre weights' and the mask's sums, which the mask alone gives
-    (read before the sweep, the same numbers the forward computes), so they are the backward's for
-    an upstream of 1, computed the same way."""
+    """The masked loss and its gradient for ``loss.mean()``'s upstream in one sweep. The
+    coefficients of the SSIM and L1 sums divide by the centre weights' and the mask's sums, which
+    the mask alone gives (read before the sweep, the same numbers the forward computes), so they
+    are the backward's for that upstream, computed the same way."""
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
     B, C = x.shape[:2]
