@@ -208,8 +208,9 @@ def test_an_upstream_near_the_float32_limit_is_not_overflowed(op):
 @pytest.mark.parametrize("shape", [(3, 3, 47, 58), (1, 1, 33, 90)])
 def test_the_masked_fused_sums_are_the_forwards_in_float64(padding, shape):
     """The float64 sums themselves, not only the float32 value they round to (which hides a last-bit
-    difference in most draws): the fused pass runs the forward's own code for each map row, so its
-    sums of c ssim, c cs and c are the forward's bit for bit, for masks shared or per plane."""
+    difference in most draws): the fused pass runs the forward's own code for each map row and
+    sums the L1 term in the forward's lanes, so its sums of c ssim, c cs, c, m |x - y| and m are
+    the forward's bit for bit, for masks shared or per plane (and m's from the mask alone too)."""
     B, C, H, W = shape
     x, y = _pair(shape, seed=9)
     cfg = SSIMConfig(padding=padding)
@@ -218,11 +219,14 @@ def test_the_masked_fused_sums_are_the_forwards_in_float64(padding, shape):
         xp, yp, mp, pad = functions.masked_padded(x, y, torch.where(m < 0.3, torch.zeros_like(m), m), cfg)
         w = cfg.window_1d(xp.dtype, "cpu")
         lib = library.require(xp.dtype, w.numel())
-        plain = library.masked_forward(lib, xp, yp, mp, w, cfg.C1, cfg.C2, pad)
+        plain = library.masked_forward(lib, xp, yp, mp, w, cfg.C1, cfg.C2, pad, l1=True)
         g = torch.full((B, C), -0.01)
-        fused = library.masked_backward(lib, xp, yp, mp, w, cfg.C1, cfg.C2, g, g * 0, False, True, pad, g, True)[2:]
-        for a, b in zip(plain, fused):
+        fused = library.masked_backward(
+            lib, xp, yp, mp, w, cfg.C1, cfg.C2, g, g * 0, False, True, pad, g, with_forward=True, l1=True
+        )[2:]
+        for a, b in zip(plain, fused):  # c ssim, c cs, c, m |x - y|, m
             assert torch.equal(a, b)
+        assert torch.equal(library.masked_l1_sums(lib, xp, yp, mp, pad, mask_only=True)[1], plain[4])
 
 
 @pytest.mark.parametrize("shape", [(1, 3, 24, 20), (3, 1, 24, 20), (3, 3, 24, 20)])

@@ -595,6 +595,15 @@ static inline double lane_sum(vr v) {
     return s;
 }
 
+/* The masked L1 term's sums over the lanes whose column (col) lies in [lo, hi): *acc += m |x - y|,
+ * *accm += m. The product feeds a mask, never an add, so no multiply-add contracts it: the same
+ * bits wherever this is inlined. */
+static inline void masked_abs_own(vr xv, vr yv, vr mv, vmask col, int lo, int hi, vr *acc, vr *accm) {
+    const vmask own = (col >= lo) & (col < hi);
+    *acc += (vr)((vmask)(mv * abs_own(xv - yv, col, lo, hi)) & own);
+    *accm += (vr)((vmask)mv & own);
+}
+
 /* Horizontal adjoint of gradient row q from its vertical sums (vrow set `vr0`, K-1 zeros before
  * them) and its shifts (sr0, likewise placed), and the gradient row written out:
  *   gx(j) = sum_j0 g (Ax(j0) + beta2(j0) (x(j) - sx(j0)) + gamma(j0) (y(j) - sy(j0))),  gy likewise. */
@@ -1214,8 +1223,8 @@ ONE_BODY static void mmap_row(mws_t *w, int m, REAL C1, REAL C2, int mode,
     }
 }
 
-static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1c,
-                      int q0, int q1, int c_lo, int c_hi, REAL *gx, REAL *gy, double *rows, int own0, int own1) {
+static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1c, int q0, int q1, int c_lo,
+                      int c_hi, REAL *gx, REAL *gy, double *rows, int own0, int own1, double *l1rows) {
     const dims_t d = w->d;
     const int K = KTAPS(d.K);
     const REAL *g = w->g;
@@ -1260,9 +1269,13 @@ static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL 
         const REAL *bx = w->in + 5 * L, *by = w->in + 6 * L, *bm = w->in + 7 * L;
         REAL *ox = w->grow, *oy = w->grow + d.Wo;
         const vr l1 = bc(l1c), one = bc(1);
+        vmask lane;
+        for (int i = 0; i < V; i++) lane[i] = i;
+        vr l1acc = {0}, l1m = {0};
         for (int j = c_lo / V * V; j < c_hi; j += V) {
             const vr xv = ld(bx + j), yv = ld(by + j), mv = ld(bm + j);
             vr gxv = {0}, gyv = {0};
+            if (l1rows) masked_abs_own(xv, yv, mv, lane + j, c_lo, c_hi, &l1acc, &l1m);
             for (int t = 0; t < K; t++) {
                 vr gk = tap(g + K - 1 - t);
                 const REAL *v = w->vrow + j + t, *s = srow + j + t;
@@ -1278,6 +1291,10 @@ static void mbwd_tile(mws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL 
             }
             if (need_x) st(ox + j, mv * gxv);
             if (need_y) st(oy + j, mv * gyv);
+        }
+        if (l1rows) {  /* the image row's masked L1 sums, as splat_masked_l1_rows_tiled adds them */
+            l1rows[2 * (size_t)(q - w->im.pad)] += lane_sum(l1acc);
+            l1rows[2 * (size_t)(q - w->im.pad) + 1] += lane_sum(l1m);
         }
         const img_t im = w->im;
         const size_t o = (size_t)(q - im.pad) * im.ld + (im.col0 + c_lo - im.pad);
@@ -1312,12 +1329,14 @@ void splat_mssim_fwd(const REAL *x, const REAL *y, const REAL *mask, int H, int 
  * rows != NULL (zeroed by the caller): the forward's sums in the same pass, rows[3 m .. 3 m + 2] +=
  * splat_mssim_fwd's sums of map row m for the map rows this strip owns, [q0 + pad - K/2,
  * q1 + pad - K/2) clipped to the map; the plane is then swept in whole rows (as splat_mssim_fwd
- * sweeps it), so the sums are its numbers bit for bit. */
+ * sweeps it), so the sums are its numbers bit for bit. l1rows != NULL (zeroed, with rows): the
+ * masked L1 term's sums of image rows [q0, q1), l1rows[2 i] += sum m |x - y|, l1rows[2 i + 1] +=
+ * sum m, as splat_masked_l1_rows_tiled adds them. */
 void splat_mssim_bwd(const REAL *x, const REAL *y, const REAL *mask, int H, int W, const REAL *g, int K,
                      REAL C1, REAL C2, REAL gS, REAL gC, int q0, int q1, REAL *work,
-                     REAL *gx, REAL *gy, int tile, int pad, REAL l1c, double *rows) {
+                     REAL *gx, REAL *gy, int tile, int pad, REAL l1c, double *rows, double *l1rows) {
     const int Wl = W + 2 * pad;
-    const int T = tile > 0 && rows == NULL ? tile : W;
+    const int T = tile > 0 && rows == NULL && l1rows == NULL ? tile : W;
     const int Hp = H + 2 * pad - K + 1, r = K / 2;
     const int own0 = q0 + pad - r < 0 ? 0 : q0 + pad - r;
     const int own1 = q1 + pad - r > Hp ? Hp : q1 + pad - r;
@@ -1329,7 +1348,8 @@ void splat_mssim_bwd(const REAL *x, const REAL *y, const REAL *mask, int H, int 
         img_t im = {x, y, H, W, W, pad, a, 0};
         memset(work, 0, mws_elems(d) * sizeof(REAL));
         mws_t w = make_mws(d, im, mask, g, work, Wl - K + 1);
-        mbwd_tile(&w, H + 2 * pad, C1, C2, gS, gC, l1c, q0 + pad, q1 + pad, c0 - a, c1 - a, gx, gy, rows, own0, own1);
+        mbwd_tile(&w, H + 2 * pad, C1, C2, gS, gC, l1c, q0 + pad, q1 + pad, c0 - a, c1 - a, gx, gy, rows, own0, own1,
+                  l1rows);
     }
 }
 
@@ -1358,23 +1378,43 @@ void splat_mssim_centre_rows(const REAL *mask, int H, int W, int K, int m0, int 
     }
 }
 
-/* Per-row sums of the masked L1 term of one plane: out[2r] = sum_j m |x - y|, out[2r+1] = sum_j m. */
-void splat_masked_l1_rows(const REAL *x, const REAL *y, const REAL *mask, int H, int W, double *out) {
-    for (int r = 0; r < H; r++) {
-        const REAL *a = x + (size_t)r * W, *b = y + (size_t)r * W, *mm = mask + (size_t)r * W;
+/* Per-row sums of the masked L1 term of one plane (mask: its plane, laid out as x), out[2 i] +=
+ * sum m |x - y| over row i, out[2 i + 1] += sum m, in the lanes of splat_mssim_bwd's l1rows (whole
+ * rows; vectors counted from the first of the `pad` logical columns before the image, lanes outside
+ * the image dropped): a forward alone and the fused pass give the same numbers. With mask_only,
+ * the sums of m alone (x and y are not read). out zeroed by the caller. */
+void splat_masked_l1_rows_tiled(const REAL *x, const REAL *y, const REAL *mask, int H, int W, int pad,
+                                int mask_only, double *out) {
+    vmask lane;
+    for (int i = 0; i < V; i++) lane[i] = i;
+    REAL bx[V_LANES], by[V_LANES], bm[V_LANES];
+    for (int i = 0; i < H; i++) {
+        const size_t r = (size_t)i * W;
         vr acc = {0}, accm = {0};
-        int j = 0;
-        for (; j + V <= W; j += V) {
-            vr dlt = ld(a + j) - ld(b + j), mv = ld(mm + j);
-            vmask neg = dlt < 0;
-            acc += mv * (vr)(((vmask)dlt & ~neg) | ((vmask)(-dlt) & neg));
-            accm += mv;
+        for (int j = pad / V * V; j < pad + W; j += V) {
+            const int p0 = j - pad;  /* the image column of lane 0 */
+            vr xv = {0}, yv = {0}, mv;
+            if (p0 >= 0 && p0 + V <= W) {
+                mv = ld(mask + r + p0);
+                if (!mask_only) {
+                    xv = ld(x + r + p0);
+                    yv = ld(y + r + p0);
+                }
+            } else {  /* lanes past the image: dropped below */
+                for (int l = 0; l < V; l++) {
+                    const int pc = p0 + l, in = pc >= 0 && pc < W;
+                    bm[l] = in ? mask[r + pc] : 0;
+                    bx[l] = in && !mask_only ? x[r + pc] : 0;
+                    by[l] = in && !mask_only ? y[r + pc] : 0;
+                }
+                mv = ld(bm);
+                xv = ld(bx);
+                yv = ld(by);
+            }
+            masked_abs_own(xv, yv, mv, lane + j, pad, pad + W, &acc, &accm);
         }
-        double s = 0, z = 0;
-        for (int i = 0; i < V; i++) { s += acc[i]; z += accm[i]; }
-        for (; j < W; j++) { s += (double)mm[j] * (a[j] > b[j] ? a[j] - b[j] : b[j] - a[j]); z += mm[j]; }
-        out[2 * r] = s;
-        out[2 * r + 1] = z;
+        out[2 * i] += lane_sum(acc);
+        out[2 * i + 1] += lane_sum(accm);
     }
 }
 

@@ -936,22 +936,35 @@ def _mdssim_l1_fused(ctx, x, y, m, w, c1, c2, pad, lam):
     x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
     B, C = x.shape[:2]
     lib = library.require(x.dtype, w.numel())
-    num, den = library.masked_l1_sums(lib, x, y, m)
-    num, den = num.sum(dim=1), den.sum(dim=1)  # per image, over channels and pixels
+    _, den = library.masked_l1_sums(lib, x, y, m, pad, mask_only=True)  # the L1's weights: the mask's
+    den = den.sum(dim=1)  # per image, over channels and pixels
     zt = library.masked_centre_sums(lib, m, B, C, w.numel(), pad).to(x.dtype)
     dent = den.to(x.dtype)
     ctx.expect = _expected(x, 1.0, B)  # loss.mean()'s
     g = torch.full((B,), ctx.expect, dtype=x.dtype)
     g_s = ((-lam / C) * g[:, None].expand(-1, C)) * _safe_inv(zt)  # as _mdssim_l1_backward's
     g_l1 = ((1 - lam) * g * _safe_inv(dent))[:, None].expand(-1, C)
-    gx, gy, ss, _, z = library.masked_backward(
-        lib, x, y, m, w, c1, c2, g_s.contiguous(), torch.zeros_like(g_s), need_x, need_y, pad,
-        g_l1.contiguous(), with_forward=True,
-    )  # fmt: skip
+    gx, gy, ss, _, z, num, _ = library.masked_backward(
+        lib,
+        x,
+        y,
+        m,
+        w,
+        c1,
+        c2,
+        g_s.contiguous(),
+        torch.zeros_like(g_s),
+        need_x,
+        need_y,
+        pad,
+        g_l1.contiguous(),
+        with_forward=True,
+        l1=True,
+    )  # fmt: skip  (the L1 sums too, as the gradient rows pass)
     ctx.unit = (gx, gy)
     ctx.weights = (z.to(x.dtype), dent)
     s, _ = _masked_means(ss, ss, z, x.dtype)
-    l1 = (num * _safe_inv(den)).to(x.dtype)
+    l1 = (num.sum(dim=1) * _safe_inv(den)).to(x.dtype)
     return (1 - lam) * l1 + lam * (1 - s.mean(dim=1)), z.to(x.dtype), dent
 
 

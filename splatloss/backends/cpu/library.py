@@ -77,11 +77,11 @@ def _load(dtype: torch.dtype, taps: int):
     lib.splat_mssim_fwd.restype = None
     lib.splat_mssim_fwd.argtypes = [P, P, P, I, I, P, I, R, R, I, I, P, P, I, I]
     lib.splat_mssim_bwd.restype = None
-    lib.splat_mssim_bwd.argtypes = [P, P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I, I, R, P]
+    lib.splat_mssim_bwd.argtypes = [P, P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I, I, R, P, P]
     lib.splat_mssim_centre_rows.restype = None
     lib.splat_mssim_centre_rows.argtypes = [P, I, I, I, I, I, P, P, I]
-    lib.splat_masked_l1_rows.restype = None
-    lib.splat_masked_l1_rows.argtypes = [P, P, P, I, I, P]
+    lib.splat_masked_l1_rows_tiled.restype = None
+    lib.splat_masked_l1_rows_tiled.argtypes = [P, P, P, I, I, I, I, P]
     lib.splat_l1_rows_tiled.restype = None
     lib.splat_l1_rows_tiled.argtypes = [P, P, I, I, I, I, I, P]
     lib.splat_down2_fwd.restype = None
@@ -390,21 +390,31 @@ def masked_forward(
     sums = rows.sum(dim=1).view(B, C, 3)  # summed in float64 in a fixed order
     out = (sums[..., 0], sums[..., 1], sums[..., 2])
     if l1:
-        out += masked_l1_sums(lib, x, y, m)
+        out += masked_l1_sums(lib, x, y, m, pad)
     return out
 
 
-def masked_l1_sums(lib, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor):
+def masked_l1_sums(lib, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, pad: int = 0, mask_only: bool = False):
     """``(sum m |x - y|, sum m)`` per plane ``[B, C]`` in float64 (arguments as in
-    :func:`masked_forward`; no padding: the L1 term is over the pixels)."""
+    :func:`masked_forward`; the L1 term is over the pixels), summed as :func:`masked_backward`'s
+    fused pass sums them for ``pad``. ``mask_only``: ``sum m`` alone, from the mask (one read of
+    each distinct mask plane; the first is then zeros)."""
     B, C, H, W = x.shape
     P, esz = B * C, x.element_size()
     xp, yp, mp = x.data_ptr(), y.data_ptr(), m.data_ptr()
     moff = _mask_plane(m, B, C)
-    l1rows = torch.empty(P, H, 2, dtype=torch.float64)
+    l1rows = torch.zeros(P, H, 2, dtype=torch.float64)
+    done: dict = {}
     for p in range(P):
+        o = moff(p)
+        if mask_only and o in done:
+            l1rows[p] = l1rows[done[o]]
+            continue
+        done[o] = p
         off = p * H * W * esz
-        lib.splat_masked_l1_rows(xp + off, yp + off, mp + moff(p), H, W, l1rows.data_ptr() + p * H * 16)
+        lib.splat_masked_l1_rows_tiled(
+            xp + off, yp + off, mp + o, H, W, pad, int(mask_only), l1rows.data_ptr() + p * H * 16
+        )  # fmt: skip
     l1sums = l1rows.sum(dim=1).view(B, C, 2)
     return l1sums[..., 0], l1sums[..., 1]
 
@@ -446,6 +456,7 @@ def masked_backward(
     pad: int = 0,
     gl1: Optional[torch.Tensor] = None,
     with_forward: bool = False,
+    l1: bool = False,
 ):
     """Gradients of ``sum(gs * sum(c ssim) + gc * sum(c cs) + gl1 * sum(m |x - y|))`` (coefficients
     per plane ``[B, C]``, sums over each plane's map / pixels) w.r.t. ``x`` and ``y`` (None where not
@@ -453,7 +464,8 @@ def masked_backward(
 
     ``with_forward``: the forward in the same pass, ``(gx, gy, sum c ssim, sum c cs, sum c)`` with
     the sums bit for bit :func:`masked_forward`'s (the plane is then swept in whole rows, as the
-    forward sweeps it)."""
+    forward sweeps it); with ``l1`` also ``(sum m |x - y|, sum m)``, bit for bit
+    :func:`masked_l1_sums`'s."""
     B, C, H, W = x.shape
     K = window.numel()
     P = B * C
@@ -468,6 +480,9 @@ def masked_backward(
     Hp = H + 2 * pad - K + 1
     rows = torch.zeros(P, Hp, 3, dtype=torch.float64) if with_forward else None  # per map row, as the forward's
     rp = rows.data_ptr() if with_forward else 0
+    l1 = l1 and with_forward
+    l1rows = torch.zeros(P, H, 2, dtype=torch.float64) if l1 else None  # per image row, as masked_l1_sums's
+    lp = l1rows.data_ptr() if l1 else 0
     workspaces = threading.local()
     esz = x.element_size()
     xp, yp, mp, gp = x.data_ptr(), y.data_ptr(), m.data_ptr(), window.data_ptr()
@@ -503,12 +518,17 @@ def masked_backward(
             pad,
             gll[p],
             (rp + p * Hp * 24) if with_forward else None,
+            (lp + p * H * 16) if l1 else None,
         )
 
     _run(task, P * ns)
     if with_forward:
         sums = rows.sum(dim=1).view(B, C, 3)  # summed in float64 in masked_forward's order
-        return gx, gy, sums[..., 0], sums[..., 1], sums[..., 2]
+        out = (gx, gy, sums[..., 0], sums[..., 1], sums[..., 2])
+        if l1:
+            l1sums = l1rows.sum(dim=1).view(B, C, 2)
+            out += (l1sums[..., 0], l1sums[..., 1])
+        return out
     return gx, gy
 
 
