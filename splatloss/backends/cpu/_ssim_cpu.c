@@ -259,13 +259,14 @@ static void gather_shifts(const ws_t *w, REAL *restrict sx, REAL *restrict sy) {
 #endif
 }
 
-/* Rows of x and y (and the mask) are read from the images PF_ROWS rows ahead of the one being filtered: a software
- * prefetch per cache line, spread over the filter's column loop, so the lines arrive while the
- * filter computes (a single core streaming rows of two 3.7 MB planes otherwise waits on each load:
- * the row copy took a sixth of the SSIM forward + backward at 1x3x720x1280 on one core). */
+/* Rows of x and y (and the mask) are read from the images PF_ROWS rows ahead of the one being
+ * filtered: a software prefetch per cache line, spread over the filter's column loop, so the lines
+ * arrive while the filter computes (a single core streaming rows of two 3.7 MB planes otherwise
+ * waits on each load: the row copy took a sixth of the SSIM forward + backward at 1x3x720x1280 on
+ * one core). */
 #define PF_ROWS 2
 typedef struct {
-    const char *x, *y, *m;  /* the first byte of the columns to fetch (x NULL: a padding row; m NULL: no mask) */
+    const char *x, *y, *m;  /* the columns' first bytes (x NULL: a padding row; m NULL: no mask) */
     int bytes;              /* how many */
 } pf_t;
 
