@@ -29,9 +29,21 @@ from .. import multiscale
 from ..config import SSIMConfig, accumulation_dtype, to_accumulation_dtype
 from . import masked
 
-__all__ = ["Backend", "compile_time_constant", "masked_l1"]
+__all__ = ["Backend", "compile_time_constant", "masked_l1", "stepwise_quotient"]
 
 Tensor = torch.Tensor
+
+
+@functools.lru_cache(maxsize=256)
+def stepwise_quotient(dtype: torch.dtype, numerator: float, *divisors: float) -> float:
+    """``numerator / divisors[0] / divisors[1] ...`` in ``dtype``, each step rounded to it: the
+    upstreams autograd's mean backwards hand a loss's per-image or per-plane terms (``1 / B``;
+    ``-1 / B`` then ``/ C`` for ``1 - ssim``), which the backends' fused passes compute their
+    gradients for."""
+    q = torch.full((), numerator, dtype=dtype)
+    for d in divisors:
+        q = q / d
+    return float(q.item())
 
 
 def compile_time_constant(fn: Callable) -> Callable:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from ... import multiscale
 from ...config import SSIMConfig, accumulation_dtype, to_accumulation_dtype
 from .. import masked, torch_fused
+from ..base import stepwise_quotient
 from . import library
 from .library import FIXED_TAPS
 
@@ -162,15 +163,10 @@ def _scaled(unit, k: Tensor):
 
 
 def _expected(x: Tensor, numerator: float, *divisors: int) -> float:
-    """The upstream a mean loss hands an op's per-image (or per-plane) outputs: ``numerator`` divided
-    by each of ``divisors`` in turn, rounded to ``x``'s dtype at each step as autograd's mean
-    backwards round it (``loss.mean()`` over B images: ``1 / B``; ``1 - ssim(x, y)``: ``-1 / B``,
-    then ``/ C``). A fused pass computes its gradient for this upstream, and the backward hands it
-    on untouched when it comes (:func:`_rescaled`)."""
-    q = torch.full((), numerator, dtype=x.dtype)
-    for d in divisors:
-        q = q / d
-    return float(q)
+    """The upstream a mean loss hands an op's per-image (or per-plane) outputs, in ``x``'s dtype
+    (:func:`~splatloss.backends.base.stepwise_quotient`). A fused pass computes its gradient for
+    it, and the backward hands that gradient on untouched when it comes (:func:`_rescaled`)."""
+    return stepwise_quotient(x.dtype, numerator, *divisors)
 
 
 def _rescaled(unit, u: Tensor, expect: float):

@@ -71,10 +71,9 @@ def _rescale_kernel(
 def f32_quotient(numerator: float, *divisors: float) -> float:
     """``numerator / divisors[0] / divisors[1] ...``, each step rounded to float32: as autograd's
     mean backwards round the upstreams, and ``1 / expect`` as the kernel and :func:`scaled` use it."""
-    q = torch.full((), numerator, dtype=torch.float32)
-    for d in divisors:
-        q = q / d
-    return float(q.item())
+    from ..base import stepwise_quotient  # here, so that the kernels above keep their lines
+
+    return stepwise_quotient(torch.float32, numerator, *divisors)
 
 
 def _layout(g: Tensor, P: int):
