@@ -833,7 +833,7 @@ def _mstats_fused(ctx, x, y, m, w, c1, c2, pad):
     x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
     B, C = x.shape[:2]
     lib = library.require(x.dtype, w.numel())
-    zt = library.masked_centre_sums(lib, m, B, C, w.numel(), pad).to(x.dtype)
+    zt = library.masked_weights(lib, m, B, C, w.numel(), pad)[0].to(x.dtype)
     ctx.expect = _expected(x, -1.0, B, C)  # the D-SSIM loss's, 1 - ssim(x, y, mask=m)
     g_s = torch.full((B, C), ctx.expect, dtype=x.dtype) * _safe_inv(zt)  # as _mstats_backward's
     gx, gy, ss, cc, z = library.masked_backward(
@@ -932,9 +932,8 @@ def _mdssim_l1_fused(ctx, x, y, m, w, c1, c2, pad, lam):
     x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
     B, C = x.shape[:2]
     lib = library.require(x.dtype, w.numel())
-    _, den = library.masked_l1_sums(lib, x, y, m, pad, mask_only=True)  # the L1's weights: the mask's
-    den = den.sum(dim=1)  # per image, over channels and pixels
-    zt = library.masked_centre_sums(lib, m, B, C, w.numel(), pad).to(x.dtype)
+    z, den = library.masked_weights(lib, m, B, C, w.numel(), pad)  # from the mask alone
+    zt, den = z.to(x.dtype), den.sum(dim=1)  # den per image, over channels and pixels
     dent = den.to(x.dtype)
     ctx.expect = _expected(x, 1.0, B)  # loss.mean()'s
     g = torch.full((B,), ctx.expect, dtype=x.dtype)

@@ -36,8 +36,8 @@ __all__ = [
     "l1_means",
     "masked_forward",
     "masked_backward",
-    "masked_centre_sums",
     "masked_l1_sums",
+    "masked_weights",
     "down2",
     "down2_backward",
     "fma_peak",
@@ -394,51 +394,48 @@ def masked_forward(
     return out
 
 
-def masked_l1_sums(lib, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, pad: int = 0, mask_only: bool = False):
+def masked_l1_sums(lib, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, pad: int = 0):
     """``(sum m |x - y|, sum m)`` per plane ``[B, C]`` in float64 (arguments as in
     :func:`masked_forward`; the L1 term is over the pixels), summed as :func:`masked_backward`'s
-    fused pass sums them for ``pad``. ``mask_only``: ``sum m`` alone, from the mask (one read of
-    each distinct mask plane; the first is then zeros)."""
+    fused pass sums them for ``pad``."""
     B, C, H, W = x.shape
     P, esz = B * C, x.element_size()
     xp, yp, mp = x.data_ptr(), y.data_ptr(), m.data_ptr()
     moff = _mask_plane(m, B, C)
     l1rows = torch.zeros(P, H, 2, dtype=torch.float64)
-    done: dict = {}
     for p in range(P):
-        o = moff(p)
-        if mask_only and o in done:
-            l1rows[p] = l1rows[done[o]]
-            continue
-        done[o] = p
         off = p * H * W * esz
-        lib.splat_masked_l1_rows_tiled(
-            xp + off, yp + off, mp + o, H, W, pad, int(mask_only), l1rows.data_ptr() + p * H * 16
-        )  # fmt: skip
+        lib.splat_masked_l1_rows_tiled(xp + off, yp + off, mp + moff(p), H, W, pad, 0, l1rows.data_ptr() + p * H * 16)
     l1sums = l1rows.sum(dim=1).view(B, C, 2)
     return l1sums[..., 0], l1sums[..., 1]
 
 
-def masked_centre_sums(lib, m: torch.Tensor, B: int, C: int, K: int, pad: int = 0) -> torch.Tensor:
-    """The centre weights' sums ``[B, C]`` (float64) of the planes of ``B x C`` images under the mask
-    ``m`` ``(B|1, C|1, H, W)``: :func:`masked_forward`'s third sums, bit for bit, from the mask
-    alone (one read of each distinct mask plane)."""
+def masked_weights(lib, m: torch.Tensor, B: int, C: int, K: int, pad: int = 0):
+    """What the masked means divide by, from the mask ``m`` ``(B|1, C|1, H, W)`` alone, for ``B x C``
+    planes: ``(sum c, sum m)`` ``[B, C]`` in float64, the centre weights' sums of
+    :func:`masked_forward` and the mask sums of :func:`masked_l1_sums`, bit for bit (the same lanes,
+    layouts and reductions), one read of each distinct mask plane."""
     _, _, H, W = m.shape
     Hp, Wp = H + 2 * pad - K + 1, W + 2 * pad - K + 1
     moff = _mask_plane(m, B, C)
     work = torch.empty((Wp + 2 * 64) // 64 * 64 + 64, dtype=m.dtype)  # a vector-padded map row
+    centre = torch.zeros(1, Hp, 3, dtype=torch.float64)  # masked_forward's layout and reduction
     rows = torch.empty(Hp, dtype=torch.float64)
+    mrows = torch.zeros(1, H, 2, dtype=torch.float64)  # masked_l1_sums's
     done: dict = {}
-    out = torch.empty(B * C, dtype=torch.float64)
+    z = torch.empty(B * C, dtype=torch.float64)
+    msum = torch.empty(B * C, dtype=torch.float64)
     for p in range(B * C):
         o = moff(p)
         if o not in done:
-            lib.splat_mssim_centre_rows(m.data_ptr() + o, H, W, K, 0, Hp, work.data_ptr(), rows.data_ptr(), pad)
-            laid = torch.zeros(1, Hp, 3, dtype=torch.float64)  # masked_forward's layout and reduction
-            laid[0, :, 2] = rows
-            done[o] = laid.sum(dim=1)[0, 2]
-        out[p] = done[o]
-    return out.view(B, C)
+            mp = m.data_ptr() + o
+            lib.splat_mssim_centre_rows(mp, H, W, K, 0, Hp, work.data_ptr(), rows.data_ptr(), pad)
+            centre[0, :, 2] = rows
+            mrows.zero_()
+            lib.splat_masked_l1_rows_tiled(mp, mp, mp, H, W, pad, 1, mrows.data_ptr())  # m alone
+            done[o] = (centre.sum(dim=1)[0, 2], mrows.sum(dim=1)[0, 1])
+        z[p], msum[p] = done[o]
+    return z.view(B, C), msum.view(B, C)
 
 
 def masked_backward(
