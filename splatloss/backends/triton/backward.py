@@ -26,7 +26,7 @@ import triton.language as tl
 
 from . import tune
 from .bodies import interior, l1_sign_term, lanes, scale_of, store_grad, store_sums
-from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, vadjoint_taps, vmoments
+from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, stage_row, vadjoint_taps, vmoments
 from .glue import unit_upstreams
 from .launch import (
     COLUMN_TAPS,
@@ -72,7 +72,6 @@ def _bwd_columns(
     x_base = b * sx_b + ch * sx_c
     y_base = b * sy_b + ch * sy_c
     o_base = b * so_b + ch * so_c
-    ar = tl.arange(0, BW)
 
     STEP: tl.constexpr = F - (K - 1)  # gradient columns per strip
     q_c0 = strip * STEP
@@ -154,15 +153,13 @@ def _bwd_columns(
         g_sq, a_sq = push(a_sq, dsq, wa, K, False)
         g_xy, a_xy = push(a_xy, dxy, wa, K, False)
         buf = scr + (i % 2) * (5 * BW)
-        tl.store(buf + ar, 2.0 * g_sq)
-        tl.store(buf + BW + ar, g_xy)
+        g1 = 0.0
+        g2 = 0.0
         if NEED1:
             g1, a_1 = push_moved(a_1, tl.where(valid, d1, 0.0), e, hist, s, shift, wa, K)
-            tl.store(buf + 2 * BW + ar, g1)
         if NEED2:
             g2, a_2 = push_moved(a_2, tl.where(valid, d2, 0.0), e, hist, s, shift, wa, K)
-            tl.store(buf + 3 * BW + ar, g2)
-        tl.store(buf + 4 * BW + ar, tl.where(pcol_ok, hist[0], 0.0))
+        stage_row(buf, 2.0 * g_sq, g_xy, g1, g2, tl.where(pcol_ok, hist[0], 0.0), NEED1, NEED2, BW)
         tl.debug_barrier()
 
         # 4. horizontal adjoint of gradient row q through the scratch row

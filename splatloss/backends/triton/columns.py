@@ -26,6 +26,10 @@ import triton.language as tl
 
 __all__ = [
     "load_taps",
+    "pack",
+    "unpack",
+    "words",
+    "stage_row",
     "add_tap",
     "hmoments",
     "add_masked_tap",
@@ -48,6 +52,31 @@ def load_taps(w_ptr, K: tl.constexpr):
     for a in tl.static_range(K):
         t = t + (tl.load(w_ptr + a),)
     return t
+
+
+@triton.jit
+def pack(a, b):
+    """Two float32 values per lane as one 64-bit word, ``a`` in its low half (the float at the even
+    address), bit for bit (NaN payloads, signed zeros, subnormals): values stored in pairs take one
+    64-bit load or store where they took two (:func:`unpack`). Only where the pairs do not cost
+    registers: the moments kernels' kept rows and pending sums in pairs spilled at 64 registers
+    (tools/check_kernels.py)."""
+    lo = a.to(tl.int32, bitcast=True).to(tl.uint32).to(tl.int64)
+    return (b.to(tl.int32, bitcast=True).to(tl.int64) << 32) | lo
+
+
+@triton.jit
+def unpack(v):
+    """The two float32 values of 64-bit words made by :func:`pack`: ``(low, high)``."""
+    return v.to(tl.int32).to(tl.float32, bitcast=True), (v >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def words(lane, BW: tl.constexpr):
+    """The 64-bit words of a scratch block of ``2 BW`` floats, one per lane: ``lane`` (a lane's own
+    float pointer, ``ptr + arange(BW)``, ``ptr`` at an even offset) gives word ``l`` at floats
+    ``2 l``, ``2 l + 1``, ``BW`` words on the next block's."""
+    return (lane + tl.arange(0, BW)).to(tl.pointer_type(tl.int64))
 
 
 @triton.jit
@@ -554,6 +583,41 @@ def _moved_terms(v_sq2, v_xy, u1, u2, sh, xq, yq, NEED1: tl.constexpr, NEED2: tl
 
 
 @triton.jit
+def stage_row(buf, v_sq2, v_xy, u1, u2, sh, NEED1: tl.constexpr, NEED2: tl.constexpr, BW: tl.constexpr):
+    """Stage one gradient row's values for :func:`hadjoint_moved` in the scratch row ``buf`` (a
+    float pointer at an even offset, ``5 BW`` floats): per lane (frame column) ``l``, word ``l`` of
+    the first ``2 BW`` floats holds ``(v_sq2, v_xy)`` (:func:`pack`: one 64-bit load per tap where
+    it took two), then ``BW`` floats each of ``u1`` (with ``NEED1``), ``u2`` (with ``NEED2``) and
+    the shift ``sh``. (The partials and the shift paired as well made the backward kernels spill
+    at 64 registers on sm_90: tools/check_kernels.py.)"""
+    ar = tl.arange(0, BW)
+    tl.store(words(buf + ar, BW), pack(v_sq2, v_xy))
+    if NEED1:
+        tl.store(buf + 2 * BW + ar, u1)
+    if NEED2:
+        tl.store(buf + 3 * BW + ar, u2)
+    tl.store(buf + 4 * BW + ar, sh)
+
+
+@triton.jit
+def _staged_terms(w, one, xq, yq, ok, NEED1: tl.constexpr, NEED2: tl.constexpr, BW: tl.constexpr):
+    """One source column's terms (:func:`_moved_terms`) from a staged row (:func:`stage_row`): its
+    word pointers ``w`` and its shift's float pointers ``one`` (the partials ``2 BW`` and ``BW``
+    before them); ``ok``: a load mask (None: all), zeros where it is False."""
+    if ok is None:
+        v_sq2, v_xy = unpack(tl.load(w))
+        u1 = tl.load(one - 2 * BW) if NEED1 else 0.0
+        u2 = tl.load(one - BW) if NEED2 else 0.0
+        sh = tl.load(one)
+    else:
+        v_sq2, v_xy = unpack(tl.load(w, mask=ok, other=0))
+        u1 = tl.load(one - 2 * BW, mask=ok, other=0.0) if NEED1 else 0.0
+        u2 = tl.load(one - BW, mask=ok, other=0.0) if NEED2 else 0.0
+        sh = tl.load(one, mask=ok, other=0.0)
+    return _moved_terms(v_sq2, v_xy, u1, u2, sh, xq, yq, NEED1, NEED2)
+
+
+@triton.jit
 def hadjoint_moved(
     buf,
     wt,
@@ -572,26 +636,23 @@ def hadjoint_moved(
     EDGE: tl.constexpr,
 ):
     """Horizontal adjoint of one gradient row around the map columns' own shifts: the scratch row
-    ``buf`` holds, per frame column (lane ``l`` is frame column ``f = l % F``, map column ``q_c0 -
-    (K - 1) + PAD + f``; the taps of the kept lanes stay inside the frame), the vertically
-    adjoined ``2 d/dE[x'^2]``, ``d/dE[x'y']``, the means' partials of x and y (with the rows' shift
-    corrections, :func:`push_moved`) and the row's shift there, ``BW`` apart. Gradient column
+    ``buf`` holds (:func:`stage_row`), per frame column (lane ``l`` is frame column ``f = l % F``,
+    map column ``q_c0 - (K - 1) + PAD + f``; the taps of the kept lanes stay inside the frame), the
+    vertically adjoined ``2 d/dE[x'^2]``, ``d/dE[x'y']``, the means' partials of x and y (with the
+    rows' shift corrections, :func:`push_moved`) and the row's shift there. Gradient column
     ``q = q_c0 + f`` (pixel ``xq``, ``yq``) gathers, per tap, its source column's terms
     (:func:`_moved_terms`: the pixel's difference against that column's shift, exact zeros in a
     flat row), under "reflect" also through its mirror images (only in ``EDGE`` programs: an
     interior strip's gradient columns lie more than ``K // 2`` from either border). Returns both
     gradients (0 where not needed)."""
     ar = tl.arange(0, BW)
+    w = words(buf + ar, BW)
+    one = buf + 4 * BW + ar  # the shifts
     g1 = tl.zeros([BW], dtype=tl.float32)
     g2 = tl.zeros([BW], dtype=tl.float32)
     for a in tl.static_range(K):
-        src = buf + ar + (K - 1 - a)
-        t1, t2 = _moved_terms(
-            tl.load(src), tl.load(src + BW), tl.load(src + 2 * BW) if NEED1 else 0.0,
-            tl.load(src + 3 * BW) if NEED2 else 0.0, tl.load(src + 4 * BW), xq, yq, NEED1, NEED2,
-        )  # fmt: skip
+        t1, t2 = _staged_terms(w + (K - 1 - a), one + (K - 1 - a), xq, yq, None, NEED1, NEED2, BW)
         if REFLECT and EDGE:
-            frame = buf + ar - f
             q = q_c0 + f
             for side in tl.static_range(2):
                 if side == 0:
@@ -600,13 +661,8 @@ def hadjoint_moved(
                 else:
                     idx = (K - 1 - a) + 2 * (W - 1) - 2 * q_c0 - f
                     ok = (q >= W - 1 - PAD) & (q <= W - 2) & (idx >= 0) & (idx < F)
-                m = frame + idx
-                m1, m2 = _moved_terms(
-                    tl.load(m, mask=ok, other=0.0), tl.load(m + BW, mask=ok, other=0.0),
-                    tl.load(m + 2 * BW, mask=ok, other=0.0) if NEED1 else 0.0,
-                    tl.load(m + 3 * BW, mask=ok, other=0.0) if NEED2 else 0.0,
-                    tl.load(m + 4 * BW, mask=ok, other=0.0), xq, yq, NEED1, NEED2,
-                )  # fmt: skip
+                # the frame's column idx: lane l's frame starts at column l - f
+                m1, m2 = _staged_terms(w - f + idx, one - f + idx, xq, yq, ok, NEED1, NEED2, BW)
                 t1 += m1
                 t2 += m2
         g1 += wt[a] * t1

@@ -39,6 +39,7 @@ from .columns import (
     load_taps,
     push,
     push_moved,
+    stage_row,
     vadjoint_taps,
     vmoments_masked,
     vmoments_masked_kept,
@@ -204,7 +205,7 @@ def _masked_bwd_columns(
     # scratch (stays in L1/L2): two rows of 5 values per lane, as in the backward kernel, then the
     # last K // 2 input rows' five sums and centre masks (:func:`.columns.vmoments_masked_kept`)
     scr = scr_ptr + pid.to(tl.int64) * ((10 + 6 * (K // 2)) * BW + 32)
-    lane = scr + ar  # the lane's own words: one 64-bit pointer for the kept rows and the staged row
+    lane = scr + ar  # the lane's own floats: one pointer for the kept rows
     KEPT: tl.constexpr = 10 * BW + 32
     for j in tl.static_range(6 * (K // 2)):
         tl.store(lane + KEPT + j * BW, zero)
@@ -267,16 +268,13 @@ def _masked_bwd_columns(
         g_sq, a_sq = push(a_sq, dsq, wa, K, False)
         g_xy, a_xy = push(a_xy, dxy, wa, K, False)
         buf = scr + (i % 2) * (5 * BW)
-        staged = lane + (i % 2) * (5 * BW)  # buf + ar
-        tl.store(staged, 2.0 * g_sq)
-        tl.store(staged + BW, g_xy)
+        g1 = 0.0
+        g2 = 0.0
         if NEED1:
             g1, a_1 = push_moved(a_1, tl.where(valid, d1 * inv, 0.0), e, hist, s, shift, wa, K)
-            tl.store(staged + 2 * BW, g1)
         if NEED2:
             g2, a_2 = push_moved(a_2, tl.where(valid, d2 * inv, 0.0), e, hist, s, shift, wa, K)
-            tl.store(staged + 3 * BW, g2)
-        tl.store(staged + 4 * BW, tl.where(pcol_ok, hist[0], 0.0))
+        stage_row(buf, 2.0 * g_sq, g_xy, g1, g2, tl.where(pcol_ok, hist[0], 0.0), NEED1, NEED2, BW)
         tl.debug_barrier()
 
         # 4. horizontal adjoint of gradient row q = p - PAD through the scratch row, times the

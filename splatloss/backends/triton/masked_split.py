@@ -36,6 +36,7 @@ from .columns import (
     hmoments_masked,
     load_kept,
     load_taps,
+    pack,
     store_kept,
     vmoments_masked,
 )
@@ -151,10 +152,9 @@ def _masked_moments_columns(
         if i >= K - 1:
             fm, f1, f2, f11, f12, _ = done  # around the centre row's shift, which the adjoint forms again
             # no mask: the planes' rows and channels are padded to whole strips and lane groups
-            tl.store(at, f1)
-            tl.store(at + 1, f2)
-            tl.store(at + 2, f11)
-            tl.store(at + 3, f12)
+            wo = at.to(tl.pointer_type(tl.int64))  # the four in two 64-bit words (16-byte aligned)
+            tl.store(wo, pack(f1, f2))
+            tl.store(wo + 1, pack(f11, f12))
             tl.store(at + 4 * WP - 3 * p_c, 1.0 / tl.where(fm > 0, fm, 1.0))
             at += 5 * WP
 

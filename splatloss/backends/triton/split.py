@@ -32,7 +32,18 @@ import triton
 import triton.language as tl
 
 from .bodies import interior, l1_sign_term, lanes, scale_of, store_grad, store_sums
-from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, vmoments_kept
+from .columns import (
+    hadjoint_moved,
+    hmoments,
+    load_taps,
+    pack,
+    push,
+    push_moved,
+    stage_row,
+    unpack,
+    vmoments_kept,
+    words,
+)
 from .launch import (
     COLUMN_MAXNREG,
     COLUMN_TAPS,
@@ -129,10 +140,9 @@ def _moments_columns(
         if i >= K - 1:
             mu1, mu2, e11, e12, _ = done  # around the map row's centre-row shift, which the adjoint forms again
             # no mask: the buffer's rows and channels are padded to whole strips and lane groups
-            tl.store(at, mu1)
-            tl.store(at + 1, mu2)
-            tl.store(at + 2, e11)
-            tl.store(at + 3, e12)
+            wo = at.to(tl.pointer_type(tl.int64))  # the four in two 64-bit words (16-byte aligned)
+            tl.store(wo, pack(mu1, mu2))
+            tl.store(wo + 1, pack(e11, e12))
             at += 4 * WP
 
 
@@ -237,10 +247,9 @@ def _adjoint_row(
         at = mo + p.to(tl.int64) * (5 * WP) + 4 * p_c
     else:
         at = mo + 4 * p.to(tl.int64) * WP
-    mu1 = tl.load(at, mask=valid, other=0.0)
-    mu2 = tl.load(at + 1, mask=valid, other=0.0)
-    e11 = tl.load(at + 2, mask=valid, other=0.0)
-    e12 = tl.load(at + 3, mask=valid, other=0.0)
+    wo = at.to(tl.pointer_type(tl.int64))  # the moments' two 64-bit words (the moments kernels' stores)
+    mu1, mu2 = unpack(tl.load(wo, mask=valid, other=0))
+    e11, e12 = unpack(tl.load(wo + 1, mask=valid, other=0))
     if MASKED:  # the four masked sums, their inverse and the centre mask of map position p
         inv = tl.load(at + 4 * WP - 3 * p_c, mask=valid, other=1.0)
         mc = tl.load(m_base + m_col + (p + (K // 2 - PAD)).to(tl.int64) * sm_h + (K // 2) * sm_w, mask=valid,
@@ -278,17 +287,26 @@ def _adjoint_row(
     # moved to each row's shift; gradient row q = p - PAD completes
     g_sq, a_sq = push(a_sq, dsq, wt, K, False)
     if MASKED:  # the x'y' partials' pending sums in the scratch: eight registers fewer (64, no spill)
+        # slots 2 j and 2 j + 1 in one 64-bit word per lane (an odd last slot alone after them)
+        pw = words(scr + PEND_AT + ar, BW)
         kept = ()
-        for j in tl.static_range(K - 1):
-            kept = kept + (tl.load(scr + PEND_AT + j * BW + ar),)
+        for j in tl.static_range((K - 1) // 2):
+            lo, hi = unpack(tl.load(pw + j * BW))
+            kept = kept + (lo, hi)
+        if (K - 1) % 2 == 1:
+            kept = kept + (tl.load(scr + PEND_AT + (K - 2) * BW + ar),)
         g_xy, kept = push(kept, dxy, wt, K, False)
-        for j in tl.static_range(K - 1):
-            tl.store(scr + PEND_AT + j * BW + ar, kept[j])
+        for j in tl.static_range((K - 1) // 2):
+            tl.store(pw + j * BW, pack(kept[2 * j], kept[2 * j + 1]))
+        if (K - 1) % 2 == 1:
+            tl.store(scr + PEND_AT + (K - 2) * BW + ar, kept[K - 2])
     else:
         g_xy, a_xy = push(a_xy, dxy, wt, K, False)
     hist = ()  # read where the moved sums need them, not before the partials
     for j in tl.static_range(K - 1):
         hist = hist + (shift if j == K // 2 else tl.load(base + j * BW),)
+    g1 = 0.0
+    g2 = 0.0
     if NEED1:
         g1, a_1 = push_moved(a_1, tl.where(valid, d1, 0.0), e, hist, s, shift, wt, K)
     if NEED2:
@@ -299,13 +317,7 @@ def _adjoint_row(
     if OUT:
         # horizontal adjoint of gradient row q through the scratch row (double-buffered: one barrier)
         buf = scr + (i % 2) * (5 * BW)
-        tl.store(buf + ar, 2.0 * g_sq)
-        tl.store(buf + BW + ar, g_xy)
-        if NEED1:
-            tl.store(buf + 2 * BW + ar, g1)
-        if NEED2:
-            tl.store(buf + 3 * BW + ar, g2)
-        tl.store(buf + 4 * BW + ar, tl.where(pcol_ok, q_shift, 0.0))
+        stage_row(buf, 2.0 * g_sq, g_xy, g1, g2, tl.where(pcol_ok, q_shift, 0.0), NEED1, NEED2, BW)
         tl.debug_barrier()
         q64 = (p - PAD).to(tl.int64)
         out = qcol_ok
