@@ -150,6 +150,36 @@ def test_pyramid_step_and_its_adjoint_match_torch_ops(size):
     torch.testing.assert_close(functions._down2_adjoint_torch(g, size), gs, rtol=1e-15, atol=1e-15)
 
 
+@pytest.mark.parametrize(
+    "size, pad, threads, tile",
+    [((40, 40), 0, 1, 0), ((101, 37), 5, 3, 0), ((99, 53), 0, 3, 15), ((38, 51), 5, 1, 16), ((97, 21), 0, 2, 0)],
+)
+def test_next_scale_written_by_the_kernel_pass_is_the_pyramid_step(monkeypatch, size, pad, threads, tile):
+    """MS-SSIM's next scale, written by the forward and by the fused pass as they read the images,
+    is down2's bit for bit: odd sides, "same" padding, row strips over threads, column tiles."""
+    x, y = _pair((1, 2, *size), seed=7)
+    lib = library.get(torch.float32)
+    w = SSIMConfig().window_1d(torch.float32, "cpu")
+    if tile:
+        monkeypatch.setattr(library, "BWD_TILE", tile)
+    want = library.down2(lib, x), library.down2(lib, y)
+    ones = torch.ones(1, 2)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        assert threads == 1 or library._strips(size[0] - 10, 2) > 1  # strips of the map rows, and of the rows
+        fwd = library.forward(lib, x, y, w, 1e-4, 9e-4, pad, down=True)
+        fused = library.backward(lib, x, y, w, 1e-4, 9e-4, ones, ones, True, False, pad, with_forward=True, down=True)
+        unfused = library.forward(lib, x, y, w, 1e-4, 9e-4, pad)
+    finally:
+        torch.set_num_threads(before)
+    for got in (fwd[2:], fused[4:]):
+        for a, b in zip(got, want):
+            assert a.shape == b.shape and torch.equal(a, b)
+    for a, b in zip(fwd[:2], unfused):  # the means as without it
+        assert torch.equal(a, b)
+
+
 def test_threaded_kernel_works_in_a_forked_child():
     """A fork after the thread pool exists (DataLoader workers) must not wait on absent threads."""
     import multiprocessing as mp

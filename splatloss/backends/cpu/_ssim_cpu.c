@@ -192,6 +192,8 @@ typedef struct {
     REAL *vrow;        /* 12 * Lv */
     REAL *grow;        /* 2 * Wo */
     mint *ci;          /* Wpp: map column j's shift column as a lane index (gather_shifts), j < Wp */
+    REAL *dx, *dy;     /* MS-SSIM's next scale of x and y (planes of ceil(H/2) x ceil(W/2)), or NULL */
+    int own_r0, own_r1, own_c0, own_c1;  /* the image rows and columns whose 2x2 blocks this tile writes */
 } ws_t;
 
 static ws_t make_ws(dims_t d, img_t im, const REAL *g, REAL *base) {
@@ -203,6 +205,8 @@ static ws_t make_ws(dims_t d, img_t im, const REAL *g, REAL *base) {
     w.vrow = w.aring + (size_t)NQ * NSLOT(d.K) * d.Wpp;
     w.grow = w.vrow + (size_t)12 * d.Lv;
     w.ci = (mint *)(void *)(w.grow + (size_t)2 * d.Wo);
+    w.dx = w.dy = NULL;
+    w.own_r0 = w.own_r1 = w.own_c0 = w.own_c1 = 0;
     return w;
 }
 
@@ -259,6 +263,69 @@ static void gather_shifts(const ws_t *w, REAL *restrict sx, REAL *restrict sy) {
 #endif
 }
 
+/* Even and odd lanes of the 2V-lane concatenation of a and b. */
+#if V_LANES == 16
+#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+#define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31)
+#elif V_LANES == 8
+#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14)
+#define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15)
+#elif V_LANES == 4
+#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6)
+#define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7)
+#else
+#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2)
+#define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3)
+#endif
+/* Each lane of the low / high half of v twice: (v0, v0, v1, v1, ...). */
+#if V_LANES == 16
+#define DUP_LO(v) __builtin_shufflevector(v, v, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
+#define DUP_HI(v) __builtin_shufflevector(v, v, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)
+#elif V_LANES == 8
+#define DUP_LO(v) __builtin_shufflevector(v, v, 0, 0, 1, 1, 2, 2, 3, 3)
+#define DUP_HI(v) __builtin_shufflevector(v, v, 4, 4, 5, 5, 6, 6, 7, 7)
+#elif V_LANES == 4
+#define DUP_LO(v) __builtin_shufflevector(v, v, 0, 0, 1, 1)
+#define DUP_HI(v) __builtin_shufflevector(v, v, 2, 2, 3, 3)
+#else
+#define DUP_LO(v) __builtin_shufflevector(v, v, 0, 0)
+#define DUP_HI(v) __builtin_shufflevector(v, v, 1, 1)
+#endif
+
+
+/* Columns [j0, j1) of one row of the MS-SSIM pyramid step (splat_down2_fwd) from image rows r0 and
+ * r1 (the same row where a repeated last row stands in) of width W: each output the mean of its 2 x 2
+ * block, summed in one order whatever the columns' split, so every split gives the same bits. */
+static void down2_cols(const REAL *restrict r0, const REAL *restrict r1, int W, int j0, int j1, REAL *restrict o) {
+    const int jp = j1 < W / 2 ? j1 : W / 2;  /* whole pairs of columns */
+    const vr q = bc((REAL)0.25);
+    int j = j0;
+    for (; j + V <= jp; j += V) {  /* even / odd columns of two vectors, the same sum order */
+        vr a0 = ld(r0 + 2 * j), a1 = ld(r0 + 2 * j + V), b0 = ld(r1 + 2 * j), b1 = ld(r1 + 2 * j + V);
+        vr ae = EVENS(a0, a1), ao = ODDS(a0, a1), be = EVENS(b0, b1), bo = ODDS(b0, b1);
+        st(o + j, (((ae + ao) + be) + bo) * q);
+    }
+    for (; j < jp; j++) o[j] = (((r0[2 * j] + r0[2 * j + 1]) + r1[2 * j]) + r1[2 * j + 1]) * (REAL)0.25;
+    if ((W & 1) && j1 > W / 2)  /* an odd width's last column, repeated */
+        o[W / 2] = (((r0[W - 1] + r0[W - 1]) + r1[W - 1]) + r1[W - 1]) * (REAL)0.25;
+}
+
+/* MS-SSIM's next scale written as the kernel reads the images: when the tile has read image row rr
+ * (logical row r), the second of a pair (or an odd height's last, repeated), the pair's 2 x 2 means
+ * over the column pairs it owns (those whose second column, or an odd width's last, it owns), from
+ * rows still in the cache; every image row and column is owned by one strip and tile, so each
+ * output is written once, as splat_down2_fwd writes it. */
+static void emit_down2(const ws_t *w, int r) {
+    const img_t im = w->im;
+    const int rr = r - im.pad;
+    if (!w->dx || rr < w->own_r0 || rr >= w->own_r1 || (!(rr & 1) && rr != im.H - 1)) return;
+    const int i = rr / 2, Wo = (im.W + 1) / 2;
+    const int j0 = w->own_c0 / 2, j1 = w->own_c1 >= im.W ? Wo : w->own_c1 / 2;
+    const size_t a = (size_t)(2 * i) * im.ld, b = (size_t)(2 * i + 1 < im.H ? 2 * i + 1 : im.H - 1) * im.ld;
+    down2_cols(im.x + a, im.x + b, im.W, j0, j1, w->dx + (size_t)i * Wo);
+    down2_cols(im.y + a, im.y + b, im.W, j0, j1, w->dy + (size_t)i * Wo);
+}
+
 /* Rows of x and y (and the mask) are read from the images PF_ROWS rows ahead of the one being
  * filtered: a software prefetch per cache line, spread over the filter's column loop, so the lines
  * arrive while the filter computes (a single core streaming rows of two 3.7 MB planes otherwise
@@ -305,6 +372,7 @@ static void hfilter(ws_t *w, int r, int slot) {
     const REAL *bx = w->in, *by = w->in + d.Lin, *g = w->g;  /* local: the stores may alias w */
     REAL *row = w->hring + (size_t)slot * NQ * d.Wpp;
     load_xy(w, r);
+    emit_down2(w, r);
     gather_shifts(w, row + 4 * V, row + 5 * V);
     const pf_t pf = pf_row(&w->im, d.W, NULL, r);
     for (int j = 0; j < d.Wpp; j += V) {
@@ -765,7 +833,7 @@ static void bwd_tile(ws_t *w, int H, REAL C1, REAL C2, REAL gS, REAL gC, REAL l1
  * column 0), so every tile forms the same moments. */
 static void plane_tiles(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K, REAL C1, REAL C2,
                         REAL gS, REAL gC, REAL l1c, int r0, int r1, REAL *work, REAL *gx, REAL *gy, int tile,
-                        int pad, double *rows, int grad, double *l1rows) {
+                        int pad, double *rows, int grad, double *l1rows, REAL *dx, REAL *dy) {
     const int Wl = W + 2 * pad, Hl = H + 2 * pad;
     const int Wp = Wl - K + 1, Hp = Hl - K + 1, r = K / 2;
     const int T = tile > 0 ? tile : W;
@@ -779,6 +847,16 @@ static void plane_tiles(const REAL *x, const REAL *y, int H, int W, const REAL *
         img_t im = {x, y, H, W, W, pad, a, 0};
         memset(work, 0, ws_elems(d) * sizeof(REAL));
         ws_t w = make_ws(d, im, g, work);
+        if (dx) {  /* the image rows and columns this strip and tile own */
+            w.dx = dx; w.dy = dy;
+            w.own_c0 = c0 - pad; w.own_c1 = c1 - pad;
+            if (grad) {  /* its gradient rows */
+                w.own_r0 = r0; w.own_r1 = r1;
+            } else {  /* map rows [r0, r1): their windows' centre rows, the first and last strips to the edges */
+                w.own_r0 = r0 == 0 ? 0 : r0 + r - pad;
+                w.own_r1 = r1 >= Hp ? H : r1 + r - pad;
+            }
+        }
         for (int j = 0; j < d.Wp; j++) {  /* map column a + j: its group's middle column (clipped) */
             int mc = (a + j) / G * G + G / 2;
             w.ci[j] = (mint)((mc < Wp - 1 ? mc : Wp - 1) + r - a - (j / V * V + r - 1));
@@ -796,10 +874,13 @@ static void plane_tiles(const REAL *x, const REAL *y, int H, int W, const REAL *
 
 /* Sums of the SSIM and cs maps over map rows [m0, m1) of one plane (H x W, seen with `pad` zero
  * rows / columns around it): out[2 m] += sum_j ssim(m, j), out[2 m + 1] += sum_j cs(m, j) (out
- * zeroed by the caller; `tile` as in splat_ssim_bwd, which gives the same sums). */
+ * zeroed by the caller; `tile` as in splat_ssim_bwd, which gives the same sums). dx, dy != NULL:
+ * MS-SSIM's next scale of x and y in the same pass (splat_down2_fwd's planes, bit for bit), the rows
+ * whose windows centre in this strip's map rows (the first and last strips to the edges). */
 void splat_ssim_fwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
-                    REAL C1, REAL C2, int m0, int m1, REAL *work, double *out, int tile, int pad) {
-    plane_tiles(x, y, H, W, g, K, C1, C2, 0, 0, 0, m0, m1, work, NULL, NULL, tile, pad, out, 0, NULL);
+                    REAL C1, REAL C2, int m0, int m1, REAL *work, double *out, int tile, int pad, REAL *dx,
+                    REAL *dy) {
+    plane_tiles(x, y, H, W, g, K, C1, C2, 0, 0, 0, m0, m1, work, NULL, NULL, tile, pad, out, 0, NULL, dx, dy);
 }
 
 /* Gradient rows [q0, q1) of one plane (H x W, seen with `pad` zero rows / columns around it) of
@@ -808,11 +889,13 @@ void splat_ssim_fwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, i
  * can run in parallel. Column tiles of `tile` gradient columns (tile <= 0: whole rows) each
  * recompute the K-1 map columns they share with the next. rows != NULL (zeroed by the caller):
  * the forward's row sums in the same pass, out[2 m], out[2 m + 1] for the map rows m this strip
- * owns, [q0 + pad - K/2, q1 + pad - K/2) clipped to the map, exactly as splat_ssim_fwd adds them. */
+ * owns, [q0 + pad - K/2, q1 + pad - K/2) clipped to the map, exactly as splat_ssim_fwd adds them.
+ * dx, dy != NULL: MS-SSIM's next scale of x and y, as splat_down2_fwd writes it, rows [q0, q1)'s pairs. */
 void splat_ssim_bwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
                     REAL C1, REAL C2, REAL gS, REAL gC, int q0, int q1, REAL *work,
-                    REAL *gx, REAL *gy, int tile, int pad, REAL l1c, double *rows, double *l1rows) {
-    plane_tiles(x, y, H, W, g, K, C1, C2, gS, gC, l1c, q0, q1, work, gx, gy, tile, pad, rows, 1, l1rows);
+                    REAL *gx, REAL *gy, int tile, int pad, REAL l1c, double *rows, double *l1rows, REAL *dx,
+                    REAL *dy) {
+    plane_tiles(x, y, H, W, g, K, C1, C2, gS, gC, l1c, q0, q1, work, gx, gy, tile, pad, rows, 1, l1rows, dx, dy);
 }
 
 /* Per-row sums of |x - y| of one plane, out[i] += the sum over row i, in the lanes and the order of
@@ -853,35 +936,6 @@ void splat_l1_rows_tiled(const REAL *x, const REAL *y, int H, int W, int K, int 
     }
 }
 
-/* Even and odd lanes of the 2V-lane concatenation of a and b. */
-#if V_LANES == 16
-#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
-#define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31)
-#elif V_LANES == 8
-#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14)
-#define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15)
-#elif V_LANES == 4
-#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6)
-#define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7)
-#else
-#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2)
-#define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3)
-#endif
-/* Each lane of the low / high half of v twice: (v0, v0, v1, v1, ...). */
-#if V_LANES == 16
-#define DUP_LO(v) __builtin_shufflevector(v, v, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
-#define DUP_HI(v) __builtin_shufflevector(v, v, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)
-#elif V_LANES == 8
-#define DUP_LO(v) __builtin_shufflevector(v, v, 0, 0, 1, 1, 2, 2, 3, 3)
-#define DUP_HI(v) __builtin_shufflevector(v, v, 4, 4, 5, 5, 6, 6, 7, 7)
-#elif V_LANES == 4
-#define DUP_LO(v) __builtin_shufflevector(v, v, 0, 0, 1, 1)
-#define DUP_HI(v) __builtin_shufflevector(v, v, 2, 2, 3, 3)
-#else
-#define DUP_LO(v) __builtin_shufflevector(v, v, 0, 0)
-#define DUP_HI(v) __builtin_shufflevector(v, v, 1, 1)
-#endif
-
 /* MS-SSIM pyramid step on `planes` planes of H x W: an odd side is padded by repeating its last
  * row / column (bottom / right), then 2x2 blocks are averaged (TF ssim_multiscale's SYMMETRIC pad
  * + 2x2 VALID average pool). out is planes x ceil(H/2) x ceil(W/2). */
@@ -890,22 +944,9 @@ void splat_down2_fwd(const REAL *x, int planes, int H, int W, REAL *out) {
     for (int p = 0; p < planes; p++) {
         const REAL *xp = x + (size_t)p * H * W;
         REAL *op = out + (size_t)p * Ho * Wo;
-        for (int i = 0; i < Ho; i++) {
-            const REAL *r0 = xp + (size_t)(2 * i) * W;
-            const REAL *r1 = xp + (size_t)(2 * i + 1 < H ? 2 * i + 1 : H - 1) * W;
-            REAL *o = op + (size_t)i * Wo;
-            int j = 0;
-            const vr q = bc((REAL)0.25);
-            for (; j + V <= W / 2; j += V) {  /* even / odd columns of two vectors, the same sum order */
-                vr a0 = ld(r0 + 2 * j), a1 = ld(r0 + 2 * j + V), b0 = ld(r1 + 2 * j), b1 = ld(r1 + 2 * j + V);
-                vr ae = EVENS(a0, a1), ao = ODDS(a0, a1), be = EVENS(b0, b1), bo = ODDS(b0, b1);
-                st(o + j, (((ae + ao) + be) + bo) * q);
-            }
-            for (; j < W / 2; j++)
-                o[j] = (((r0[2 * j] + r0[2 * j + 1]) + r1[2 * j]) + r1[2 * j + 1]) * (REAL)0.25;
-            if (W & 1)
-                o[Wo - 1] = (((r0[W - 1] + r0[W - 1]) + r1[W - 1]) + r1[W - 1]) * (REAL)0.25;
-        }
+        for (int i = 0; i < Ho; i++)
+            down2_cols(xp + (size_t)(2 * i) * W, xp + (size_t)(2 * i + 1 < H ? 2 * i + 1 : H - 1) * W, W, 0, Wo,
+                       op + (size_t)i * Wo);
     }
 }
 

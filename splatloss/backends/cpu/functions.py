@@ -499,16 +499,28 @@ def _pyramid(lib, x: Tensor, scales: int):
     return out
 
 
+def _scale_walk(term, x: Tensor, y: Tensor, scales: int) -> Tensor:
+    """:func:`splatloss.multiscale.scale_terms` where each scale's kernel pass also writes the next
+    scale (its images read once): ``term(last, a, b)`` returns the scale's term and, but at the
+    coarsest scale, the next scale's ``(a, b)``."""
+    terms = []
+    for j in range(scales):
+        t, nxt = term(j == scales - 1, x, y)
+        terms.append(t)
+        if nxt is not None:
+            x, y = nxt
+    return torch.stack(terms, dim=-1)
+
+
 def _ms_terms_impl(x, y, w, c1, c2, pad, scales):
     x, y = x.contiguous(), y.contiguous()
     lib = library.require(x.dtype, w.numel())
-    return multiscale.ms_terms(
-        lambda a, b: library.forward(lib, a, b, w, c1, c2, pad),
-        (x, y),
-        scales,
-        down=lambda t: library.down2(lib, t),
-        cast=False,
-    )
+
+    def term(last: bool, a: Tensor, b: Tensor):
+        out = library.forward(lib, a, b, w, c1, c2, pad, down=not last)
+        return (out[0], None) if last else (out[1], out[2:])
+
+    return _scale_walk(term, x, y, scales)
 
 
 @torch.library.custom_op("splatloss::cpu_ms_terms", mutates_args=())
@@ -627,13 +639,13 @@ def _ms_terms_fused(ctx, x, y, w, c1, c2, pad, scales):
     ones = torch.ones(x.shape[:2], dtype=x.dtype)
     unit = []
 
-    def term(last: bool, a: Tensor, b: Tensor) -> Tensor:
+    def term(last: bool, a: Tensor, b: Tensor):
         gs, gc = (ones, ones * 0) if last else (ones * 0, ones)
-        gx, gy, s, c = library.backward(lib, a, b, w, c1, c2, gs, gc, need_x, need_y, pad, with_forward=True)
-        unit.append((gx, gy))
-        return s if last else c
+        out = library.backward(lib, a, b, w, c1, c2, gs, gc, need_x, need_y, pad, with_forward=True, down=not last)
+        unit.append(out[:2])
+        return (out[2], None) if last else (out[3], out[4:])
 
-    terms = multiscale.scale_terms(term, (x, y), scales, down=lambda t: library.down2(lib, t), cast=False)
+    terms = _scale_walk(term, x, y, scales)
     ctx.unit = (lib, unit)
     return terms
 

@@ -69,9 +69,9 @@ def _load(dtype: torch.dtype, taps: int):
     lib.splat_ssim_workspace.restype = ctypes.c_size_t
     lib.splat_ssim_workspace.argtypes = [I, I, I]
     lib.splat_ssim_fwd.restype = None
-    lib.splat_ssim_fwd.argtypes = [P, P, I, I, P, I, R, R, I, I, P, P, I, I]
+    lib.splat_ssim_fwd.argtypes = [P, P, I, I, P, I, R, R, I, I, P, P, I, I, P, P]
     lib.splat_ssim_bwd.restype = None
-    lib.splat_ssim_bwd.argtypes = [P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I, I, R, P, P]
+    lib.splat_ssim_bwd.argtypes = [P, P, I, I, P, I, R, R, R, R, I, I, P, P, P, I, I, R, P, P, P, P]
     lib.splat_mssim_workspace.restype = ctypes.c_size_t
     lib.splat_mssim_workspace.argtypes = [I, I, I]
     lib.splat_mssim_fwd.restype = None
@@ -183,12 +183,31 @@ def _tile(W: int) -> int:
     return BWD_TILE if W > 2.5 * BWD_TILE else 0
 
 
+def _next_scale(x: torch.Tensor, y: torch.Tensor, down: bool):
+    """``(dx, dy, plane bytes of dx)``: MS-SSIM's next scale of ``x``, ``y`` for a kernel pass to
+    write as it reads them (:func:`down2`'s numbers bit for bit), or ``(None, None, 0)``."""
+    if not down:
+        return None, None, 0
+    B, C, H, W = x.shape
+    dx = torch.empty(B, C, (H + 1) // 2, (W + 1) // 2, dtype=x.dtype)
+    return dx, torch.empty_like(dx), dx[0, 0].numel() * dx.element_size()
+
+
 def forward(
-    lib, x: torch.Tensor, y: torch.Tensor, window: torch.Tensor, c1: float, c2: float, pad: int = 0, l1: bool = False
+    lib,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    window: torch.Tensor,
+    c1: float,
+    c2: float,
+    pad: int = 0,
+    l1: bool = False,
+    down: bool = False,
 ):
     """Means of the SSIM and cs maps per plane of ``x``, ``y`` [B, C, H, W] (contiguous), seen with
     ``pad`` zero rows / columns around them ("valid" on that), each ``[B, C]``; with ``l1`` also
-    the mean of ``|x - y|`` per plane."""
+    the mean of ``|x - y|`` per plane; with ``down`` also MS-SSIM's next scale of ``x`` and ``y``
+    (:func:`down2` of each, written in the same pass), last."""
     B, C, H, W = x.shape
     K = window.numel()
     Hp, Wp = H + 2 * pad - K + 1, W + 2 * pad - K + 1
@@ -200,6 +219,7 @@ def forward(
     workspaces = threading.local()
     esz = x.element_size()
     xp, yp, rp, gp = x.data_ptr(), y.data_ptr(), rows.data_ptr(), window.data_ptr()
+    dx, dy, dsz = _next_scale(x, y, down)
 
     def task(t: int) -> None:
         ws = getattr(workspaces, "buf", None)
@@ -208,10 +228,28 @@ def forward(
         p, s = divmod(t, ns)
         m0, m1 = _bounds(Hp, ns, s)
         off = p * H * W * esz
-        lib.splat_ssim_fwd(xp + off, yp + off, H, W, gp, K, c1, c2, m0, m1, ws.data_ptr(), rp + p * Hp * 16, tile, pad)
+        lib.splat_ssim_fwd(
+            xp + off,
+            yp + off,
+            H,
+            W,
+            gp,
+            K,
+            c1,
+            c2,
+            m0,
+            m1,
+            ws.data_ptr(),
+            rp + p * Hp * 16,
+            tile,
+            pad,
+            (dx.data_ptr() + p * dsz) if down else None,
+            (dy.data_ptr() + p * dsz) if down else None,
+        )
 
     _run(task, P * ns)
-    return _means(rows, Hp * Wp, x.dtype, B, C) + (l1_means(lib, x, y, K, pad) if l1 else ())
+    out = _means(rows, Hp * Wp, x.dtype, B, C) + (l1_means(lib, x, y, K, pad) if l1 else ())
+    return out + (dx, dy) if down else out
 
 
 def _means(rows: torch.Tensor, n: int, dtype: torch.dtype, B: int, C: int):
@@ -250,6 +288,7 @@ def backward(
     gl1: Optional[torch.Tensor] = None,
     with_forward: bool = False,
     l1: bool = False,
+    down: bool = False,
 ):
     """Gradients of ``sum(gs * mean ssim + gc * mean cs + gl1 * mean |x - y|)`` (all per plane,
     ``[B, C]``) w.r.t. ``x`` and ``y`` (None where not needed).
@@ -257,7 +296,8 @@ def backward(
     ``with_forward``: the forward in the same pass, ``(gx, gy, ssim_mean, cs_mean)`` with the means
     bit for bit those of :func:`forward` (one sweep instead of two: the statistics the gradient
     needs are those the forward computes); with ``l1`` also ``mean |x - y|``, bit for bit
-    :func:`l1_means`'s."""
+    :func:`l1_means`'s. ``down``: MS-SSIM's next scale of ``x`` and ``y`` (:func:`down2` of each,
+    written in the same pass) appended."""
     B, C, H, W = x.shape
     K = window.numel()
     Hp, Wp = H + 2 * pad - K + 1, W + 2 * pad - K + 1
@@ -281,6 +321,7 @@ def backward(
     l1 = l1 and with_forward
     l1rows = torch.zeros(P, H, dtype=torch.float64) if l1 else None  # per image row, as l1_means's
     lp = l1rows.data_ptr() if l1 else 0
+    dx, dy, dsz = _next_scale(x, y, down)
 
     def task(t: int) -> None:
         ws = getattr(workspaces, "buf", None)
@@ -310,15 +351,17 @@ def backward(
             gll[p],
             (rp + p * Hp * 16) if with_forward else None,
             (lp + p * H * 8) if l1 else None,
+            (dx.data_ptr() + p * dsz) if down else None,
+            (dy.data_ptr() + p * dsz) if down else None,
         )
 
     _run(task, P * ns)
+    out = (gx, gy)
     if with_forward:
-        out = (gx, gy) + _means(rows, Hp * Wp, x.dtype, B, C)
+        out += _means(rows, Hp * Wp, x.dtype, B, C)
         if l1:
             out += ((l1rows.sum(dim=1) / float(H * W)).to(x.dtype).view(B, C),)
-        return out
-    return gx, gy
+    return out + (dx, dy) if down else out
 
 
 def _mask_plane(m: torch.Tensor, B: int, C: int):
