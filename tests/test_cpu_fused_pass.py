@@ -4,7 +4,7 @@ value bit for bit, the gradient the same whatever the threads, the column tiles 
 the graph is walked, and an upstream the unit gradient cannot serve (SSIM and cs both used) must
 still get the exact gradient. The masked 3DGS loss and masked SSIM mean too: their gradients
 divide by the mask's sums, read from the mask before the sweep, and must be the split backward's
-for the same upstream."""
+for the same upstream; masked MS-SSIM's scales likewise, one node for every scale."""
 
 import pytest
 import torch
@@ -36,6 +36,7 @@ OPS = {
     "dssim_l1_masked": lambda x, y, cfg: CPU.dssim_l1(x, y, cfg, 0.2, mask=_mask_for(x)),
     "ssim_masked": lambda x, y, cfg: CPU.ssim_mean(x, y, cfg, _mask_for(x)),
     "ms_ssim": lambda x, y, cfg: CPU.ms_ssim(x, y, cfg, WEIGHTS, tau=0.05),
+    "ms_ssim_masked": lambda x, y, cfg: CPU.ms_ssim(x, y, cfg, WEIGHTS, tau=0.05, mask=_mask_for(x)),
 }
 
 
@@ -184,6 +185,40 @@ def test_masked_ssim_and_cs_both_used_get_the_exact_gradient():
     sd, _ = backends.get("torch").masked_ssim_stats(xd, y.double(), m.double(), cfg)
     (gd,) = torch.autograd.grad((sd * up.double()).sum(), xd)
     assert float((g.double() - gd).norm() / gd.norm()) < 1e-6
+
+
+@pytest.mark.parametrize("padding", ["valid", "same"])
+@pytest.mark.parametrize("need", ["x", "y", "both"])
+def test_the_masked_ms_ssim_fused_gradient_is_the_float64_torch_ops(padding, need):
+    """Masked MS-SSIM's scales each computed with their unit gradient in one sweep (one node for
+    every scale) against the float64 torch ops of the shared masked pyramid: masks per image, an
+    empty channel, odd sides at every scale; a create_graph backward (the torch-ops walk) gives the
+    same first-order gradient and a second order."""
+    cfg = SSIMConfig(padding=padding)
+    x, y = _pair((2, 2, 45, 51), seed=8)
+    m = torch.rand((2, 1, 45, 51), generator=torch.Generator().manual_seed(9))
+    m = torch.where(m < 0.3, torch.zeros_like(m), m)
+    m = torch.cat([m, torch.zeros_like(m)], dim=1)  # (2, 2): image 0 channel 1 and image 1 channel 1 empty
+    m[1, 1] = m[1, 0]
+    up = torch.tensor([0.6, 1.4])
+
+    def grads(backend, a, b, create_graph=False):
+        a, b = a.clone().requires_grad_(need in ("x", "both")), b.clone().requires_grad_(need in ("y", "both"))
+        v = backends.get(backend).ms_ssim(a, b, cfg, WEIGHTS, tau=0.05, mask=m.to(a.dtype))
+        wrt = [t for t in (a, b) if t.requires_grad]
+        return v, torch.autograd.grad((v * up.to(v.dtype)).sum(), wrt, create_graph=create_graph), wrt
+
+    v, g, _ = grads("cpu", x, y)
+    vd, gd, _ = grads("torch", x.double(), y.double())
+    assert float((v.double() - vd).abs().max()) < 2e-6
+    for a, b in zip(g, gd):
+        assert float((a.double() - b).norm() / b.norm()) < 1e-5  # measured <= 1.0e-6
+    v2, g2, wrt = grads("cpu", x, y, create_graph=True)
+    assert torch.equal(v, v2)
+    for a, b in zip(g2, gd):  # float32 torch ops: another rounding, the same bar
+        assert float((a.double() - b).norm() / b.norm()) < 1e-5
+    (h,) = torch.autograd.grad(g2[0].square().sum(), wrt[0])
+    assert torch.isfinite(h).all() and h.abs().max() > 0
 
 
 @pytest.mark.parametrize("op", ["ssim", "dssim_l1", "ssim_masked", "dssim_l1_masked"])

@@ -6,9 +6,10 @@ after a warm-up; medians, ratios to a baseline (pytorch-msssim by default) and, 
 the added peak memory of each library measured in a fresh process. On a CUDA machine the same
 script times the Triton backend and fused-ssim with ``triton.testing.do_bench``.
 
-``dssim_l1_masked`` is 3DGS's loss with an irregular soft alpha mask (``mask=``); peers have no mask
-argument, so their rows time the workaround gsplat and nerfstudio use: both images multiplied by the
-mask, then the unmasked loss (a different loss, timed for its cost).
+``dssim_l1_masked`` is 3DGS's loss with an irregular soft alpha mask (``mask=``), ``ms_ssim_masked``
+the MS-SSIM loss with it; peers have no mask argument, so their rows time the workaround gsplat and
+nerfstudio use: both images multiplied by the mask, then the unmasked loss (a different loss, timed
+for its cost).
 
 Examples::
 
@@ -72,7 +73,9 @@ import torch  # noqa: E402
 
 from splatloss.atomic import atomic_output  # noqa: E402
 
-OPS = ("ssim", "ms_ssim", "dssim_l1", "dssim_l1_masked")
+OPS = ("ssim", "ms_ssim", "dssim_l1", "dssim_l1_masked", "ms_ssim_masked")
+#: The masked ops and the unmasked op the peers' workaround runs for each.
+MASKED = {"dssim_l1_masked": "dssim_l1", "ms_ssim_masked": "ms_ssim"}
 MODES = ("fwdbwd", "fwd")
 SPLAT_LIBS = ("splatloss-torch", "splatloss-torch-ops", "splatloss-reference", "splatloss-triton")
 PEER_LIBS = ("pytorch_msssim", "piq", "torchmetrics", "kornia", "fused_ssim")
@@ -119,6 +122,12 @@ def _splat(backend: str, op: str, device: str, plain_torch: bool = False):
 
         def fn(x, y):
             return SF.dssim_l1(x, y, LAM, padding="same", backend=backend, mask=_mask_for(x, masks))
+
+    elif op == "ms_ssim_masked":  # the MS-SSIM loss under the same alpha mask
+        masks = {}
+
+        def fn(x, y):
+            return 1 - SF.ms_ssim(x, y, backend=backend, mask=_mask_for(x, masks), **PADDING)
 
     else:  # 3DGS's loss: zero ("same") padding
         fn = lambda x, y: SF.dssim_l1(x, y, LAM, padding="same", backend=backend)  # noqa: E731
@@ -268,11 +277,11 @@ def _compiled_reference(op: str, device: str):
 
 def make_loss(lib: str, op: str, device: str):
     """``loss(x, y)`` for ``lib`` and ``op``; raises :class:`Unavailable` with the reason."""
-    if op == "dssim_l1_masked" and lib == "compiled-reference":
+    if op in MASKED and lib == "compiled-reference":
         raise Unavailable("not timed with a mask")
-    if op == "dssim_l1_masked" and not lib.startswith("splatloss"):
+    if op in MASKED and not lib.startswith("splatloss"):
         # no mask argument: the peers' usual workaround, a different loss, timed for its cost
-        return _multiply_by_mask(make_loss(lib, "dssim_l1", device))
+        return _multiply_by_mask(make_loss(lib, MASKED[op], device))
     if lib == "splatloss-torch":  # what "auto" runs: the C kernel on the CPU, torch ops elsewhere
         return _splat("cpu" if device == "cpu" else "torch", op, device)
     if lib == "splatloss-torch-ops":
@@ -336,7 +345,7 @@ def floor_fma(op: str, mode: str, shape) -> float:
     """FMA lanes of the arithmetic floor of ``op`` in ``mode`` on ``shape`` (see FLOOR_FMA)."""
     b, c, h, w = shape
     pixels = 0
-    for _ in range(MS_SCALES if op == "ms_ssim" else 1):
+    for _ in range(MS_SCALES if op in ("ms_ssim", "ms_ssim_masked") else 1):
         pixels += h * w
         h, w = (h + 1) // 2, (w + 1) // 2
     return FLOOR_FMA[mode] * b * c * pixels

@@ -93,8 +93,10 @@ class CPUBackend(Backend):
     fused_masks = True
 
     def ms_ssim(self, img1, img2, cfg: SSIMConfig, weights, tau=None, mask=None):
-        if mask is not None:  # the shared pyramid over this kernel's masked statistics
-            return super().ms_ssim(img1, img2, cfg, weights, tau, mask)
+        if mask is not None:
+            if cfg.padding == "reflect" or _torch_ops_only(img1, img2) or functions._tracing(img1, img2, mask):
+                return super().ms_ssim(img1, img2, cfg, weights, tau, mask)  # the shared pyramid, masked stats
+            return multiscale.combine(functions.masked_ms_terms(img1, img2, mask, cfg, len(weights)), weights, tau)
         if _torch_ops_only(img1, img2):
             return torch_fused.BACKEND.ms_ssim(img1, img2, cfg, weights, tau)
         return multiscale.combine(functions.ms_terms(img1, img2, cfg, len(weights)), weights, tau)

@@ -42,6 +42,7 @@ __all__ = [
     "ssim_mean_and_grad",
     "masked_ssim_stats",
     "masked_dssim_l1",
+    "masked_ms_terms",
 ]
 
 Tensor = torch.Tensor
@@ -999,3 +1000,106 @@ def masked_dssim_l1(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig, l
     else:
         out, _, _ = (_MDSSIML1FusedFn if _wants_fused(x, y) else _MDSSIML1Fn).apply(*args)
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Masked MS-SSIM: the terms of every scale in one autograd node. The mask goes down the pyramid
+# with the images; each scale's term is its masked cs mean (its SSIM mean at the coarsest scale).
+# With an input that needs a gradient, each scale's masked pass computes the term and its unit
+# gradient in one sweep (the coefficient 1 / sum c comes from the mask alone, first), and the
+# backward chains them as the unmasked terms' backward does (a second backward runs the sweeps
+# again; create_graph and batched upstreams walk the scales in torch ops).
+# ----------------------------------------------------------------------------------------------
+
+
+def _masked_pyramid(lib, x: Tensor, y: Tensor, m: Tensor, scales: int):
+    level = (x, y, m)
+    for j in range(scales):
+        if j > 0:
+            level = tuple(library.down2(lib, t) for t in level)
+        yield level
+
+
+def _mms_terms_impl(x, y, m, w, c1, c2, pad, scales):
+    x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
+    lib = library.require(x.dtype, w.numel())
+    terms = []
+    for j, (a, b, mm) in enumerate(_masked_pyramid(lib, x, y, m, scales)):
+        ss, cc, z = library.masked_forward(lib, a, b, mm, w, c1, c2, pad)
+        s, c = _masked_means(ss, cc, z, x.dtype)
+        terms.append(s if j == scales - 1 else c)
+    return torch.stack(terms, dim=-1)
+
+
+def _mms_terms_setup(ctx, inputs, output):
+    x, y, m, w, c1, c2, pad, scales = inputs
+    ctx.c1, ctx.c2, ctx.pad, ctx.scales = c1, c2, pad, scales
+    ctx.save_for_backward(x, y, m, w)
+
+
+def _mms_terms_backward(ctx, g):
+    need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    unit = _take_unit(ctx, g is not None and (need_x or need_y) and not _torch_ops(g))
+    x, y, m, w = ctx.saved_tensors
+    none = (None,) * 6
+    if g is None or not (need_x or need_y):
+        return (None, None) + none
+    if unit is not None:
+        return _ms_unit_walk(unit, g, x.dtype) + none
+    # create_graph / batched upstreams (the forward was fused: nothing else reaches here): the same
+    # walk in differentiable torch ops
+    levels = [(x, y, m)]
+    for _ in range(ctx.scales - 1):
+        levels.append(tuple(multiscale.downsample2x(t) for t in levels[-1]))
+    gx = gy = None
+    for j in range(ctx.scales - 1, -1, -1):
+        a, b, mm = levels[j]
+        g_s = g[..., j] if j == ctx.scales - 1 else None
+        g_c = g[..., j] if j < ctx.scales - 1 else None
+        gxj, gyj = _masked_torch_ops_grads(a, b, mm, w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
+        size = a.shape[-2:]
+        if gx is not None:
+            gxj = gxj + _down2_adjoint_torch(gx, size)
+        if gy is not None:
+            gyj = gyj + _down2_adjoint_torch(gy, size)
+        gx, gy = gxj, gyj
+    return (gx, gy) + none
+
+
+def _mms_terms_fused(ctx, x, y, m, w, c1, c2, pad, scales):
+    """The masked terms, and per scale the unit gradient of its term (the masked cs mean, or the
+    SSIM mean at the coarsest scale) w.r.t. that scale's images, from one masked pass per scale."""
+    need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    x, y, m = x.contiguous(), y.contiguous(), m.contiguous()
+    B, C = x.shape[:2]
+    lib = library.require(x.dtype, w.numel())
+    zeros = torch.zeros(B, C, dtype=x.dtype)
+    unit, terms = [], []
+    for j, (a, b, mm) in enumerate(_masked_pyramid(lib, x, y, m, scales)):
+        last = j == scales - 1
+        inv = _safe_inv(library.masked_weights(lib, mm, B, C, w.numel(), pad)[0].to(x.dtype))  # the mask's
+        g_s, g_c = (inv, zeros) if last else (zeros, inv)
+        gx, gy, ss, cc, z = library.masked_backward(
+            lib, a, b, mm, w, c1, c2, g_s.contiguous(), g_c, need_x, need_y, pad, with_forward=True
+        )
+        unit.append((gx, gy))
+        s, c = _masked_means(ss, cc, z, x.dtype)
+        terms.append(s if last else c)
+    ctx.unit = (lib, unit)
+    return torch.stack(terms, dim=-1)
+
+
+_MMSTermsFusedFn = _fused_function("_MMSTermsFusedFn", _mms_terms_fused, _mms_terms_setup, _mms_terms_backward, saved=4)
+
+
+def masked_ms_terms(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig, scales: int) -> Tensor:
+    """Masked MS-SSIM terms ``[B, C, M]`` through the kernel, for "valid" and "same" padding, eagerly
+    (the mask gets no gradient): one autograd node for every scale, each scale's term and unit
+    gradient from one sweep when an input needs a gradient. "reflect" (a mirrored copy per scale)
+    and traced calls take the shared pyramid over :func:`masked_ssim_stats`."""
+    x, y, m, pad = masked_padded(img1, img2, mask, cfg)
+    w = cfg.window_1d(x.dtype, "cpu")
+    args = (x, y, m, w, cfg.C1, cfg.C2, pad, scales)
+    if _wants_fused(x, y):
+        return _MMSTermsFusedFn.apply(*args)
+    return _mms_terms_impl(*args)  # no gradient: no graph
