@@ -292,7 +292,6 @@ static void gather_shifts(const ws_t *w, REAL *restrict sx, REAL *restrict sy) {
 #define DUP_HI(v) __builtin_shufflevector(v, v, 1, 1)
 #endif
 
-
 /* Columns [j0, j1) of one row of the MS-SSIM pyramid step (splat_down2_fwd) from image rows r0 and
  * r1 (the same row where a repeated last row stands in) of width W: each output the mean of its 2 x 2
  * block, summed in one order whatever the columns' split, so every split gives the same bits. */
@@ -890,7 +889,8 @@ void splat_ssim_fwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, i
  * recompute the K-1 map columns they share with the next. rows != NULL (zeroed by the caller):
  * the forward's row sums in the same pass, out[2 m], out[2 m + 1] for the map rows m this strip
  * owns, [q0 + pad - K/2, q1 + pad - K/2) clipped to the map, exactly as splat_ssim_fwd adds them.
- * dx, dy != NULL: MS-SSIM's next scale of x and y, as splat_down2_fwd writes it, rows [q0, q1)'s pairs. */
+ * dx, dy != NULL: MS-SSIM's next scale of x and y, as splat_down2_fwd writes it: the row pairs whose
+ * second row (an odd height's last, repeated) is one of [q0, q1). */
 void splat_ssim_bwd(const REAL *x, const REAL *y, int H, int W, const REAL *g, int K,
                     REAL C1, REAL C2, REAL gS, REAL gC, int q0, int q1, REAL *work,
                     REAL *gx, REAL *gy, int tile, int pad, REAL l1c, double *rows, double *l1rows, REAL *dx,
