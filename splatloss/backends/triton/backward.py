@@ -159,7 +159,7 @@ def _bwd_columns(
             g1, a_1 = push_moved(a_1, tl.where(valid, d1, 0.0), e, hist, s, shift, wa, K)
         if NEED2:
             g2, a_2 = push_moved(a_2, tl.where(valid, d2, 0.0), e, hist, s, shift, wa, K)
-        stage_row(buf, 2.0 * g_sq, g_xy, g1, g2, tl.where(pcol_ok, hist[0], 0.0), NEED1, NEED2, BW)
+        stage_row(buf, 2.0 * g_sq, g_xy, g1, g2, tl.where(pcol_ok, hist[0], 0.0), NEED1, NEED2, BW, False)
         tl.debug_barrier()
 
         # 4. horizontal adjoint of gradient row q through the scratch row
@@ -169,7 +169,7 @@ def _bwd_columns(
         # gradient column q_c is the last tap of the lane's window: K - 1 columns past its start
         xq = tl.load(x_ptr + x_lane + q64 * sx_h + (K - 1) * sx_w, mask=out, other=0.0).to(tl.float32)
         yq = tl.load(y_ptr + y_lane + q64 * sy_h + (K - 1) * sy_w, mask=out, other=0.0).to(tl.float32)
-        gx, gy = hadjoint_moved(buf, wt, q_c0, W, f, xq, yq, NEED1, NEED2, F, BW, K, PAD, REFLECT, EDGE)
+        gx, gy = hadjoint_moved(buf, wt, q_c0, W, f, xq, yq, NEED1, NEED2, F, BW, K, PAD, REFLECT, EDGE, False)
         o_offs = o_base + q64 * so_h + q_c.to(tl.int64) * so_w
         l1_term, acc_l = l1_sign_term(xq, yq, l1, out, acc_l, None, HAS_L1, WRITE_SUMS)
         if NEED1:

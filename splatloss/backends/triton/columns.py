@@ -583,28 +583,48 @@ def _moved_terms(v_sq2, v_xy, u1, u2, sh, xq, yq, NEED1: tl.constexpr, NEED2: tl
 
 
 @triton.jit
-def stage_row(buf, v_sq2, v_xy, u1, u2, sh, NEED1: tl.constexpr, NEED2: tl.constexpr, BW: tl.constexpr):
+def stage_row(
+    buf, v_sq2, v_xy, u1, u2, sh, NEED1: tl.constexpr, NEED2: tl.constexpr, BW: tl.constexpr, PAIRED: tl.constexpr
+):
     """Stage one gradient row's values for :func:`hadjoint_moved` in the scratch row ``buf`` (a
     float pointer at an even offset, ``5 BW`` floats): per lane (frame column) ``l``, word ``l`` of
     the first ``2 BW`` floats holds ``(v_sq2, v_xy)`` (:func:`pack`: one 64-bit load per tap where
     it took two), then ``BW`` floats each of ``u1`` (with ``NEED1``), ``u2`` (with ``NEED2``) and
-    the shift ``sh``. (The partials and the shift paired as well made the backward kernels spill
-    at 64 registers on sm_90: tools/check_kernels.py.)"""
+    the shift ``sh``. ``PAIRED`` with one gradient: word ``l`` of the next ``2 BW`` floats holds
+    that gradient's partial and the shift, one 64-bit load more in place of two; a kernel with the
+    registers to spare asks for it (the masked adjoint: tools/check_kernels.py; the SSIM adjoint
+    spilled 32 B with it at 64 registers on sm_90)."""
     ar = tl.arange(0, BW)
     tl.store(words(buf + ar, BW), pack(v_sq2, v_xy))
-    if NEED1:
-        tl.store(buf + 2 * BW + ar, u1)
-    if NEED2:
-        tl.store(buf + 3 * BW + ar, u2)
-    tl.store(buf + 4 * BW + ar, sh)
+    if PAIRED and NEED1 != NEED2:
+        if NEED1:
+            tl.store(words(buf + 2 * BW + ar, BW), pack(u1, sh))
+        else:
+            tl.store(words(buf + 2 * BW + ar, BW), pack(u2, sh))
+    else:
+        if NEED1:
+            tl.store(buf + 2 * BW + ar, u1)
+        if NEED2:
+            tl.store(buf + 3 * BW + ar, u2)
+        tl.store(buf + 4 * BW + ar, sh)
 
 
 @triton.jit
-def _staged_terms(w, one, xq, yq, ok, NEED1: tl.constexpr, NEED2: tl.constexpr, BW: tl.constexpr):
+def _staged_terms(w, one, xq, yq, ok, NEED1: tl.constexpr, NEED2: tl.constexpr, BW: tl.constexpr, PAIRED: tl.constexpr):
     """One source column's terms (:func:`_moved_terms`) from a staged row (:func:`stage_row`): its
     word pointers ``w`` and its shift's float pointers ``one`` (the partials ``2 BW`` and ``BW``
-    before them); ``ok``: a load mask (None: all), zeros where it is False."""
-    if ok is None:
+    before them; with ``PAIRED`` and one gradient, its partial and shift the word ``BW`` words after
+    ``w``); ``ok``: a load mask (None: all), zeros where it is False."""
+    if PAIRED and NEED1 != NEED2:
+        if ok is None:
+            v_sq2, v_xy = unpack(tl.load(w))
+            u, sh = unpack(tl.load(w + BW))
+        else:
+            v_sq2, v_xy = unpack(tl.load(w, mask=ok, other=0))
+            u, sh = unpack(tl.load(w + BW, mask=ok, other=0))
+        u1 = u if NEED1 else 0.0
+        u2 = u if NEED2 else 0.0
+    elif ok is None:
         v_sq2, v_xy = unpack(tl.load(w))
         u1 = tl.load(one - 2 * BW) if NEED1 else 0.0
         u2 = tl.load(one - BW) if NEED2 else 0.0
@@ -634,6 +654,7 @@ def hadjoint_moved(
     PAD: tl.constexpr,
     REFLECT: tl.constexpr,
     EDGE: tl.constexpr,
+    PAIRED: tl.constexpr,
 ):
     """Horizontal adjoint of one gradient row around the map columns' own shifts: the scratch row
     ``buf`` holds (:func:`stage_row`), per frame column (lane ``l`` is frame column ``f = l % F``,
@@ -643,15 +664,15 @@ def hadjoint_moved(
     ``q = q_c0 + f`` (pixel ``xq``, ``yq``) gathers, per tap, its source column's terms
     (:func:`_moved_terms`: the pixel's difference against that column's shift, exact zeros in a
     flat row), under "reflect" also through its mirror images (only in ``EDGE`` programs: an
-    interior strip's gradient columns lie more than ``K // 2`` from either border). Returns both
-    gradients (0 where not needed)."""
+    interior strip's gradient columns lie more than ``K // 2`` from either border). ``PAIRED``: the
+    row staged so (:func:`stage_row`). Returns both gradients (0 where not needed)."""
     ar = tl.arange(0, BW)
     w = words(buf + ar, BW)
     one = buf + 4 * BW + ar  # the shifts
     g1 = tl.zeros([BW], dtype=tl.float32)
     g2 = tl.zeros([BW], dtype=tl.float32)
     for a in tl.static_range(K):
-        t1, t2 = _staged_terms(w + (K - 1 - a), one + (K - 1 - a), xq, yq, None, NEED1, NEED2, BW)
+        t1, t2 = _staged_terms(w + (K - 1 - a), one + (K - 1 - a), xq, yq, None, NEED1, NEED2, BW, PAIRED)
         if REFLECT and EDGE:
             q = q_c0 + f
             for side in tl.static_range(2):
@@ -662,7 +683,7 @@ def hadjoint_moved(
                     idx = (K - 1 - a) + 2 * (W - 1) - 2 * q_c0 - f
                     ok = (q >= W - 1 - PAD) & (q <= W - 2) & (idx >= 0) & (idx < F)
                 # the frame's column idx: lane l's frame starts at column l - f
-                m1, m2 = _staged_terms(w - f + idx, one - f + idx, xq, yq, ok, NEED1, NEED2, BW)
+                m1, m2 = _staged_terms(w - f + idx, one - f + idx, xq, yq, ok, NEED1, NEED2, BW, PAIRED)
                 t1 += m1
                 t2 += m2
         g1 += wt[a] * t1

@@ -317,7 +317,7 @@ def _adjoint_row(
     if OUT:
         # horizontal adjoint of gradient row q through the scratch row (double-buffered: one barrier)
         buf = scr + (i % 2) * (5 * BW)
-        stage_row(buf, 2.0 * g_sq, g_xy, g1, g2, tl.where(pcol_ok, q_shift, 0.0), NEED1, NEED2, BW)
+        stage_row(buf, 2.0 * g_sq, g_xy, g1, g2, tl.where(pcol_ok, q_shift, 0.0), NEED1, NEED2, BW, MASKED)
         tl.debug_barrier()
         q64 = (p - PAD).to(tl.int64)
         out = qcol_ok
@@ -327,7 +327,7 @@ def _adjoint_row(
             mq = tl.load(m_base + m_col + q64 * sm_h + (K - 1) * sm_w, mask=out, other=0.0)
         else:
             mq = None
-        gx, gy = hadjoint_moved(buf, wt, q_c0, W, f, xq, yq, NEED1, NEED2, F, BW, K, PAD, False, EDGE)
+        gx, gy = hadjoint_moved(buf, wt, q_c0, W, f, xq, yq, NEED1, NEED2, F, BW, K, PAD, False, EDGE, MASKED)
         if SAME:  # gradient column q_c is the last tap of the lane's window
             o_offs = x_lane + q64 * sx_h + (K - 1) * sx_w
         else:
