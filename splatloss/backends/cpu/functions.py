@@ -594,6 +594,28 @@ def _ms_terms_setup(ctx, inputs, output):
     ctx.save_for_backward(x, y, w)
 
 
+def _torch_ops_scale_walk(images, scales: int, g: Tensor, grads):
+    """MS-SSIM's gradients in differentiable torch ops (create_graph, batched upstreams): the pyramid
+    of ``images`` (the two images, and a mask that follows them), then coarse to fine each scale's
+    ``grads(level, g_s, g_c)`` for its term's upstream ``g[..., j]`` (the SSIM mean's at the coarsest
+    scale, the cs mean's elsewhere) plus the pyramid step's adjoint of the coarser scale's."""
+    levels = [tuple(images)]
+    for _ in range(scales - 1):
+        levels.append(tuple(multiscale.downsample2x(t) for t in levels[-1]))
+    gx = gy = None
+    for j in range(scales - 1, -1, -1):
+        g_s = g[..., j] if j == scales - 1 else None
+        g_c = g[..., j] if j < scales - 1 else None
+        gxj, gyj = grads(levels[j], g_s, g_c)
+        size = levels[j][0].shape[-2:]
+        if gx is not None:
+            gxj = gxj + _down2_adjoint_torch(gx, size)
+        if gy is not None:
+            gyj = gyj + _down2_adjoint_torch(gy, size)
+        gx, gy = gxj, gyj
+    return gx, gy
+
+
 def _ms_terms_backward(ctx, g):
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     unit = _take_unit(ctx, g is not None and (need_x or need_y) and not _torch_ops(g))
@@ -608,23 +630,12 @@ def _ms_terms_backward(ctx, g):
         bwd = _ms_terms_bwd_op if _tracing(g, x) else _ms_terms_bwd_impl
         gx, gy = bwd(g, x, y, w, ctx.c1, ctx.c2, ctx.pad, M, need_x, need_y)
         return (_none_if_empty(gx), _none_if_empty(gy)) + none
+
     # create_graph / batched upstreams: the same walk in differentiable torch ops
-    xs, ys = [x], [y]
-    for _ in range(M - 1):
-        xs.append(multiscale.downsample2x(xs[-1]))
-        ys.append(multiscale.downsample2x(ys[-1]))
-    gx = gy = None
-    for j in range(M - 1, -1, -1):
-        g_s = g[..., j] if j == M - 1 else None
-        g_c = g[..., j] if j < M - 1 else None
-        gxj, gyj = _torch_ops_grads(xs[j], ys[j], w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
-        size = xs[j].shape[-2:]
-        if gx is not None:
-            gxj = gxj + _down2_adjoint_torch(gx, size)
-        if gy is not None:
-            gyj = gyj + _down2_adjoint_torch(gy, size)
-        gx, gy = gxj, gyj
-    return (gx, gy) + none
+    def grads(level, g_s, g_c):
+        return _torch_ops_grads(*level, w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
+
+    return _torch_ops_scale_walk((x, y), M, g, grads) + none
 
 
 _ms_terms_op.register_autograd(_ms_terms_backward, setup_context=_ms_terms_setup)
@@ -1046,24 +1057,13 @@ def _mms_terms_backward(ctx, g):
         return (None, None) + none
     if unit is not None:
         return _ms_unit_walk(unit, g, x.dtype) + none
+
     # create_graph / batched upstreams (the forward was fused: nothing else reaches here): the same
     # walk in differentiable torch ops
-    levels = [(x, y, m)]
-    for _ in range(ctx.scales - 1):
-        levels.append(tuple(multiscale.downsample2x(t) for t in levels[-1]))
-    gx = gy = None
-    for j in range(ctx.scales - 1, -1, -1):
-        a, b, mm = levels[j]
-        g_s = g[..., j] if j == ctx.scales - 1 else None
-        g_c = g[..., j] if j < ctx.scales - 1 else None
-        gxj, gyj = _masked_torch_ops_grads(a, b, mm, w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
-        size = a.shape[-2:]
-        if gx is not None:
-            gxj = gxj + _down2_adjoint_torch(gx, size)
-        if gy is not None:
-            gyj = gyj + _down2_adjoint_torch(gy, size)
-        gx, gy = gxj, gyj
-    return (gx, gy) + none
+    def grads(level, g_s, g_c):
+        return _masked_torch_ops_grads(*level, w, ctx.pad, ctx.c1, ctx.c2, g_s, g_c, need_x, need_y)
+
+    return _torch_ops_scale_walk((x, y, m), ctx.scales, g, grads) + none
 
 
 def _mms_terms_fused(ctx, x, y, m, w, c1, c2, pad, scales):

@@ -228,23 +228,9 @@ def forward(
         p, s = divmod(t, ns)
         m0, m1 = _bounds(Hp, ns, s)
         off = p * H * W * esz
+        nxt = (dx.data_ptr() + p * dsz, dy.data_ptr() + p * dsz) if down else (None, None)
         lib.splat_ssim_fwd(
-            xp + off,
-            yp + off,
-            H,
-            W,
-            gp,
-            K,
-            c1,
-            c2,
-            m0,
-            m1,
-            ws.data_ptr(),
-            rp + p * Hp * 16,
-            tile,
-            pad,
-            (dx.data_ptr() + p * dsz) if down else None,
-            (dy.data_ptr() + p * dsz) if down else None,
+            xp + off, yp + off, H, W, gp, K, c1, c2, m0, m1, ws.data_ptr(), rp + p * Hp * 16, tile, pad, *nxt
         )
 
     _run(task, P * ns)
