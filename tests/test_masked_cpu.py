@@ -151,6 +151,26 @@ def test_gradcheck_float64():
 
 
 @pytest.mark.slow
+def test_masked_ms_ssim_gradcheck_and_double_backward_float64():
+    """Masked MS-SSIM's one node for every scale: gradcheck of the fused sweeps' gradients, and a
+    double backward (its torch-ops walk) against the shared masked composition's."""
+    x, y = photo_pair(21, 19, seed=3, dtype=torch.float64, channels=2)
+    m = soft_mask(21, 19, seed=2)[None, None]
+    kw = dict(window_size=3, sigma=0.8, weights=(0.3, 0.4, 0.3), tau=0.01, mask=m)
+    xr, yr = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+    for padding in ("valid", "same"):
+        fn = lambda a, b: splatloss.ms_ssim(a, b, padding=padding, backend="cpu", **kw)  # noqa: E731
+        assert torch.autograd.gradcheck(fn, (xr, yr), **FAST)
+        out = []
+        for backend in ("cpu", "torch"):
+            v = splatloss.ms_ssim(xr, y, padding=padding, backend=backend, **kw)
+            (g,) = torch.autograd.grad(v, xr, create_graph=True)
+            (gg,) = torch.autograd.grad(g.square().sum(), xr)
+            out.append((g.detach(), gg))
+        assert rel(out[0][0], out[1][0]) <= 1e-10 and rel(out[0][1], out[1][1]) <= 1e-8
+
+
+@pytest.mark.slow
 def test_compiles_fullgraph_with_the_kernel_ops():
     from torch._dynamo.testing import CompileCounterWithBackend
 
