@@ -1024,11 +1024,8 @@ def masked_dssim_l1(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig, l
 
 
 def _masked_pyramid(lib, x: Tensor, y: Tensor, m: Tensor, scales: int):
-    level = (x, y, m)
-    for j in range(scales):
-        if j > 0:
-            level = tuple(library.down2(lib, t) for t in level)
-        yield level
+    """The images' and the mask's pyramid, each step the kernel's (:func:`library.down2`)."""
+    return multiscale.levels((x, y, m), scales, down=lambda t: library.down2(lib, t), cast=False)
 
 
 def _mms_terms_impl(x, y, m, w, c1, c2, pad, scales):
