@@ -183,14 +183,16 @@ def _tile(W: int) -> int:
     return BWD_TILE if W > 2.5 * BWD_TILE else 0
 
 
-def _next_scale(x: torch.Tensor, y: torch.Tensor, down: bool):
-    """``(dx, dy, plane bytes of dx)``: MS-SSIM's next scale of ``x``, ``y`` for a kernel pass to
-    write as it reads them (:func:`down2`'s numbers bit for bit), or ``(None, None, 0)``."""
+def _next_scale(x: torch.Tensor, down: bool):
+    """``(dx, dy, bytes per plane)``: MS-SSIM's next scale of two images shaped as ``x``, for a
+    kernel pass to write as it reads them (:func:`down2`'s numbers bit for bit), or
+    ``(None, None, 0)``."""
     if not down:
         return None, None, 0
     B, C, H, W = x.shape
-    dx = torch.empty(B, C, (H + 1) // 2, (W + 1) // 2, dtype=x.dtype)
-    return dx, torch.empty_like(dx), dx[0, 0].numel() * dx.element_size()
+    Ho, Wo = (H + 1) // 2, (W + 1) // 2
+    dx = torch.empty(B, C, Ho, Wo, dtype=x.dtype)
+    return dx, torch.empty_like(dx), Ho * Wo * x.element_size()
 
 
 def forward(
@@ -219,7 +221,7 @@ def forward(
     workspaces = threading.local()
     esz = x.element_size()
     xp, yp, rp, gp = x.data_ptr(), y.data_ptr(), rows.data_ptr(), window.data_ptr()
-    dx, dy, dsz = _next_scale(x, y, down)
+    dx, dy, dsz = _next_scale(x, down)
 
     def task(t: int) -> None:
         ws = getattr(workspaces, "buf", None)
@@ -307,7 +309,7 @@ def backward(
     l1 = l1 and with_forward
     l1rows = torch.zeros(P, H, dtype=torch.float64) if l1 else None  # per image row, as l1_means's
     lp = l1rows.data_ptr() if l1 else 0
-    dx, dy, dsz = _next_scale(x, y, down)
+    dx, dy, dsz = _next_scale(x, down)
 
     def task(t: int) -> None:
         ws = getattr(workspaces, "buf", None)
