@@ -97,6 +97,7 @@ def train(cfg) -> Dict[str, Any]:
             cfg.output_dir = runs.run_folder_of(ckpt_path)
     out_dir = os.path.abspath(str(cfg.output_dir))
     checkpoint = None
+    changes: List[str] = []
     if ckpt_path is not None:
         checkpoint = read_checkpoint(ckpt_path)
         changes = runs.check_resume_config(cfg, checkpoint, ckpt_path)
@@ -114,6 +115,8 @@ def train(cfg) -> Dict[str, Any]:
     module.bind_scene(scene)
     if checkpoint is not None:
         check_state_shapes(checkpoint, module, ckpt_path)
+        # An allowed change of loss trains with the loss configured now (what metrics.json records).
+        module.loss_weights_from_checkpoint = not any(c.startswith(("loss", "the checkpoint")) for c in changes)
     num_gaussians_init = module.gaussians.num
     callbacks = [_build("callbacks", c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     if not cfg.trainer.get("enable_progress_bar", True):  # Lightning refuses a progress bar beside this

@@ -2,11 +2,13 @@
 configuration, a checkpoint that cannot be read or does not fit the model, a fresh run in a folder
 that holds a trained run. Real runs through ``train(cfg)``, real checkpoint files."""
 
+import csv
 import os
 import shutil
 
 import pytest
 import torch
+from omegaconf import open_dict
 from test_train import make_cfg
 
 from splatloss.train import train
@@ -70,6 +72,34 @@ def test_a_changed_configuration_resumes_when_allowed(finished, tmp_path):
     metrics = train(make_cfg(run, [o for o in COMMON if not o.startswith("loss=")] + over))
     assert metrics["steps"] == 6 and metrics["steps_this_run"] == 2
     assert metrics["loss"]["_target_"].endswith("dssim_l1")
+
+
+@pytest.mark.parametrize(
+    "changed,weights",
+    [
+        (["loss=dssim_l1"], {"l1": 0.8, "dssim": 0.2}),
+        (["loss=dssim_l1", "loss.lambda_dssim=0.5"], {"l1": 0.5, "dssim": 0.5}),
+    ],
+)
+def test_an_allowed_change_of_loss_trains_with_the_new_weights(finished, tmp_path, changed, weights):
+    # The checkpoint was trained with pure L1; the resumed steps must use the weights configured now,
+    # the ones metrics.json records.
+    run = _copy(finished, tmp_path)
+    over = changed + ["trainer.max_steps=6", "trainer.log_every_n_steps=1", "resume=true", "resume_allow_changes=true"]
+    cfg = make_cfg(run, [o for o in COMMON if not o.startswith("loss=")] + over)
+    with open_dict(cfg):
+        cfg.logger = {"_target_": "lightning.pytorch.loggers.CSVLogger", "save_dir": str(run), "name": "csv"}
+    metrics = train(cfg)
+    (log,) = list(run.glob("csv/version_*/metrics.csv"))
+    with open(log) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
+    assert len(rows) == 2, rows  # steps 5 and 6, the resumed ones
+    for row in rows:
+        trained = {k: float(row[f"weight/{k}"]) for k in weights}
+        assert trained == pytest.approx(weights, abs=1e-7), row
+        total = sum(float(row[f"weight/{t}"]) * float(row[f"loss/{t}"]) for t in weights)
+        assert float(row["train/loss"]) == pytest.approx(total, rel=1e-5), row
+    assert metrics["loss"]["lambda_dssim"] == weights["dssim"]
 
 
 def test_a_checkpoint_from_another_run_folder_is_checked_too(finished, tmp_path):

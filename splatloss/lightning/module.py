@@ -209,6 +209,10 @@ class SplatModule(L.LightningModule):
         self.start_step = 0
         self.sh_degree = sh_degree
         self.sh_degree_interval = sh_degree_interval
+        # A checkpoint's loss weights (a schedule's, or set by a callback) continue the same run; a
+        # resume allowed to change the loss (resume_allow_changes=true) sets this False, so the loss
+        # trains with the weights it was configured with, the ones the run records.
+        self.loss_weights_from_checkpoint = True
         if self.gaussians is not None:
             self._check_sh_lr()
 
@@ -444,6 +448,13 @@ class SplatModule(L.LightningModule):
             self._timing = dict(extra["timing"])
         if extra.get("step_times") is not None:
             self._step_times = [float(t) for t in extra["step_times"]]
+        if not self.loss_weights_from_checkpoint:
+            # The loss's own state (weights held as buffers) is the configured one, not the checkpoint's.
+            ours = self.loss.state_dict(prefix="loss.") if isinstance(self.loss, nn.Module) else {}
+            for key in [k for k in sd if k.startswith("loss.")]:
+                if key in ours:
+                    sd[key] = ours[key]
+            return
         weights = extra.get("loss_weights") or {}
         if weights and hasattr(self.loss, "set_weight"):
             for name, w in weights.items():
