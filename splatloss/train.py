@@ -233,7 +233,7 @@ def _summary(metrics: Dict[str, Any], out_dir: str) -> None:
     share = 100 * metrics["loss_share"] if metrics.get("loss_share") is not None else nan
     log.info(
         "held-out PSNR %.2f dB (untrained %.2f dB), SSIM %.4f (3DGS's %.4f), MS-SSIM %.4f; %d steps in %.1f s, "
-        "%.1f ms/step, loss %.1f%% of the step",
+        "%.1f ms/step%s, loss %.1f%% of the step",
         metrics.get("psnr", nan),
         metrics.get("psnr_init", nan),
         metrics.get("ssim", nan),
@@ -242,6 +242,7 @@ def _summary(metrics: Dict[str, Any], out_dir: str) -> None:
         metrics["steps"],
         metrics["train_seconds"],
         step_ms,
+        " (warm-up steps included: too few steps to leave them out)" if metrics.get("timing_includes_warmup") else "",
         share,
     )
     wrote = ["metrics.json", "point_cloud.ply", os.path.join("checkpoints", "last.ckpt"), "renders"]

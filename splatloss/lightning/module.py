@@ -200,6 +200,10 @@ class SplatModule(L.LightningModule):
         self._warmup = 3
         self._timing = {"render": 0.0, "loss": 0.0, "backward": 0.0, "optim": 0.0, "step": 0.0, "n": 0}
         self._step_times: list = []
+        # The first steps, timed apart: a run too short to skip them reports them (they include the
+        # first calls' one-off costs, and the run says so) rather than a step time of 0.
+        self._warmup_timing = dict(self._timing)
+        self._warmup_times: list = []
         self.step_ms_window = step_ms_window
         # Whole-run totals across resumes: training seconds of the runs before this one (from the
         # checkpoint), this fit's start time and the step it started from.
@@ -344,15 +348,16 @@ class SplatModule(L.LightningModule):
             if changed:
                 self._sync_optimizer_params(optimizer)
         t4 = self._now()
-        if self.time_steps and step >= self._warmup:
-            tm = self._timing
+        if self.time_steps:
+            warm = step >= self._warmup
+            tm = self._timing if warm else self._warmup_timing
             tm["render"] += t1 - t0
             tm["loss"] += t2 - t1
             tm["backward"] += t3 - t2
             tm["optim"] += t4 - t3
             tm["step"] += t4 - t0
             tm["n"] += 1
-            self._step_times.append(t4 - t0)
+            (self._step_times if warm else self._warmup_times).append(t4 - t0)
         self.log("train/loss", loss.detach(), prog_bar=True, batch_size=1)
         self.log("num_gaussians", float(self.gaussians.means.shape[0]), prog_bar=True, batch_size=1)
         if self.gaussians.sh_degree > 0:
@@ -368,15 +373,21 @@ class SplatModule(L.LightningModule):
         """Seconds per training step, after the first few steps and across resumes: ``step_seconds``
         is the median step (robust to a stall: an evaluation, another process), the parts
         (``render_seconds``, ``loss_seconds``, ...) and ``step_mean_seconds`` are means, and
-        ``loss_share`` is the loss's share of the summed step time."""
-        tm = self._timing
-        n = max(tm["n"], 1)
-        res = {f"{k}_seconds": tm[k] / n for k in ("render", "loss", "backward", "optim", "step")}
+        ``loss_share`` is the loss's share of the summed step time.
+
+        A run of no more steps than the skipped ones reports those (``includes_warmup`` true); a
+        run that timed no step (``time_steps=False``) reports NaN, never 0."""
+        warmup = not self._timing["n"]
+        tm, times = (self._warmup_timing, self._warmup_times) if warmup else (self._timing, self._step_times)
+        n = tm["n"]
+        nan = float("nan")
+        res = {f"{k}_seconds": tm[k] / n if n else nan for k in ("render", "loss", "backward", "optim", "step")}
         res["step_mean_seconds"] = res["step_seconds"]
-        if self._step_times:
-            res["step_seconds"] = statistics.median(self._step_times)
-        res["loss_share"] = tm["loss"] / tm["step"] if tm["step"] > 0 else float("nan")
-        res["timed_steps"] = tm["n"]
+        if times:
+            res["step_seconds"] = statistics.median(times)
+        res["loss_share"] = tm["loss"] / tm["step"] if tm["step"] > 0 else nan
+        res["timed_steps"] = n
+        res["includes_warmup"] = bool(warmup and n)
         return res
 
     # -- evaluation ---------------------------------------------------------------------------------
@@ -420,6 +431,8 @@ class SplatModule(L.LightningModule):
             "train_seconds": self.train_seconds()["total"],
             "timing": dict(self._timing),
             "step_times": torch.tensor(self._step_times, dtype=torch.float64),
+            "warmup_timing": dict(self._warmup_timing),
+            "warmup_times": torch.tensor(self._warmup_times, dtype=torch.float64),
         }
 
     def on_load_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
@@ -448,6 +461,10 @@ class SplatModule(L.LightningModule):
             self._timing = dict(extra["timing"])
         if extra.get("step_times") is not None:
             self._step_times = [float(t) for t in extra["step_times"]]
+        if extra.get("warmup_timing"):
+            self._warmup_timing = dict(extra["warmup_timing"])
+        if extra.get("warmup_times") is not None:
+            self._warmup_times = [float(t) for t in extra["warmup_times"]]
         if not self.loss_weights_from_checkpoint:
             # The loss's own state (weights held as buffers) is the configured one, not the checkpoint's.
             ours = self.loss.state_dict(prefix="loss.") if isinstance(self.loss, nn.Module) else {}

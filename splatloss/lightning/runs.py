@@ -294,6 +294,8 @@ def run_metrics(
             "render_backward_seconds": timing["backward_seconds"],
             "optim_seconds": timing["optim_seconds"],
             "timed_steps": timing["timed_steps"],
+            # true: the run was too short to leave out its first steps, whose one-off costs its step time includes
+            "timing_includes_warmup": timing["includes_warmup"],
             "num_gaussians": int(module.gaussians.means.shape[0]),
             "lr": module.lr,
             "image_size": list(scene.train[0].image.shape[:2]),
