@@ -1,26 +1,42 @@
-"""The README's API examples run as written (every python block of the "## API" section)."""
+"""The API examples run as written: every python block of the README's "## API" section, and of the
+pages that hold the longer examples (docs/s3im.md, docs/splat.md)."""
 
 import pathlib
 import re
 
 import pytest
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+EXAMPLE_PAGES = [ROOT / "docs" / "s3im.md", ROOT / "docs" / "splat.md"]
+
+
+def _python_blocks(text):
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
 def _api_blocks():
     text = README.read_text()
     start = text.index("\n## API")
     end = text.find("\n## ", start + 1)
-    section = text[start : end if end != -1 else None]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    blocks = [("README.md:API", b) for b in _python_blocks(text[start : end if end != -1 else None])]
+    for page in EXAMPLE_PAGES:
+        blocks += [(f"docs/{page.name}", b) for b in _python_blocks(page.read_text())]
+    return blocks
 
 
 def test_api_section_has_examples():
-    assert len(_api_blocks()) >= 3
+    text = README.read_text()
+    start = text.index("\n## API")
+    assert len(_python_blocks(text[start : text.find("\n## ", start + 1)])) >= 3
+
+
+@pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=lambda p: p.name)
+def test_example_pages_have_examples(page):
+    assert _python_blocks(page.read_text()), f"docs/{page.name} has no python example"
 
 
 @pytest.mark.parametrize("index", range(len(_api_blocks())))  # every block, not a fixed count
 def test_api_example_runs(index):
-    blocks = _api_blocks()
-    exec(compile(blocks[index], f"README.md:API[{index}]", "exec"), {"__name__": "readme_example"})
+    where, block = _api_blocks()[index]
+    exec(compile(block, f"{where}[{index}]", "exec"), {"__name__": "readme_example"})
