@@ -22,6 +22,7 @@ import numbers
 from typing import Optional, Sequence, Tuple
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype
 
@@ -135,10 +136,21 @@ def check_ms_size(img: torch.Tensor, cfg: SSIMConfig, scales: int) -> None:
 
 def check_mask(mask, img: torch.Tensor) -> Optional[torch.Tensor]:
     """Validate ``mask`` against the ``(B, C, H, W)`` images ``img``; return it as a float tensor in
-    the accumulation dtype shaped ``(B or 1, 1 or C, H, W)`` (None stays None).
+    the accumulation dtype shaped ``(B or 1, 1 or C, H, W)``, each image's weights divided by its
+    largest one (None stays None).
 
     A mask is boolean, or floating with finite, non-negative weights; a NaN, an infinity or a
     negative weight is refused (it has no meaning as a weight, and the backends would disagree on it).
+    Weights are relative: every statistic is a ratio of mask-weighted sums, so each image's mask is
+    scaled to a largest weight of 1 (in the mask's own precision, or float32 for a half-precision
+    mask, before the cast to the images' accumulation dtype), which keeps weights from 1e-44 to
+    3e38, and float64 weights beyond float32's range, inside what a float32 computation holds.
+    The ``"same"`` padding's weight of 1 is then the image's largest weight. A mask of one weight
+    (ones, or any constant) is the unmasked value.
+
+    The values are read to the host once per mask and version (``tensor._version`` moves on every
+    in-place change): a mask used again unchanged is neither read (no GPU -> CPU synchronisation)
+    nor scaled again.
     """
     if mask is None:
         return None
@@ -162,9 +174,73 @@ def check_mask(mask, img: torch.Tensor) -> Optional[torch.Tensor]:
             f"{(b, c, h, w)}, got shape {_shape(mask)}; give one weight per pixel, e.g. alpha[:, None] for a "
             "(B, H, W) alpha"
         )
-    if m.dtype != torch.bool:
+    acc = accumulation_dtype(img.dtype)
+    if m.dtype == torch.bool:  # weights 0 and 1: nothing to check or scale
+        return m.to(acc)
+    if torch.compiler.is_compiling() or (m.is_cuda and torch.cuda.is_current_stream_capturing()):
+        # No Python branch on a tensor inside a traced graph or a CUDA graph being captured (reading
+        # the answer would synchronise): the check runs as an assertion op on the device.
+        _assert_mask_values(m)
+        return _normalised(m, acc)
+    if mask.is_inference():  # an inference tensor has no version counter: checked at every use
         _check_mask_values(m)
-    return m.to(accumulation_dtype(img.dtype))
+        return _normalised(m, acc)
+    if m.requires_grad and torch.is_grad_enabled():
+        # the scaling is part of the graph (each call builds its own); the values are checked once
+        _check_mask_once(mask, m)
+        return _normalised(m, acc)
+    return _check_mask_once(mask, m, acc)
+
+
+#: Masks already checked, by the tensor that owns their memory (a view's base): for each view of it
+#: (shape, strides, offset) and accumulation dtype, the version checked and, when one is asked for,
+#: the scaled mask. Weak keys: an entry lives as long as the user's tensor. A stored scaled mask never
+#: shares the user's memory or holds a graph, so it keeps the key alive through no reference.
+_checked: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+
+
+def _check_mask_once(mask: torch.Tensor, m: torch.Tensor, acc: Optional[torch.dtype] = None):
+    """Check ``m`` (``mask`` as 4-D) unless this version of it was checked; with ``acc``, return the
+    scaled mask in ``acc``, computed once per version."""
+    root = mask if mask._base is None else mask._base
+    key = (tuple(m.shape), m.stride(), m.storage_offset(), m.dtype, acc)
+    seen = _checked.get(root)
+    version = mask._version
+    hit = None if seen is None else seen.get(key)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    _check_mask_values(m)
+    out = None
+    if acc is not None:
+        with torch.no_grad():
+            out = _normalised(m, acc)
+    if seen is None:
+        seen = _checked.setdefault(root, {})
+    seen[key] = (version, out)
+    return out
+
+
+def _normalised(m: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """``m`` with each image's weights divided by its largest (an empty image's stay 0), in ``acc``.
+
+    The division runs in the mask's dtype, float32 at least, before the cast: a float64 mask whose
+    weights lie outside float32's range (1e-50, 1e39) keeps its meaning. Dividing by a largest weight
+    of 1 changes nothing, bit for bit, so a mask of ones or of zeros and ones is used as given."""
+    work = torch.promote_types(m.dtype, acc)
+    mw = m.to(work)
+    if mw.numel() == 0:
+        return mw.to(acc)
+    top = mw.amax(dim=(1, 2, 3), keepdim=True)
+    scaled = mw / torch.where(top > 0, top, torch.ones_like(top))
+    return scaled.to(acc)
+
+
+def _assert_mask_values(m: torch.Tensor) -> None:
+    if m.numel() == 0:
+        return
+    lo, hi = torch.aminmax(m)
+    top = torch.finfo(m.dtype).max
+    torch._assert_async((lo >= 0) & (hi <= top), "mask weights must be finite and >= 0")
 
 
 def _check_mask_values(m: torch.Tensor) -> None:
@@ -172,16 +248,12 @@ def _check_mask_values(m: torch.Tensor) -> None:
         return
     # One pass over the mask: the smallest and largest weight (both NaN where any weight is NaN);
     # ``hi <= max`` is False for NaN and +inf, ``lo >= 0`` for negatives and NaN.
-    lo, hi = torch.aminmax(m)
+    lo, hi = torch.aminmax(m.detach())
     top = torch.finfo(m.dtype).max
-    if torch.compiler.is_compiling() or (m.is_cuda and torch.cuda.is_current_stream_capturing()):
-        # No Python branch on a tensor inside a traced graph or a CUDA graph being captured (reading
-        # the answer would synchronise): the check runs as an assertion op on the device.
-        torch._assert_async((lo >= 0) & (hi <= top), "mask weights must be finite and >= 0")
-        return
     # both bounds in one read (one synchronisation on a GPU); NaN fails both comparisons
     lo, hi = torch.stack((lo, hi)).tolist()
     if not (lo >= 0 and hi <= top):
+        m = m.detach()
         valid = (m >= 0) & (m <= top)
         bad = m[~valid]
         n_nan = int(torch.isnan(bad).sum())
