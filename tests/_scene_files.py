@@ -9,6 +9,7 @@ import json
 import math
 import os
 import struct
+import zlib
 
 import numpy as np
 import skimage.io
@@ -177,3 +178,64 @@ def scene_to_nerfstudio(scene, root, per_frame=False, ply=True, rgba_alpha=None,
     with open(os.path.join(root, "transforms.json"), "w") as fh:
         json.dump(meta, fh)
     return {v.name: v for v in views}
+
+
+def _png_chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def _paeth(a, b, c):
+    p = a + b - c
+    pa, pb, pc = np.abs(p - a), np.abs(p - b), np.abs(p - c)
+    return np.where((pa <= pb) & (pa <= pc), a, np.where(pb <= pc, b, c))
+
+
+def write_png16(path, arr):
+    """A 16-bit PNG of ``arr`` (uint16; ``[H, W]`` grey, ``[H, W, 2]`` grey + alpha, ``[H, W, 3]`` RGB,
+    ``[H, W, 4]`` RGBA), encoded as the PNG specification defines it: IHDR, one zlib IDAT, IEND, the
+    rows filtered in turn with each of the five filter types (None, Sub, Up, Average, Paeth), so
+    that a reader's unfiltering of every type is exercised."""
+    arr = np.asarray(arr)
+    if arr.dtype != np.uint16:
+        raise TypeError(f"write_png16 expects uint16, got {arr.dtype}")
+    h, w = arr.shape[:2]
+    channels = 1 if arr.ndim == 2 else arr.shape[2]
+    color_type = {1: 0, 2: 4, 3: 2, 4: 6}[channels]
+    rows = np.frombuffer(arr.astype(">u2").tobytes(), dtype=np.uint8).reshape(h, -1).astype(np.int64)
+    bpp = 2 * channels  # bytes per complete pixel: the filters' left neighbour is bpp bytes back
+    raw = []
+    for i in range(h):
+        x = rows[i]
+        prior = rows[i - 1] if i else np.zeros_like(x)
+        left = np.concatenate([np.zeros(bpp, np.int64), x[:-bpp]])
+        up_left = np.concatenate([np.zeros(bpp, np.int64), prior[:-bpp]])
+        kind = i % 5
+        pred = [np.zeros_like(x), left, prior, (left + prior) // 2, _paeth(left, prior, up_left)][kind]
+        raw.append(bytes([kind]) + ((x - pred) % 256).astype(np.uint8).tobytes())
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(b"\x89PNG\r\n\x1a\n")
+        fh.write(_png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, color_type, 0, 0, 0)))
+        fh.write(_png_chunk(b"IDAT", zlib.compress(b"".join(raw))))
+        fh.write(_png_chunk(b"IEND", b""))
+
+
+def scene_to_blender(scene, root, downscaled=(), camera_angle_x=None, extra=None, frame_extra=None):
+    """Write ``scene``'s views as a NeRF-synthetic ("Blender") folder: ``transforms_{train,test}.json``
+    (``camera_angle_x`` from the first view's focal length unless given, OpenGL camera->world poses,
+    ``file_path`` without extension) and ``{train,test}/<name>.png``. ``extra``: keys added to both
+    json files; ``frame_extra``: keys added to every frame. Returns {name stem: view}."""
+    views = {}
+    for split in ("train", "test"):
+        frames = []
+        for v in getattr(scene, split):
+            c2w = np.linalg.inv(v.viewmat.double().numpy())
+            c2w[:3, 1:3] *= -1  # OpenCV -> OpenGL camera axes, as Blender stores them
+            write_png(os.path.join(root, split, f"{v.name}.png"), v.image.numpy())
+            frames.append({"file_path": f"./{split}/{v.name}", "transform_matrix": c2w.tolist(), **(frame_extra or {})})
+            views[v.name] = v
+        v0 = scene.train[0]
+        fov = camera_angle_x if camera_angle_x is not None else 2 * math.atan(0.5 * v0.width / float(v0.K[0, 0]))
+        with open(os.path.join(root, f"transforms_{split}.json"), "w") as fh:
+            json.dump({"camera_angle_x": fov, **(extra or {}), "frames": frames}, fh)
+    return views

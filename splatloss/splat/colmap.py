@@ -30,7 +30,7 @@ from splatloss.splat.views import (
     check_view_sizes,
     make_view,
     read_image,
-    view_name,
+    view_names,
 )
 
 __all__ = ["load_colmap"]
@@ -292,7 +292,9 @@ def load_colmap(
 
     ``downscale=N`` reads ``path/<images_dir>_N/<name>`` when that folder exists (the pre-downscaled
     copies Mip-NeRF 360 ships) and box-filters the full images by N otherwise; the intrinsics are
-    scaled to the size of the image actually read. View names are the image files' stems.
+    scaled to the size of the image actually read. View names are the image files' stems, or their
+    paths with the folders joined by ``_`` where a camera rig's folders hold images of one file name
+    (``cam0/0001.png`` -> ``cam0_0001``, :func:`~splatloss.splat.views.view_names`).
     """
     if not os.path.isdir(path):
         raise ValueError(f"load_colmap: dataset directory {path!r} does not exist")
@@ -326,7 +328,8 @@ def load_colmap(
     _check_images_present(small_dir if pre_downscaled else os.path.join(path, images_dir), entries, images_file)
     views = []
     first = None
-    for where, name, q, t, cid in entries:
+    names = view_names([e[1] for e in entries], f"load_colmap: {images_file!r}")
+    for (where, name, q, t, cid), view_id in zip(entries, names):
         w, h, fx, fy, cx, cy = cameras[cid]
         if pre_downscaled:
             src = os.path.join(small_dir, name)
@@ -357,7 +360,7 @@ def load_colmap(
         M[:3, :3] = _qvec_to_rotmat(q)
         M[:3, 3] = t
         K = np.array([[fx * sx, 0, cx * sx], [0, fy * sy, cy * sy], [0, 0, 1]])
-        views.append(make_view(img, None, M, K, view_name(name)))
+        views.append(make_view(img, None, M, K, view_id))
     check_view_sizes(views, "load_colmap")
 
     points = torch.tensor(pts, dtype=torch.float32)

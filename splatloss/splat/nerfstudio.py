@@ -3,7 +3,8 @@
 The file holds the intrinsics ``fl_x, fl_y, cx, cy, w, h`` globally or per frame (a frame's own
 value wins), optional distortion ``k1 k2 k3 k4 p1 p2`` (refused unless zero), ``frames`` each with a
 ``file_path`` (relative to the folder) and a 4x4 camera->world ``transform_matrix`` in the OpenGL
-frame (x right, y up, z backward), and optionally ``ply_file_path``: the initial point cloud.
+frame (x right, y up, z backward), optionally a frame's ``mask_path`` (a one-channel image: zero
+pixels do not count in the loss), and optionally ``ply_file_path``: the initial point cloud.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from splatloss.splat.views import (
     make_view,
     random_points,
     read_image,
-    view_name,
+    read_mask,
+    view_names,
 )
 
 __all__ = ["load_nerfstudio", "train_eval_split_fraction"]
@@ -119,6 +121,46 @@ def _read_ply_points(fn: str):
     return torch.from_numpy(pts), torch.from_numpy(np.ascontiguousarray(cols))
 
 
+def _frame_mask(root: str, fr: dict, where: str, pre_downscaled: bool, downscale: int, size: tuple):
+    """The frame's ``mask_path`` as ``[H, W]`` weights at the size of the image read (``size``), or
+    None without one. With the image from ``images_N/``, the mask comes from the ``<folder>_N/`` copy
+    beside the mask's folder (what nerfstudio's downscaling writes) when it exists; otherwise the
+    full-size mask, box-filtered by the caller."""
+    rel = fr.get("mask_path")
+    if rel is None:
+        return None
+    if not isinstance(rel, str) or not rel:
+        raise ValueError(f"load_nerfstudio: {where}: mask_path must be a file path (a string), got {rel!r}")
+    full = os.path.join(root, rel)
+    mask_file = full
+    want = size
+    if pre_downscaled:
+        parent, base = os.path.split(os.path.normpath(rel))
+        small = os.path.join(root, f"{parent}_{downscale}" if parent else f"masks_{downscale}", base)
+        if os.path.isfile(small):
+            mask_file = small
+        else:
+            want = None  # the full-size mask, box-filtered to the small image's size below
+    if not os.path.isfile(mask_file):
+        raise ValueError(f"load_nerfstudio: {where}: mask_path {mask_file!r} does not exist")
+    m = read_mask(mask_file, f"load_nerfstudio: {where}: mask_path")
+    if want is None:
+        shrunk = box_downscale(m, downscale)
+        if shrunk.shape != tuple(size):
+            raise ValueError(
+                f"load_nerfstudio: {where}: mask_path {mask_file!r} is {m.shape[0]}x{m.shape[1]}, which downscaled "
+                f"by {downscale} is not the {size[0]}x{size[1]} image read; write the mask's {downscale}x smaller "
+                f"copy beside it ({parent or 'masks'}_{downscale}/)"
+            )
+        return shrunk
+    if m.shape != tuple(want):
+        raise ValueError(
+            f"load_nerfstudio: {where}: mask_path {mask_file!r} is {m.shape[0]}x{m.shape[1]}, expected the image's "
+            f"{want[0]}x{want[1]}"
+        )
+    return m
+
+
 def load_nerfstudio(
     path: str,
     downscale: int = 1,
@@ -137,7 +179,11 @@ def load_nerfstudio(
     ``images_N/`` copies (nerfstudio's layout: ``images/x.png`` -> ``images_N/x.png``) when they
     exist and box-filters the full images otherwise; intrinsics follow the size read. RGBA images
     are composited on the background; with ``alpha_as_mask`` the alpha is also kept as
-    ``View.mask``. View names are the image files' stems. When the rule holds out nothing (fewer
+    ``View.mask``. A frame's ``mask_path`` (relative to ``path``; nerfstudio's reading: a
+    one-channel image whose non-zero pixels count) becomes ``View.mask``, box-filtered as the image
+    (or read from the ``masks_N/`` copy beside ``images_N/``), times the alpha with
+    ``alpha_as_mask``; the frames without one count every pixel. View names are the image files'
+    stems (:func:`~splatloss.splat.views.view_names`). When the rule holds out nothing (fewer
     than 10 frames at 0.9), the last frame is held out so that there is something to evaluate on.
     """
     if not os.path.isdir(path):
@@ -177,7 +223,7 @@ def load_nerfstudio(
         frames.append(fr)
     # nerfstudio sorts the frames by file name before splitting.
     frames.sort(key=lambda f: f["file_path"])
-    views = []
+    views, masks, paths = [], [], []
     first = None
     for k, fr in enumerate(frames):
         where = f"{fn!r} frame {fr['file_path']!r}"
@@ -227,20 +273,32 @@ def load_nerfstudio(
         src = small or full
         img, alpha = read_image(src, background, keep_alpha=True)
         first = check_same_size(first, src, img, "load_nerfstudio")
+        mask = _frame_mask(path, fr, where, small is not None, downscale, img.shape[:2])
         if small is None:
             if img.shape[:2] != (round(h), round(w)):
                 raise ValueError(
                     f"load_nerfstudio: image {src!r} is {img.shape[0]}x{img.shape[1]} but {where} says h={h:g}, w={w:g}"
                 )
             img, alpha = box_downscale(img, downscale), box_downscale(alpha, downscale)
+            mask = None if mask is None else box_downscale(mask, downscale)
             sx = sy = 1.0 / downscale
         else:
             sx, sy = img.shape[1] / w, img.shape[0] / h
+        if alpha_as_mask:
+            mask = alpha if mask is None else mask * alpha
+        masks.append(mask)
         c2w = c2w.copy()
         c2w[:3, 1:3] *= -1  # OpenGL -> OpenCV camera axes (y down, z forward)
         viewmat = np.linalg.inv(c2w)
         K = np.array([[intr["fl_x"] * sx, 0, intr["cx"] * sx], [0, intr["fl_y"] * sy, intr["cy"] * sy], [0, 0, 1]])
-        views.append(make_view(img, alpha if alpha_as_mask else None, viewmat, K, view_name(rel)))
+        views.append(make_view(img, None, viewmat, K, ""))
+        paths.append(rel)
+    if any(m is not None for m in masks):  # every view carries a mask or none does
+        for v, m in zip(views, masks):
+            ones = np.ones((v.height, v.width), np.float32)
+            v.mask = torch.from_numpy(ones if m is None else np.ascontiguousarray(m, np.float32))
+    for v, name in zip(views, view_names(paths, f"load_nerfstudio: {fn!r}")):
+        v.name = name
     check_view_sizes(views, "load_nerfstudio")
     if len(views) < 2:
         raise ValueError(f"load_nerfstudio: {fn!r} has {len(views)} frame; need at least 2 (train and eval)")

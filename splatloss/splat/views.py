@@ -21,6 +21,7 @@ __all__ = [
     "ViewDataset",
     "look_at",
     "read_image",
+    "read_mask",
     "check_same_size",
     "check_intrinsics",
     "check_pose",
@@ -29,6 +30,7 @@ __all__ = [
     "box_downscale",
     "make_view",
     "view_name",
+    "view_names",
     "random_points",
 ]
 
@@ -92,14 +94,50 @@ def look_at(eye, target=(0.0, 0.0, 0.0), up=(0.0, 0.0, 1.0)) -> np.ndarray:
     return M
 
 
-def read_image(path: str, background, keep_alpha: bool = False):
-    """Read an image as float32 ``[H, W, 3]`` in [0, 1], RGBA composited onto ``background``.
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# PNG colour types with several 16-bit samples per pixel -> (Pillow mode, its raw mode's name
+# without the byte order, or None: the pixel's bytes read through an 8-bit mode of the same width).
+_PNG16 = {2: ("RGB", "RGB;16"), 6: ("RGBA", "RGBA;16"), 4: ("RGBA", None)}
 
-    With ``keep_alpha`` returns ``(rgb, alpha [H, W])`` (alpha all ones for an RGB image). A file
-    that is missing, cannot be decoded (corrupt or truncated), is empty, is not grey, RGB or RGBA,
-    or holds values outside [0, 1] (a float image with NaN, inf, or HDR values) raises
-    ``ValueError`` naming the file.
-    """
+
+def _png16_color_type(path: str) -> Optional[int]:
+    """The colour type of a 16-bit PNG of several samples per pixel (RGB, RGBA, grey + alpha), else None."""
+    with open(path, "rb") as fh:
+        head = fh.read(26)
+    if len(head) < 26 or head[:8] != _PNG_SIGNATURE or head[12:16] != b"IHDR" or head[24] != 16:
+        return None
+    return head[25] if head[25] in _PNG16 else None
+
+
+def _read_png16(path: str, color_type: int) -> np.ndarray:
+    """A 16-bit RGB, RGBA or grey + alpha PNG as uint16 ``[H, W, C]``.
+
+    Pillow decodes these into 8 bits per sample (its raw modes ``RGB;16B`` / ``RGBA;16B`` keep each
+    sample's high byte), so they are decoded twice, keeping the high bytes and then the low ones
+    (``;16L`` reads a big-endian sample's second byte); the PNG unfiltering is Pillow's both times,
+    at the file's own bytes per pixel. Grey + alpha (4 bytes a pixel) is read as 8-bit RGBA, which
+    has that width, and its byte pairs joined."""
+    from PIL import Image
+
+    mode, raw = _PNG16[color_type]
+    passes = [f"{raw}B", f"{raw}L"] if raw else [mode]
+    planes = []
+    for rawmode in passes:
+        with Image.open(path) as im:
+            if im.mode != mode or len(im.tile) != 1:
+                raise ValueError(f"Pillow opens it as mode {im.mode!r} in {len(im.tile)} tiles, expected {mode!r} in 1")
+            im.tile = [im.tile[0]._replace(args=rawmode)]
+            im.load()
+            planes.append(np.asarray(im, dtype=np.uint16))
+    if raw:
+        return (planes[0] << 8) | planes[1]
+    b = planes[0]
+    return np.stack([(b[..., 0] << 8) | b[..., 1], (b[..., 2] << 8) | b[..., 3]], axis=-1)
+
+
+def _decode(path: str) -> np.ndarray:
+    """The pixels of an image file as stored (uint8, uint16 or float); ``ValueError`` naming the file
+    when it is missing, empty or cannot be decoded."""
     if not os.path.isfile(path):
         raise ValueError(f"image file {path!r} does not exist")
     if os.path.getsize(path) == 0:
@@ -107,7 +145,8 @@ def read_image(path: str, background, keep_alpha: bool = False):
     import skimage.io
 
     try:
-        img = np.asarray(skimage.io.imread(path))
+        color_type = _png16_color_type(path)
+        img = _read_png16(path, color_type) if color_type is not None else np.asarray(skimage.io.imread(path))
     except Exception as e:  # each decoder raises its own type (OSError, ValueError, SyntaxError, ...)
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(
@@ -116,6 +155,20 @@ def read_image(path: str, background, keep_alpha: bool = False):
         ) from None
     if img.size == 0:
         raise ValueError(f"image file {path!r} is empty (shape {img.shape})")
+    return img
+
+
+def read_image(path: str, background, keep_alpha: bool = False):
+    """Read an image as float32 ``[H, W, 3]`` in [0, 1], RGBA composited onto ``background``.
+
+    8-bit and 16-bit images keep every bit (a 16-bit value ``v`` reads as ``v / 65535``); grey
+    images become three equal channels, grey + alpha an RGBA image of them. With ``keep_alpha``
+    returns ``(rgb, alpha [H, W])`` (alpha all ones for an image without one). A file that is
+    missing, cannot be decoded (corrupt or truncated), is empty, is not grey, RGB or RGBA, or holds
+    values outside [0, 1] (a float image with NaN, inf, or HDR values) raises ``ValueError`` naming
+    the file.
+    """
+    img = _decode(path)
     if img.dtype == np.uint8:
         img = img.astype(np.float32) / 255.0
     elif img.dtype == np.uint16:
@@ -135,6 +188,8 @@ def read_image(path: str, background, keep_alpha: bool = False):
         raise ValueError(f"image file {path!r}: expected 8-bit, 16-bit or float pixels in [0, 1], got {img.dtype}")
     if img.ndim == 2:
         img = np.repeat(img[..., None], 3, axis=-1)
+    elif img.ndim == 3 and img.shape[-1] == 2:  # grey + alpha
+        img = np.concatenate([np.repeat(img[..., :1], 3, axis=-1), img[..., 1:]], axis=-1)
     if img.ndim != 3 or img.shape[-1] not in (3, 4):
         raise ValueError(f"image {path!r}: expected an RGB or RGBA image, got shape {img.shape}")
     alpha = np.ones(img.shape[:2], dtype=np.float32)
@@ -144,6 +199,24 @@ def read_image(path: str, background, keep_alpha: bool = False):
         img = img[..., :3] * a + np.asarray(background, dtype=np.float32) * (1 - a)
     img = np.ascontiguousarray(img)
     return (img, alpha) if keep_alpha else img
+
+
+def read_mask(path: str, where: str) -> np.ndarray:
+    """A one-channel mask image as float32 ``[H, W]``: 1 where the pixel is non-zero (counts in the
+    loss), 0 where it is zero, nerfstudio's reading of ``mask_path``. ``ValueError`` prefixed by
+    ``where`` for a file that is missing, undecodable or of more than one channel."""
+    try:
+        m = _decode(path)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    if m.ndim == 3 and m.shape[-1] == 1:
+        m = m[..., 0]
+    if m.ndim != 2:
+        raise ValueError(
+            f"{where}: the mask {path!r} must have one channel (black: ignored, white: counted), got shape "
+            f"{m.shape}; save it as a greyscale image"
+        )
+    return np.ascontiguousarray(m > 0, dtype=np.float32)
 
 
 def check_same_size(first: tuple, path: str, img: np.ndarray, where: str) -> tuple:
@@ -265,6 +338,31 @@ def make_view(img: np.ndarray, alpha, viewmat: np.ndarray, K: np.ndarray, name: 
 def view_name(file_name: str) -> str:
     """A view name: the file's path without its extension (``images/r_0.png`` -> ``r_0``)."""
     return os.path.splitext(os.path.basename(file_name))[0]
+
+
+def view_names(paths, where: str) -> list:
+    """Names of the views of ``paths`` (image files relative to the dataset's folder): the files'
+    stems (``images/r_0.png`` -> ``r_0``) when those are all distinct; else, for images of one file
+    name in several folders (a camera rig's ``cam0/0001.png`` and ``cam1/0001.png``), each path
+    without its extension and with its folders joined by ``_`` (``cam0_0001``), so that every view's
+    renders get a file of their own. Two paths that still read the same raise ``ValueError``
+    prefixed by ``where``."""
+    paths = [str(p) for p in paths]
+    names = [view_name(p) for p in paths]
+    if len(set(names)) == len(names):
+        return names
+    parts = [os.path.normpath(p.replace("\\", "/")).replace("\\", "/").split("/") for p in paths]
+    names = ["_".join(q for q in p[:-1] if q not in (".", "")) + "_" + view_name(p[-1]) if len(p) > 1
+             else view_name(p[-1]) for p in parts]  # fmt: skip
+    seen = {}
+    for p, n in zip(paths, names):
+        if n in seen:
+            raise ValueError(
+                f"{where}: the images {seen[n]!r} and {p!r} would both be named {n!r} (their renders would "
+                "overwrite each other); rename one of them"
+            )
+        seen[n] = p
+    return names
 
 
 def random_points(n: int, extent: float, seed: int):
