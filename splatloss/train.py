@@ -163,54 +163,61 @@ def train(cfg) -> Dict[str, Any]:
             outputs[f"{type(lg).__name__} log"] = lg.log_dir
     if trainer.is_global_zero:
         runs.check_writable(outputs, instead="another run folder (hydra.run.dir=<folder>)")
-    dm = SceneDataModule(scene, seed=int(cfg.seed))
-
-    stopper.install()  # from here a signal stops the run with the shell's status (130, 143)
+    # One run per folder at a time (a second would mix its files into this one's); rank 0 holds it.
+    held = _ENTRY_LOCK is not None and _ENTRY_LOCK.folder == out_dir
+    folder_lock = runs.RunFolderLock(out_dir).acquire() if trainer.is_global_zero and not held else None
     try:
-        if init_saved is not None:  # a resume: the untrained model was evaluated (and logged) by the run
-            init = dict(init_saved)
-        else:
-            init = _evaluate(trainer, module, dm, evaluator, "init")
-            record.init = init
-        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
-        interrupted = stopper.signal_name
-        last = os.path.join(ckpt_dir, "last.ckpt")  # the end of the run, whatever every_n_train_steps is
-        if saves or interrupted:
-            trainer.save_checkpoint(last, weights_only=False)  # written elsewhere if it cannot be there
-        rescued = list(checkpoint_io.rescued)
-        last = next((got for wanted, got, _ in rescued if wanted == last), last)
-        final = {} if interrupted else _evaluate(trainer, module, dm, evaluator, "final")
-    finally:
-        stopper.restore()
+        dm = SceneDataModule(scene, seed=int(cfg.seed))
 
-    metrics = runs.run_metrics(
-        cfg, trainer, module, scene, init=init, final=final, interrupted=interrupted,
-        resumed_from=ckpt_path, num_gaussians_init=int(num_gaussians_init),
-        ms_ssim_scales=evaluator.last.get("ms_ssim_scales") if evaluator is not None and not interrupted else None,
-    )  # fmt: skip
-    if interrupted:
-        metrics["exit_code"] = stopper.exit_code
-    if trainer.is_global_zero:
-        runs.write_or_rescue(
-            os.path.join(out_dir, "metrics.json"), lambda p: runs.write_json_atomic(p, metrics), rescued, rescue
-        )
+        stopper.install()  # from here a signal stops the run with the shell's status (130, 143)
+        try:
+            if init_saved is not None:  # a resume: the untrained model was evaluated (and logged) by the run
+                init = dict(init_saved)
+            else:
+                init = _evaluate(trainer, module, dm, evaluator, "init")
+                record.init = init
+            trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+            interrupted = stopper.signal_name
+            last = os.path.join(ckpt_dir, "last.ckpt")  # the end of the run, whatever every_n_train_steps is
+            if saves or interrupted:
+                trainer.save_checkpoint(last, weights_only=False)  # written elsewhere if it cannot be there
+            rescued = list(checkpoint_io.rescued)
+            last = next((got for wanted, got, _ in rescued if wanted == last), last)
+            final = {} if interrupted else _evaluate(trainer, module, dm, evaluator, "final")
+        finally:
+            stopper.restore()
+
+        metrics = runs.run_metrics(
+            cfg, trainer, module, scene, init=init, final=final, interrupted=interrupted,
+            resumed_from=ckpt_path, num_gaussians_init=int(num_gaussians_init),
+            ms_ssim_scales=evaluator.last.get("ms_ssim_scales") if evaluator is not None and not interrupted else None,
+        )  # fmt: skip
         if interrupted:
-            print(
-                f"Stopped by {interrupted} at step {metrics['steps']} of {int(cfg.trainer.max_steps)}; checkpoint "
-                f"{last}. Resume with:\n  {runs.resume_command(out_dir)}",
-                flush=True,
+            metrics["exit_code"] = stopper.exit_code
+        if trainer.is_global_zero:
+            runs.write_or_rescue(
+                os.path.join(out_dir, "metrics.json"), lambda p: runs.write_json_atomic(p, metrics), rescued, rescue
             )
-        else:
-            if cfg.get("export_ply", True):
-                ply = os.path.join(out_dir, "point_cloud.ply")
-                runs.write_or_rescue(ply, module.gaussians.export_ply, rescued, rescue)
-            if cfg.get("render_traj", False):  # a video along a path through the training views
-                video = render_trajectory(module.render_view, scene.train, os.path.join(out_dir, "traj"))
-                log.info("trajectory video: %s", video)
-            _summary(metrics, out_dir)
-    if rescued:
-        raise runs.OutputNotWritten(rescued)
-    return metrics
+            if interrupted:
+                print(
+                    f"Stopped by {interrupted} at step {metrics['steps']} of {int(cfg.trainer.max_steps)}; checkpoint "
+                    f"{last}. Resume with:\n  {runs.resume_command(out_dir)}",
+                    flush=True,
+                )
+            else:
+                if cfg.get("export_ply", True):
+                    ply = os.path.join(out_dir, "point_cloud.ply")
+                    runs.write_or_rescue(ply, module.gaussians.export_ply, rescued, rescue)
+                if cfg.get("render_traj", False):  # a video along a path through the training views
+                    video = render_trajectory(module.render_view, scene.train, os.path.join(out_dir, "traj"))
+                    log.info("trajectory video: %s", video)
+                _summary(metrics, out_dir)
+        if rescued:
+            raise runs.OutputNotWritten(rescued)
+        return metrics
+    finally:
+        if folder_lock is not None:
+            folder_lock.release()
 
 
 def _evaluate(trainer, module, dm, evaluator, tag: str) -> Dict[str, float]:
@@ -422,6 +429,32 @@ def _resume_latest_in_place(argv: List[str]) -> List[str]:
     return kept + [f"hydra.run.dir={hydra_value(folder)}", "resume=true"]
 
 
+# The run folder main() holds from before Hydra writes into it (.hydra/, train.log) to the process's end.
+_ENTRY_LOCK = None
+
+
+def _lock_named_run_folder(argv: List[str]):
+    """A single run given its folder (``hydra.run.dir=``) holds it before Hydra writes its config and
+    log there, so a second run in that folder is refused before it touches anything. Processes that
+    are not the first of a multi-process run (DDP's, SLURM's other ranks) hold nothing."""
+    if any(a in ("-m", "--multirun") for a in argv) or not any(a.startswith("hydra.run.dir=") for a in argv):
+        return None
+    if any(os.environ.get(k, "0") != "0" for k in ("LOCAL_RANK", "RANK", "NODE_RANK", "SLURM_PROCID")):
+        return None
+    from hydra import compose, initialize_config_dir
+
+    from .lightning.runs import RunFolderLock
+
+    overrides = [a for a in argv if not a.startswith("-")]
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+        folder = os.path.abspath(str(cfg.hydra.run.dir))
+    except Exception:  # a bad override: Hydra reports it when it composes the run
+        return None
+    return RunFolderLock(folder).acquire()
+
+
 def main() -> Optional[float]:
     """Hydra entry: ``splatloss-train [overrides]``; returns ``cfg.optimized_metric``'s value (for
     the Optuna sweeper) when set. A config error in a single run prints one message and exits 2; a
@@ -438,8 +471,10 @@ def main() -> Optional[float]:
             prog = os.path.basename(argv0) or "splatloss-train"
         print(help_text(prog))
         return None
+    global _ENTRY_LOCK
     try:
         sys.argv[1:] = _resume_latest_in_place(argv)
+        _ENTRY_LOCK = _lock_named_run_folder(sys.argv[1:])
     except ValueError as e:
         print(f"splatloss-train: error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -2,13 +2,28 @@
 Lightning Trainer, real files."""
 
 import json
+import os
+import re
+import subprocess
+import sys
 
+import lightning as L
 import pytest
-from test_train import make_cfg
+from omegaconf import open_dict
+from test_train import ROOT, TINY, make_cfg
 
 from splatloss.train import train
 
 pytestmark = pytest.mark.usefixtures("scenes_built_once")
+
+SCRIPT = os.path.join(ROOT, "scripts", "train.py")
+DATA = [o for o in TINY if o.startswith("data.")]
+
+
+def _cli(args, cwd, timeout=300):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests"), ROOT, env.get("PYTHONPATH", "")])
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_a_run_shorter_than_the_warm_up_records_the_time_of_its_steps(tmp_path):
@@ -25,3 +40,62 @@ def test_a_run_that_times_no_step_records_no_step_time(tmp_path):
     on_disk = json.loads((tmp_path / "metrics.json").read_text())
     assert on_disk["step_seconds"] is None and on_disk["loss_share"] is None
     assert on_disk["timed_steps"] == 0 and on_disk["timing_includes_warmup"] is False
+
+
+QUIET = ["trainer.enable_progress_bar=false"]  # one live progress display per process (rich)
+
+
+class StartAnotherRun(L.Callback):
+    """At the first step, starts a second run in the same folder and keeps what it raised."""
+
+    refused = []
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == 1:
+            try:
+                train(make_cfg(self.folder, ["loss=l1", "trainer.max_steps=1", "export_ply=false", *QUIET]))
+            except ValueError as e:
+                StartAnotherRun.refused.append(str(e))
+            else:
+                StartAnotherRun.refused.append(None)
+
+
+def test_a_second_run_in_a_folder_in_use_is_refused_and_the_first_finishes(tmp_path):
+    cfg = make_cfg(tmp_path, ["loss=l1", "trainer.max_steps=2", *QUIET])
+    with open_dict(cfg):
+        cfg.callbacks.another = {"_target_": f"{__name__}.StartAnotherRun", "folder": str(tmp_path)}
+    StartAnotherRun.refused.clear()
+    metrics = train(cfg)
+    (message,) = StartAnotherRun.refused
+    assert message is not None, "the second run trained in the folder the first one was writing"
+    assert re.search(
+        rf"the run folder '{re.escape(str(tmp_path))}' is in use by another run \(process \d+ .*\); two runs in one "
+        r"folder would mix their checkpoints, logs and metrics\. Wait for it to finish, or start in another folder "
+        r"\(hydra\.run\.dir=<new folder>\)",
+        message,
+    ), message
+    assert metrics["steps"] == 2
+    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 2
+    # The folder is free again once the run ends: its resume is not refused as in use.
+    again = train(make_cfg(tmp_path, ["loss=l1", "trainer.max_steps=3", "resume=true", "export_ply=false"]))
+    assert again["steps"] == 3
+
+
+@pytest.mark.slow
+def test_the_entry_point_refuses_a_folder_in_use_before_hydra_writes_there(tmp_path):
+    from splatloss.lightning.runs import RunFolderLock
+
+    run = tmp_path / "run"
+    held = RunFolderLock(str(run)).acquire()  # another process's run, holding the folder
+    try:
+        proc = _cli([sys.executable, SCRIPT, *DATA, "loss=l1", "trainer.max_steps=1", f"hydra.run.dir={run}"], tmp_path)
+    finally:
+        held.release()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"splatloss-train: error: the run folder '{run}' is in use by another run (process {os.getpid()} " in (
+        proc.stderr
+    ), proc.stderr[-3000:]
+    assert sorted(os.listdir(run)) == [RunFolderLock.NAME]  # no .hydra/, no train.log written there

@@ -17,6 +17,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -36,6 +37,7 @@ __all__ = [
     "OutputNotWritten",
     "ResumableCSVLogger",
     "RunRecord",
+    "RunFolderLock",
     "check_config",
     "check_fresh_run_folder",
     "check_resume_config",
@@ -421,6 +423,55 @@ def check_fresh_run_folder(out_dir: str, ckpt_dir: Optional[str]) -> None:
             "overwrite it. Continue that run with resume=true, start in another folder (hydra.run.dir=<new folder>), "
             "or move those files away first"
         )
+
+
+class RunFolderLock:
+    """Holds a run folder for one run at a time: an operating-system lock on ``<folder>/.splatloss-run.lock``
+    (the ``filelock`` package: ``fcntl.flock`` / ``msvcrt.locking``), released by :meth:`release` or
+    when the process ends however it ends, so a crashed run leaves no stale lock. The file records
+    who holds it, for the refusal's message.
+
+    Raises:
+        ValueError: from :meth:`acquire` when another run holds the folder, naming it and its holder.
+    """
+
+    NAME = ".splatloss-run.lock"
+
+    def __init__(self, folder: str):
+        from filelock import FileLock
+
+        self.folder = os.path.abspath(folder)
+        self.path = os.path.join(self.folder, self.NAME)
+        self._lock = FileLock(self.path, timeout=0, thread_local=False)
+
+    def acquire(self) -> "RunFolderLock":
+        from filelock import Timeout
+
+        os.makedirs(self.folder, exist_ok=True)
+        try:
+            self._lock.acquire()
+        except Timeout:
+            try:
+                with open(self.path) as f:
+                    holder = f.read().strip() or "its process did not say who it is"
+            except OSError:
+                holder = "unknown process"
+            raise ValueError(
+                f"the run folder {self.folder!r} is in use by another run ({holder}); two runs in one folder would "
+                "mix their checkpoints, logs and metrics. Wait for it to finish, or start in another folder "
+                "(hydra.run.dir=<new folder>)"
+            ) from None
+        with open(self.path, "w") as f:  # the lock is on the file, not its content
+            command = " ".join([os.path.basename(sys.argv[0] or "python"), *sys.argv[1:]])
+            f.write(f"process {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}: ")
+            f.write(command)
+        return self
+
+    def release(self) -> None:
+        if self._lock.is_locked:
+            with open(self.path, "w"):  # the next holder writes its own line
+                pass
+            self._lock.release()
 
 
 class OutputNotWritten(OSError):
