@@ -78,6 +78,7 @@ def train(cfg) -> Dict[str, Any]:
         ValueError: a config, checkpoint or output folder that cannot be used, before anything is
             trained or written.
         RunInterrupted: a signal outside training (an evaluation) or a second signal.
+        TrainingDiverged: the Gaussians became non-finite (NaN or inf); no later state is saved.
         OutputNotWritten: files of the finished run that were written elsewhere (it says where).
     """
     import lightning as L
@@ -459,7 +460,8 @@ def main() -> Optional[float]:
     """Hydra entry: ``splatloss-train [overrides]``; returns ``cfg.optimized_metric``'s value (for
     the Optuna sweeper) when set. A config error in a single run prints one message and exits 2; a
     run stopped by SIGINT / SIGTERM exits 130 / 143 after saving its checkpoint; a finished run
-    whose files had to be written elsewhere exits 1, saying where. ``--help`` lists the choices."""
+    whose files had to be written elsewhere exits 1, saying where, and so does a run whose Gaussians
+    became non-finite, naming the step and the parameters. ``--help`` lists the choices."""
     argv = sys.argv[1:]
     if "--help" in argv or "-h" in argv:
         argv0 = sys.argv[0] if sys.argv else ""
@@ -486,7 +488,7 @@ def main() -> Optional[float]:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
-        from .lightning import RunInterrupted
+        from .lightning import RunInterrupted, TrainingDiverged
         from .lightning.runs import OutputNotWritten
 
         _one_log_stream()
@@ -503,9 +505,12 @@ def main() -> Optional[float]:
         except Exception as e:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
                 # Into the run's log (<run>/train.log), where splatloss-report reads why it failed;
-                # the traceback only for what is not a config error.
-                log.error("run failed: %s", e, exc_info=not isinstance(e, ValueError))
+                # the traceback only for what is not a config error or a diverged run.
+                log.error("run failed: %s", e, exc_info=not isinstance(e, (ValueError, TrainingDiverged)))
                 raise  # the sweep records the failed job
+            if isinstance(e, TrainingDiverged):
+                print(f"splatloss-train: error: {e}", file=sys.stderr, flush=True)
+                sys.exit(1)
             if not isinstance(e, ValueError):
                 raise
             print(f"splatloss-train: error: {e}", file=sys.stderr, flush=True)

@@ -99,3 +99,31 @@ def test_the_entry_point_refuses_a_folder_in_use_before_hydra_writes_there(tmp_p
         proc.stderr
     ), proc.stderr[-3000:]
     assert sorted(os.listdir(run)) == [RunFolderLock.NAME]  # no .hydra/, no train.log written there
+
+
+def test_a_learning_rate_that_makes_the_gaussians_non_finite_stops_the_run_naming_the_step_and_parameter(tmp_path):
+    with pytest.raises(Exception) as info:
+        train(make_cfg(tmp_path, ["loss=l1", "trainer.max_steps=5", "model.lr.log_scales=1e6"]))
+    assert type(info.value).__name__ == "TrainingDiverged", info.value
+    message = str(info.value)
+    assert re.fullmatch(
+        r"training diverged at step (\d) of 5: the Gaussians' (\w+, )*log_scales(, \w+)* (is|are) no longer finite "
+        r"\(NaN or inf\) after the optimizer step; their learning rates: (model\.lr\.\w+=[\d.e+-]+, )*"
+        r"model\.lr\.log_scales=1e\+06.*\. Lower them \(model\.lr\.<name>=\.\.\.\); nothing of this run after the "
+        r"last finite state was saved",
+        message,
+    ), message
+    assert 1 <= int(re.match(r"training diverged at step (\d)", message).group(1)) <= 5
+    assert not (tmp_path / "point_cloud.ply").exists() and not (tmp_path / "metrics.json").exists()
+    assert not (tmp_path / "checkpoints" / "last.ckpt").exists()  # no checkpoint of non-finite Gaussians
+
+
+@pytest.mark.slow
+def test_a_diverged_run_exits_1_with_one_line(tmp_path):
+    run = tmp_path / "run"
+    args = [*DATA, "loss=l1", "trainer.max_steps=5", "model.lr.log_scales=1e6", f"hydra.run.dir={run}"]
+    proc = _cli([sys.executable, SCRIPT, *args], tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "splatloss-train: error: training diverged at step " in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert not (run / "point_cloud.ply").exists()

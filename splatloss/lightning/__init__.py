@@ -10,10 +10,11 @@ require_train_extra("splatloss.lightning", ("lightning", "hydra", "omegaconf", "
 
 from .callbacks import HeldOutMetrics, LossTerms, RunInterrupted, StepProgressBar, StopOnSignal  # noqa: E402
 from .data import ResumableLoader, SceneDataModule, StepViewSampler, check_scene  # noqa: E402
-from .module import SplatModule  # noqa: E402
+from .module import SplatModule, TrainingDiverged  # noqa: E402
 
 __all__ = [
     "SplatModule",
+    "TrainingDiverged",
     "SceneDataModule",
     "StepViewSampler",
     "ResumableLoader",

@@ -35,10 +35,15 @@ from ..splat.gaussians import Gaussians
 from ..splat.renderer import render
 from ..splat.scenes import View
 
-__all__ = ["SplatModule"]
+__all__ = ["SplatModule", "TrainingDiverged"]
 
 _PARAM_NAMES = ("means", "quats", "log_scales", "opacity_logits", "colors")
 _SH_LR_KEY = "sh_rest"  # the higher SH coefficients' group: only with Gaussians of SH degree > 0
+
+
+class TrainingDiverged(RuntimeError):
+    """The Gaussians' parameters stopped being finite (NaN or inf) during training: a learning rate
+    too large for the scene, most often. The message names the step, the parameters and their rates."""
 
 
 def _check_gaussians(gaussians) -> None:
@@ -108,6 +113,10 @@ class SplatModule(L.LightningModule):
             (3DGS: 1000).
         step_ms_window: ``step_ms`` (the progress bar's ms/step) is the mean of this many latest
             steps; the run's ``step_seconds`` is the median of all of them.
+        check_finite_every: on a GPU, how often (in steps) the parameters' finiteness, tracked on
+            the device at every step, is read back (a device sync); also at the end of training
+            and before every checkpoint. On the CPU it is read every step (no sync to save).
+            Non-finite Gaussians raise :class:`TrainingDiverged` naming the first step that made them.
     """
 
     def __init__(
@@ -127,6 +136,7 @@ class SplatModule(L.LightningModule):
         sh_degree: Optional[int] = None,
         sh_degree_interval: int = 1000,
         step_ms_window: int = 20,
+        check_finite_every: int = 100,
     ):
         super().__init__()
         if sh_degree is not None and (
@@ -137,6 +147,8 @@ class SplatModule(L.LightningModule):
             raise ValueError(f"sh_degree_interval must be an integer >= 1, got {sh_degree_interval!r}")
         if not isinstance(step_ms_window, int) or isinstance(step_ms_window, bool) or step_ms_window < 1:
             raise ValueError(f"step_ms_window must be an integer >= 1, got {step_ms_window!r}")
+        if not isinstance(check_finite_every, int) or isinstance(check_finite_every, bool) or check_finite_every < 1:
+            raise ValueError(f"check_finite_every must be an integer >= 1, got {check_finite_every!r}")
         if isinstance(gaussians, nn.Module):
             _check_gaussians(gaussians)
             if sh_degree is not None and gaussians.sh_degree != sh_degree:
@@ -217,6 +229,10 @@ class SplatModule(L.LightningModule):
         # resume allowed to change the loss (resume_allow_changes=true) sets this False, so the loss
         # trains with the weights it was configured with, the ones the run records.
         self.loss_weights_from_checkpoint = True
+        self.check_finite_every = check_finite_every
+        # Per parameter (in param_names order), the first step after which it was not finite, or -1;
+        # kept on the parameters' device so that tracking it costs no sync.
+        self._first_nonfinite: Optional[torch.Tensor] = None
         if self.gaussians is not None:
             self._check_sh_lr()
 
@@ -347,6 +363,7 @@ class SplatModule(L.LightningModule):
                 changed = self.strategy.post_step(self.gaussians, optimizer, out, step)
             if changed:
                 self._sync_optimizer_params(optimizer)
+        self._track_finite(step)
         t4 = self._now()
         if self.time_steps:
             warm = step >= self._warmup
@@ -358,6 +375,9 @@ class SplatModule(L.LightningModule):
             tm["step"] += t4 - t0
             tm["n"] += 1
             (self._step_times if warm else self._warmup_times).append(t4 - t0)
+        last = self._trainer is not None and step + 1 >= int(self.trainer.max_steps)
+        if not self.gaussians.means.is_cuda or (step + 1) % self.check_finite_every == 0 or last:
+            self.check_finite()
         self.log("train/loss", loss.detach(), prog_bar=True, batch_size=1)
         self.log("num_gaussians", float(self.gaussians.means.shape[0]), prog_bar=True, batch_size=1)
         if self.gaussians.sh_degree > 0:
@@ -368,6 +388,33 @@ class SplatModule(L.LightningModule):
             self.log("step_ms", 1000.0 * sum(recent) / len(recent), prog_bar=True, batch_size=1)
             self.log("loss_share", tm["loss"] / tm["step"], prog_bar=True, batch_size=1)
         return loss.detach()
+
+    def _track_finite(self, step: int) -> None:
+        bad = torch.stack([~torch.isfinite(getattr(self.gaussians, k)).all() for k in self.gaussians.param_names])
+        if self._first_nonfinite is None or self._first_nonfinite.device != bad.device:
+            self._first_nonfinite = torch.full(bad.shape, -1, dtype=torch.long, device=bad.device)
+        first = self._first_nonfinite
+        self._first_nonfinite = torch.where(bad & (first < 0), torch.full_like(first, step), first)
+
+    def check_finite(self) -> None:
+        """Raise :class:`TrainingDiverged` if a training step has made any parameter non-finite,
+        naming the first such step, the parameters it made non-finite and their learning rates."""
+        if self._first_nonfinite is None:
+            return
+        first = self._first_nonfinite.tolist()
+        steps = [s for s in first if s >= 0]
+        if not steps:
+            return
+        step = min(steps)
+        names = [k for k, s in zip(self.gaussians.param_names, first) if s == step]
+        rates = ", ".join(f"model.lr.{k}={self.lr[k]:g}" for k in names if k in self.lr)
+        total = f" of {int(self.trainer.max_steps)}" if self._trainer is not None else ""
+        raise TrainingDiverged(
+            f"training diverged at step {step + 1}{total}: the Gaussians' {', '.join(names)} "
+            f"{'is' if len(names) == 1 else 'are'} no longer finite (NaN or inf) after the optimizer step; their "
+            f"learning rates: {rates}. Lower them (model.lr.<name>=...); nothing of this run after the last finite "
+            "state was saved"
+        )
 
     def timing(self) -> Dict[str, float]:
         """Seconds per training step, after the first few steps and across resumes: ``step_seconds``
@@ -408,6 +455,7 @@ class SplatModule(L.LightningModule):
         return {"total": self._seconds_before + now, "this_run": now}
 
     def on_train_end(self) -> None:
+        self.check_finite()
         if self._fit_t0 is not None:
             self._fit_seconds += time.perf_counter() - self._fit_t0
             self._fit_t0 = None
@@ -422,6 +470,7 @@ class SplatModule(L.LightningModule):
 
     # -- checkpoints --------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
+        self.check_finite()  # a checkpoint of non-finite Gaussians is never written
         checkpoint["splatloss"] = {
             "num_gaussians": int(self.gaussians.means.shape[0]),
             "strategy": None if self.strategy is None else self.strategy.state_dict(),
