@@ -1,14 +1,19 @@
 """What a training run measures and refuses, through ``train(cfg)``: real Hydra composition, the real
 Lightning Trainer, real files."""
 
+import errno
 import json
 import os
 import re
+import resource
+import shutil
+import signal
 import subprocess
 import sys
 
 import lightning as L
 import pytest
+import torch
 from omegaconf import open_dict
 from test_train import ROOT, TINY, make_cfg
 
@@ -127,3 +132,50 @@ def test_a_diverged_run_exits_1_with_one_line(tmp_path):
     assert "splatloss-train: error: training diverged at step " in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert not (run / "point_cloud.ply").exists()
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 16 KiB file system (tmpfs), too small for a checkpoint: a disk that fills mid-write."""
+    folder = tmp_path / "full"
+    folder.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("needs mount(8) to make a small file system")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(folder)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.decode().strip()})")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def test_a_checkpoint_that_fills_the_disk_goes_to_the_rescue_folder(tmp_path, full_disk):
+    from splatloss.lightning.runs import OutputNotWritten
+
+    rescue = tmp_path / "rescue"
+    over = ["loss=l1", "trainer.max_steps=2", f"callbacks.checkpoint.dirpath={full_disk}", f"rescue_dir={rescue}"]
+    with pytest.raises(OutputNotWritten) as info:
+        train(make_cfg(tmp_path / "run", over))
+    ((wanted, got, why),) = info.value.rescued
+    assert wanted == str(full_disk / "last.ckpt") and why.startswith("OSError: [Errno 28] No space left on device")
+    assert got.startswith(str(rescue)) and torch.load(got, weights_only=True)["global_step"] == 2
+    assert os.listdir(full_disk) == []  # no partial file left behind
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 2
+
+
+def test_a_checkpoint_write_that_fails_mid_file_raises_the_os_error_naming_the_file(tmp_path):
+    from splatloss.lightning.checkpoint_io import AtomicCheckpointIO
+
+    path = tmp_path / "last.ckpt"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        with pytest.raises(OSError) as info:
+            AtomicCheckpointIO().save_checkpoint({"w": torch.zeros(10_000)}, path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert info.value.errno == errno.EFBIG and info.value.filename == str(path), info.value
+    assert os.listdir(tmp_path) == []

@@ -14,6 +14,7 @@ temp folder; moving it across file systems is a copy, not an atomic rename.)
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import pickle
@@ -27,7 +28,62 @@ from ..atomic import atomic_output
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AtomicCheckpointIO", "read_checkpoint", "check_checkpoint", "check_state_shapes", "require_file"]
+__all__ = [
+    "AtomicCheckpointIO",
+    "save_atomic",
+    "read_checkpoint",
+    "check_checkpoint",
+    "check_state_shapes",
+    "require_file",
+]
+
+
+class _RecordingWriter(io.RawIOBase):
+    """A file ``torch.save`` writes to that keeps the ``OSError`` a write raised: torch's archive
+    writer reports a failed write (a full disk, a file-size limit) as a ``RuntimeError`` about
+    positions, which says neither the file nor the reason."""
+
+    def __init__(self, f):
+        super().__init__()
+        self._f = f
+        self.error: Optional[OSError] = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def save_atomic(obj: Any, path) -> None:
+    """``torch.save(obj, path)`` through :func:`~splatloss.atomic.atomic_output`: a failed write
+    leaves the previous file and no partial one, and raises the write's ``OSError`` (errno, and
+    ``filename`` set to ``path``), never torch's ``RuntimeError`` for it."""
+    path = os.fspath(path)
+    try:
+        with atomic_output(path) as tmp, open(tmp, "wb") as f:
+            writer = _RecordingWriter(f)
+            try:
+                torch.save(obj, writer)
+            except RuntimeError:
+                if writer.error is None:
+                    raise
+                raise writer.error from None
+            f.flush()
+    except OSError as e:
+        if e.errno is None or e.filename == path:
+            raise
+        raise OSError(e.errno, e.strerror, path) from None
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -58,8 +114,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f"AtomicCheckpointIO.save_checkpoint does not take storage_options, got {storage_options!r}"
             )
         try:
-            with atomic_output(path) as tmp:
-                torch.save(checkpoint, tmp)
+            save_atomic(checkpoint, path)
             return
         except OSError as e:
             if not self.rescue_dirs:
@@ -68,8 +123,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         for folder in self.rescue_dirs:
             alt = os.path.join(folder, os.path.basename(os.fspath(path)))
             try:
-                with atomic_output(alt) as tmp:
-                    torch.save(checkpoint, tmp)
+                save_atomic(checkpoint, alt)
             except OSError:
                 continue
             self.rescued = [r for r in self.rescued if r[0] != os.fspath(path)]
