@@ -66,7 +66,12 @@ def prepare(img1, img2, config: Optional[SSIMConfig], options, mask, backend: st
     x, y, unbatched = check_pair(img1, img2)
     check_constants(cfg, x.dtype)
     m = check_mask(mask, x)
-    return cfg, x, y, m, unbatched, backends.resolve(backend, x)
+    impl = backends.resolve(backend, x)
+    if m is not None and m.requires_grad and torch.is_grad_enabled() and impl.fused_masks:
+        # The fused masked kernels differentiate the images only: a mask that requires grad runs the
+        # torch-ops composition, whose autograd gives the gradient to the mask as well.
+        impl = backends.get("torch")
+    return cfg, x, y, m, unbatched, impl
 
 
 @takes_options

@@ -202,33 +202,48 @@ def masked_stats_backward(
 
 class _MaskedStats(torch.autograd.Function):
     """Masked ``(ssim_mean, cs_mean)`` with the analytic backward: the adjoint of the normalised
-    statistics (each ``N / W`` with ``N = F(M P)``), recomputing the forward from ``x, y, m``."""
+    statistics (each ``N / W`` with ``N = F(M P)``), recomputing the forward from ``x, y, m``. The
+    forward takes no ``ctx`` (``setup_context`` saves the inputs), so ``torch.func`` transforms run it;
+    its backward is torch ops, differentiable again."""
 
     @staticmethod
-    def forward(ctx, img1, img2, mask, cfg):
+    def forward(img1, img2, mask, cfg):
         acc = accumulation_dtype(img1.dtype)
         x, y = img1.to(acc), img2.to(acc)
         m = mask.to(acc).expand(x.shape)
         w = cfg.window_1d(acc, x.device)
         *_, lum, cs, centre = _stats(x, y, m, w, cfg.padding, cfg.C1, cfg.C2)
-        out_s, out_c = weighted_channel_mean(lum * cs, centre), weighted_channel_mean(cs, centre)
-        ctx.save_for_backward(x, y, m)
-        ctx.cfg, ctx.dtypes = cfg, (img1.dtype, img2.dtype)
-        return out_s, out_c
+        return weighted_channel_mean(lum * cs, centre), weighted_channel_mean(cs, centre)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        img1, img2, mask, cfg = inputs
+        ctx.save_for_backward(img1, img2, mask)
+        ctx.cfg = cfg
 
     @staticmethod
     def backward(ctx, g_s, g_c):
-        x, y, m = ctx.saved_tensors
+        img1, img2, mask = ctx.saved_tensors
         cfg = ctx.cfg
-        w = cfg.window_1d(x.dtype, x.device)
+        acc = accumulation_dtype(img1.dtype)
+        x, y = img1.to(acc), img2.to(acc)
+        m = mask.to(acc).expand(x.shape)
+        w = cfg.window_1d(acc, x.device)
         need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         gX, gY = masked_stats_backward(x, y, m, w, cfg.padding, cfg.C1, cfg.C2, g_s, g_c, need_x, need_y)
-        gx = gX.to(ctx.dtypes[0]) if need_x else None
-        gy = gY.to(ctx.dtypes[1]) if need_y else None
+        gx = gX.to(img1.dtype) if need_x else None
+        gy = gY.to(img2.dtype) if need_y else None
         return gx, gy, None, None
 
 
 def masked_ssim_stats(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig) -> Tuple[Tensor, Tensor]:
-    """``(ssim_mean, cs_mean)``, each ``[B, C]``, under the masked semantics, with the analytic backward
-    (the adjoint of the normalised statistics; the mask gets no gradient)."""
+    """``(ssim_mean, cs_mean)``, each ``[B, C]``, under the masked semantics.
+
+    Gradients to the images by the analytic backward (the adjoint of the normalised statistics). A
+    mask that requires grad (with grad mode on) takes the maps' autograd composition instead, which
+    also gives the gradient to the mask: through the filtered mask of every window statistic and the
+    centre weights of the means."""
+    if mask.requires_grad and torch.is_grad_enabled():
+        smap, cmap, centre = masked_ssim_map(img1, img2, mask, cfg)
+        return weighted_channel_mean(smap, centre), weighted_channel_mean(cmap, centre)
     return _MaskedStats.apply(img1, img2, mask.detach(), cfg)

@@ -195,3 +195,61 @@ def test_2_float64_mask_is_scaled_before_its_cast():
     assert want.item() < 0.99
     assert torch.equal(splatloss.ssim(x, y, mask=m * 1e-50, backend="torch"), want)
     assert rel(splatloss.ssim(x, y, mask=m * 1e39, backend="torch"), want) <= 1e-7
+
+
+def _mask_entries(backend, padding):
+    opts = dict(padding=padding, backend=backend, window_size=3)
+    y = torch.rand(1, 2, 7, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    return {
+        "ssim": lambda p, mm: splatloss.ssim(p, y, mask=mm, **opts),
+        "dssim": lambda p, mm: splatloss.dssim(p, y, mask=mm, **opts),
+        "ms_ssim": lambda p, mm: splatloss.ms_ssim(p, y, mask=mm, weights=(0.3, 0.7), **opts),
+        "dssim_l1": lambda p, mm: splatloss.dssim_l1(p, y, mask=mm, **opts),
+        "PhotometricLoss.dssim_l1": lambda p, mm: splatloss.PhotometricLoss.dssim_l1(**opts)(p, y, mask=mm),
+        "PhotometricLoss.msssim": lambda p, mm: splatloss.PhotometricLoss(
+            msssim=0.5, dssim=0.3, l2=0.2, ms_weights=(0.3, 0.7), **opts
+        )(p, y, mask=mm),
+    }
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch", "cpu"])
+@pytest.mark.parametrize("padding", ["same", "valid", "reflect"])
+def test_1_mask_that_requires_grad_gets_its_whole_gradient(backend, padding):
+    """float64 gradcheck of the gradients to the image and to the mask, every entry point."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(1, 2, 7, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    m = (0.1 + 0.9 * torch.rand(1, 1, 7, 8, generator=g, dtype=torch.float64)).requires_grad_(True)
+    for name, fn in _mask_entries(backend, padding).items():
+        assert torch.autograd.gradcheck(fn, (x, m), fast_mode=True), name
+
+
+@pytest.mark.parametrize("name", backend_params(("cpu", "triton")))
+def test_1_fused_mask_backends_give_the_mask_gradient_of_the_composition(name):
+    """The backends whose kernels differentiate the images only give a mask that requires grad the
+    torch-ops composition's gradient, equal to the float64 oracle's."""
+    dev = device_for(name)
+    x, y = photo_pair(13, 14, seed=2, dtype=torch.float32, device=dev)
+    m = (0.2 + 0.8 * torch.rand(1, 1, 13, 14, generator=torch.Generator().manual_seed(3))).to(dev)
+    for fn in (
+        lambda p, mm, b: splatloss.dssim_l1(p, y.to(p.dtype), mask=mm, padding="same", backend=b),
+        lambda p, mm, b: splatloss.ssim(p, y.to(p.dtype), mask=mm, backend=b),
+    ):
+        mr = m.clone().requires_grad_(True)
+        (got,) = torch.autograd.grad(fn(x, mr, name), mr)
+        mt = m.double().clone().requires_grad_(True)
+        (want,) = torch.autograd.grad(fn(x.double(), mt, "reference"), mt)
+        assert rel(got, want) <= 1e-5  # measured <= 3e-7
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch", "cpu"])
+def test_8_torch_func_grad_with_a_mask(backend):
+    x, y = photo_pair(12, 13, seed=2, dtype=torch.float64)
+    m = 0.2 + 0.8 * torch.rand(12, 13, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for fn in (
+        lambda p, mm: splatloss.ssim(p, y, mask=mm, backend=backend),
+        lambda p, mm: splatloss.dssim_l1(p, y, mask=mm, padding="same", backend=backend),
+    ):
+        xr, mr = x.clone().requires_grad_(True), m.clone().requires_grad_(True)
+        gx, gm = torch.autograd.grad(fn(xr, mr), (xr, mr))
+        assert rel(torch.func.grad(fn, argnums=0)(x, m), gx) <= 1e-12
+        assert rel(torch.func.grad(fn, argnums=1)(x, m), gm) <= 1e-12
