@@ -379,6 +379,21 @@ class PhotometricLoss(nn.Module):
             raise ValueError(f"unknown loss term {name!r}; terms are {TERMS}")
         self.weights[name] = _check_weight(name, value)
 
+    def get_extra_state(self) -> torch.Tensor:
+        """The term weights, in :data:`TERMS` order, as a float64 tensor: ``state_dict()`` carries
+        them (``_extra_state``), so a checkpoint keeps weights a schedule or callback has set."""
+        return torch.tensor([self.weights[name] for name in TERMS], dtype=torch.float64)
+
+    def set_extra_state(self, state) -> None:
+        """Take the weights :meth:`get_extra_state` saved (``load_state_dict``)."""
+        if not isinstance(state, torch.Tensor) or tuple(state.shape) != (len(TERMS),):
+            got = f"shape {tuple(state.shape)}" if isinstance(state, torch.Tensor) else type(state).__name__
+            raise ValueError(
+                f"PhotometricLoss state '_extra_state' must hold the {len(TERMS)} term weights {TERMS} as a 1-D "
+                f"tensor, got {got}; load a state_dict saved from a PhotometricLoss"
+            )
+        self.weights = {name: _check_weight(name, v) for name, v in zip(TERMS, state.tolist())}
+
     def extra_repr(self) -> str:
         active = {k: v for k, v in self.weights.items() if v > 0}
         return f"weights={active}, {self.cfg}, reduction={self.reduction!r}, backend={self.backend!r}"
@@ -388,9 +403,14 @@ class PhotometricLoss(nn.Module):
     def forward(self, pred: torch.Tensor, target: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if isinstance(mask, torch.Tensor) and mask.dim() == 3:  # (B, H, W), e.g. a batch of alphas
             mask = mask[:, None]
+        w = self.weights
+        if not any(v > 0 for v in w.values()):
+            raise ValueError(
+                f"PhotometricLoss has no term with a weight > 0 to compute, got weights {w}; give at least one term "
+                "a weight > 0 with set_weight(name, value) before calling the loss"
+            )
         cfg, x, y, mask, unbatched, impl = functional.prepare(pred, target, self.cfg, None, mask, self.backend)
         acc = accumulation_dtype(x.dtype)
-        w = self.weights
         per_term: Dict[str, torch.Tensor] = {}  # name -> [B]
 
         fused_pair = w["l1"] > 0 and w["dssim"] > 0

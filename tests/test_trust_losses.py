@@ -1,0 +1,45 @@
+"""PhotometricLoss as a training loop and a checkpoint see it: its weights in its state_dict, clear
+errors, and logged terms that are the terms."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import splatloss
+from splatloss.losses import TERMS
+
+
+def test_state_dict_holds_the_scheduled_weights(tmp_path):
+    loss = splatloss.PhotometricLoss.dssim_l1()
+    loss.set_weight("l1", 0.4)
+    loss.set_weight("dssim", 0.6)
+    holder = torch.nn.Sequential(loss)
+    path = tmp_path / "loss.pt"
+    torch.save(holder.state_dict(), path)
+    fresh = torch.nn.Sequential(splatloss.PhotometricLoss.dssim_l1())
+    fresh.load_state_dict(torch.load(path, weights_only=True))
+    assert fresh[0].weights == loss.weights
+    assert fresh[0].weights["dssim"] == 0.6
+    x, y = torch.rand(1, 3, 16, 16), torch.rand(1, 3, 16, 16)
+    assert torch.equal(fresh[0](x, y), loss(x, y))
+
+
+def test_state_dict_of_another_shape_is_refused_naming_the_key():
+    loss = splatloss.PhotometricLoss.dssim_l1()
+    with pytest.raises(ValueError, match=r"PhotometricLoss state '_extra_state' must hold the 6 term weights"):
+        loss.load_state_dict({"_extra_state": torch.zeros(3)})
+    with pytest.raises(ValueError, match=r"weight of term 'l2' must be a finite number >= 0, got -1.0"):
+        loss.load_state_dict({"_extra_state": torch.tensor([1.0, -1.0, 0, 0, 0, 0])})
+    assert len(TERMS) == 6
+
+
+def test_every_weight_set_to_zero_is_an_error_that_names_the_fix():
+    loss = splatloss.PhotometricLoss.dssim_l1()
+    loss.set_weight("l1", 0.0)  # a schedule may pass through all-zero between two set_weight calls
+    loss.set_weight("dssim", 0.0)
+    x, y = torch.rand(1, 3, 16, 16), torch.rand(1, 3, 16, 16)
+    with pytest.raises(ValueError, match=r"PhotometricLoss has no term with a weight > 0 to compute, got weights "):
+        loss(x, y)
+    loss.set_weight("dssim", 1.0)
+    assert loss(x, y).item() > 0
