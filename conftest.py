@@ -14,9 +14,6 @@ import os
 import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# The launches' rows per program as planned, not measured on CUDA (splatloss.backends.triton.tune):
-# tests that set the geometry get it; tests/backends/test_triton_tune.py turns the measuring on.
-os.environ.setdefault("SPLATLOSS_TRITON_TUNE", "0")
 
 import torch  # noqa: E402
 

@@ -17,7 +17,7 @@ BENCH = ROOT / "tools" / "bench.py"
 
 
 def _tool(name):
-    """A module of tools/ (bench, geometry_sweep), imported in this process."""
+    """A module of tools/ (bench), imported in this process."""
     sys.path.insert(0, str(BENCH.parent))
     try:
         return importlib.import_module(name)
@@ -127,34 +127,6 @@ def test_dtypes_are_one_more_axis_and_the_gpu_table_is_one_command(tmp_path):
     assert (args.sizes, args.batch, args.dtype) == ("1080x1920,2160x3840", "1,5", "float32,bfloat16")
     assert set(args.ops.split(",")) == {"ssim", "dssim_l1", "ms_ssim", "dssim_l1_masked"}
     assert set(args.libs.split(",")) == {"splatloss-triton", "splatloss-triton-graphed", "fused_ssim", "pytorch_msssim"}
-
-
-def test_geometry_sweep_refuses_bad_arguments_and_a_machine_without_cuda():
-    geometry_sweep = _tool("geometry_sweep")
-    for argv, message in (
-        (["--ops", "ssim,foo"], "--ops must be a subset of"),
-        (["--modes", ""], "--modes must be a subset of"),
-        (["--rows", "0,64"], "--rows must list integers >= 1"),
-        (["--lanes", "wide"], "--lanes takes integers"),
-        (["--maxnreg", ""], "--maxnreg must list integers >= 1"),
-        (["--dtype", "float64"], "--dtype must be float32, bfloat16 or float16"),
-    ):
-        with pytest.raises(SystemExit, match=message):
-            geometry_sweep.main(argv)
-    if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match="needs a CUDA device"):
-            geometry_sweep.main([])
-
-
-def test_coarse_scales_refuses_bad_arguments_and_a_machine_without_cuda():
-    coarse = _tool("coarse_scales")
-    with pytest.raises(SystemExit, match="--batch and --calls must be at least 1, got 0 and 20"):
-        coarse.main(["--batch", "0"])
-    with pytest.raises(SystemExit, match="--json .*: the folder .* is not a writable directory"):
-        coarse.main(["--json", "/nonexistent-folder/coarse.json"])
-    if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match="needs a CUDA device"):
-            coarse.main([])
 
 
 def test_rows_timed_after_a_library_failed_on_cuda_are_marked(monkeypatch, capsys):

@@ -672,10 +672,6 @@ def machine_info(device):
         pass
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
-        # the Triton launches' rows per program: measured per shape on the first call, or as planned
-        from splatloss.backends.triton import tune
-
-        info["triton_rows"] = "measured" if tune.ENABLED else "planned"
     return info
 
 

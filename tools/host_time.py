@@ -1,99 +1,339 @@
-"""Host (Python) time of a Triton loss call: what bounds a loss on one 1080p image on a GPU.
+"""Host time of an eager Triton loss call, measured without a GPU: what a training loop feels on one
+1080p view, where the host, not the kernels, bounds the call.
 
-Runs on the CPU in Triton's interpreter with the kernel launches replaced by no-ops (the kernels'
-own time is the GPU's; what is left is argument checks, dispatch, allocations and launch set-up),
-and compares the eager path (``glue.with_autograd``: the ops' functions as a plain autograd.Function)
-with the custom-op dispatch that torch.compile uses, alternating in one process so that both see
-the same machine. Medians of 15 rounds of 40 calls, microseconds per call:
+The Triton backend runs through Triton's real launch path -- kernels compiled for sm_90 by ptxas,
+``JITFunction.run``, the generated C launcher -- over a stub CUDA driver (``libcuda.so.1`` built
+here from :data:`STUB_SOURCE`: every driver call succeeds, a kernel launch only counts itself). The
+tensors are CPU tensors of the real shape: Triton's launcher takes their pointers as device
+pointers and nothing runs on them, so every microsecond measured is the host's: argument checks,
+dispatch, autograd, allocations, launch set-up. Per case and call it prints:
 
-    python tools/host_time.py
+* host microseconds, the median of thread-CPU time per call (``time.thread_time``: another job on
+  the machine does not count), the cases alternating in rounds in one process;
+* Triton launches (counted by the stub driver), aten allocations, aten ops and host
+  synchronisations (``aten._local_scalar_dense``: ``.item()``, ``.tolist()``, ``bool(t)``), counted
+  by a dispatch mode over one call;
+* beside them the anchors ``F.l1_loss(x, y)`` forward + backward and an empty
+  ``torch.autograd.Function``, and each case as a multiple of the L1 anchor.
+
+The anchors' tensors are small (1x3x8x8): an aten op's host cost on a GPU does not depend on the
+size it launches for, and at 1080p a CPU tensor would compute. Run::
+
+    ./dev bench --host                          # 1x3x1080x1920 float32
+    python tools/host_time.py --shape 1x3x256x256 --rounds 5 --json host.json
+
+Must run in a fresh process: the stub driver is installed before Triton is imported.
 """
 
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
+STUB_SOURCE = r"""
+#include "cuda.h"
+#include <string.h>
+unsigned long long splatloss_stub_launches = 0;
+static int ctx_, mod_, fun_;
+CUresult cuGetErrorString(CUresult e, const char **s) { *s = "stub driver"; return CUDA_SUCCESS; }
+CUresult cuCtxGetCurrent(CUcontext *c) { *c = (CUcontext)&ctx_; return CUDA_SUCCESS; }
+CUresult cuCtxSetCurrent(CUcontext c) { return CUDA_SUCCESS; }
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) { *c = (CUcontext)&ctx_; return CUDA_SUCCESS; }
+CUresult cuDeviceGet(CUdevice *d, int i) { *d = i; return CUDA_SUCCESS; }
+CUresult cuModuleLoadData(CUmodule *m, const void *image) { *m = (CUmodule)&mod_; return CUDA_SUCCESS; }
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *n) { *f = (CUfunction)&fun_; return CUDA_SUCCESS; }
+CUresult cuFuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) {
+  *v = a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0;
+  return CUDA_SUCCESS;
+}
+CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) { return CUDA_SUCCESS; }
+CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache c) { return CUDA_SUCCESS; }
+CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
+  switch (a) {  /* an H100 SXM */
+  case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
+  case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
+  case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *v = 232448; break;
+  case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: *v = 233472; break;
+  case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: *v = 65536; break;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
+  default: *v = 1000;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *c) { *n = 1; return CUDA_SUCCESS; }
+CUresult cuCtxGetLimit(size_t *v, CUlimit l) { *v = 0; return CUDA_SUCCESS; }
+CUresult cuCtxSetLimit(CUlimit l, size_t v) { return CUDA_SUCCESS; }
+CUresult cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
+CUresult cuPointerGetAttribute(void *out, CUpointer_attribute a, CUdeviceptr p) {
+  *(CUdeviceptr *)out = p;
+  return CUDA_SUCCESS;
+}
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
+  splatloss_stub_launches++;
+  return CUDA_SUCCESS;
+}
+"""
 
-import torch  # noqa: E402
-import triton.runtime.interpreter as I  # noqa: E402
-
-from splatloss import functional as SF  # noqa: E402
-from splatloss.backends.triton import combine as C  # noqa: E402
-from splatloss.backends.triton import dssim_l1 as D  # noqa: E402
-from splatloss.backends.triton import masked_ssim as MD  # noqa: E402
-from splatloss.backends.triton import ms_ssim as M  # noqa: E402
-from splatloss.backends.triton import ssim as S  # noqa: E402
-
-x = torch.rand(1, 3, 32, 32)
-y = torch.rand(1, 3, 32, 32)
-x2 = torch.rand(1, 3, 180, 180)
-y2 = torch.rand(1, 3, 180, 180)
-m = torch.rand(1, 1, 32, 32)  # a soft alpha shared by the channels
-
-
-def run(mode):
-    if mode == "ssim fwd":
-        with torch.no_grad():
-            SF.ssim(x, y, backend="triton")
-    elif mode == "ssim fwd+bwd":
-        xg = x.clone().requires_grad_()
-        (1 - SF.ssim(xg, y, backend="triton")).backward()
-    elif mode == "dssim_l1 fwd+bwd":
-        xg = x.clone().requires_grad_()
-        SF.dssim_l1(xg, y, 0.2, padding="same", backend="triton").backward()
-    elif mode == "masked dssim_l1 fwd":
-        with torch.no_grad():
-            SF.dssim_l1(x, y, 0.2, padding="same", mask=m, backend="triton")
-    elif mode == "masked dssim_l1 fwd+bwd":
-        xg = x.clone().requires_grad_()
-        SF.dssim_l1(xg, y, 0.2, padding="same", mask=m, backend="triton").backward()
-    elif mode == "ms_ssim fwd":
-        with torch.no_grad():
-            SF.ms_ssim(x2, y2, backend="triton")
-    else:
-        xg = x2.clone().requires_grad_()
-        (1 - SF.ms_ssim(xg, y2, backend="triton")).backward()
+#: aten ops that allocate a tensor of their own (the rest: views, arithmetic, copies; an
+#: arithmetic op allocates its output too, and counts as an op).
+ALLOCATING = (
+    "empty.memory_format",
+    "empty_strided.default",
+    "empty_like.default",
+    "new_empty.default",
+    "new_empty_strided.default",
+    "zeros.default",
+    "zeros_like.default",
+    "ones_like.default",
+    "full.default",
+    "new_zeros.default",
+    "new_ones.default",
+    "scalar_tensor.default",
+)
 
 
-eager = (S._term_call, D._dssim_l1_call, M._terms_call, C._combine_call, MD._dssim_l1_call)
-ops = (S._term_op, D._dssim_l1_op, M._terms_op, C._combine_op, MD._dssim_l1_op)
+def build_stub(directory: Path) -> Path:
+    """Compile the stub driver into ``directory/libcuda.so.1`` (against the ``cuda.h`` that Triton
+    ships) unless it is there from an earlier run of the same source."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("triton")
+    if spec is None or spec.origin is None:
+        raise SystemExit("host_time: triton is not installed (pip install 'splatloss[triton]')")
+    include = Path(spec.origin).parent / "backends" / "nvidia" / "include"
+    directory.mkdir(parents=True, exist_ok=True)
+    lib = directory / "libcuda.so.1"
+    src = directory / "stub_cuda.c"
+    if not (lib.exists() and src.exists() and src.read_text() == STUB_SOURCE):
+        src.write_text(STUB_SOURCE)
+        tmp = directory / f".libcuda.so.1.{os.getpid()}"
+        cmd = ["gcc", "-O2", "-shared", "-fPIC", f"-I{include}", "-Wl,-soname,libcuda.so.1", str(src), "-o", str(tmp)]
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, text=True)
+        except FileNotFoundError:
+            raise SystemExit("host_time: needs a C compiler (gcc) to build the stub CUDA driver") from None
+        except subprocess.CalledProcessError as err:
+            raise SystemExit(f"host_time: building the stub CUDA driver failed:\n{err.stderr}") from None
+        os.replace(tmp, lib)
+    return lib
 
 
-def use(fns):
-    S._term_call, D._dssim_l1_call, M._terms_call, C._combine_call, MD._dssim_l1_call = fns
+def install_stub_driver(directory: Path):
+    """Load the stub driver and make Triton's CUDA driver the active one over it; returns the
+    launch counter (a ctypes view of the stub's count). Call before anything imports Triton."""
+    if "triton" in sys.modules:
+        raise SystemExit("host_time: Triton was imported before the stub driver was installed; run it as a script")
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        os.environ.pop("TRITON_INTERPRET")  # the kernels must be JIT functions, not interpreted ones
+    lib_path = build_stub(directory)
+    os.environ["TRITON_LIBCUDA_PATH"] = str(directory)
+    lib = ctypes.CDLL(str(lib_path), mode=ctypes.RTLD_GLOBAL)  # the launcher's dlopen finds this one
+
+    from triton.backends.nvidia.driver import CudaDriver
+    from triton.runtime import driver
+
+    active = CudaDriver()
+    # torch's CPU build has no CUDA runtime: device 0, the default stream, an sm_90 part
+    active.get_current_device = lambda: 0
+    active.set_current_device = lambda index: None
+    active.get_current_stream = lambda index=None: 0
+    active.get_device_capability = lambda index=None: (9, 0)
+    driver.set_active(active)
+    return ctypes.c_ulonglong.in_dll(lib, "splatloss_stub_launches")
 
 
-def main():
-    # once with the real kernels (caches, windows), then the launches stubbed out
-    modes = [
-        "ssim fwd",
-        "ssim fwd+bwd",
-        "dssim_l1 fwd+bwd",
-        "masked dssim_l1 fwd",
-        "masked dssim_l1 fwd+bwd",
-        "ms_ssim fwd",
-        "ms_ssim fwd+bwd",
-    ]
-    for m in modes:
-        run(m)
-    I.InterpretedFunction.__getitem__ = lambda self, grid: lambda *a, **k: None
-    for m in modes:
-        res = {"custom op": [], "eager": []}
-        for fns in (ops, eager):
-            use(fns)
-            for _ in range(20):
-                run(m)
-        for r in range(15):
-            for name, fns in (("custom op", ops), ("eager", eager)):
-                use(fns)
-                t = time.perf_counter()
-                for _ in range(40):
-                    run(m)
-                res[name].append((time.perf_counter() - t) / 40 * 1e6)
-        a, b = statistics.median(res["custom op"]), statistics.median(res["eager"])
-        print(f"{m:24s} custom op {a:6.0f} us   eager {b:6.0f} us   ({a / b:.2f}x)")
+def parse_shape(text: str):
+    try:
+        dims = tuple(int(v) for v in text.lower().split("x"))
+    except ValueError:
+        dims = ()
+    if len(dims) != 4 or min(dims) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--shape must be BxCxHxW with positive sides, e.g. 1x3x1080x1920, got {text!r}"
+        )
+    return dims
+
+
+def make_cases(shape, dtype):
+    """The calls measured, by name: each a function that makes one call (inputs made here, once)."""
+    import torch
+    import torch.nn.functional as F
+
+    import splatloss as sl
+    from splatloss.functional import ms_ssim_min_size
+
+    B, C, H, W = shape
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(shape, generator=gen).to(dtype).requires_grad_()
+    y = torch.rand(shape, generator=gen).to(dtype)
+    mask = (torch.rand((B, 1, H, W), generator=gen) > 0.1).to(torch.float32)
+    small_x = torch.rand(1, 3, 8, 8, generator=gen).requires_grad_()
+    small_y = torch.rand(1, 3, 8, 8, generator=gen)
+    tri = {"backend": "triton"}
+
+    class Empty(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def step(loss_fn, inp):
+        def call():
+            inp.grad = None
+            loss_fn().backward()
+
+        return call
+
+    def forward(loss_fn):
+        def call():
+            with torch.no_grad():
+                loss_fn()
+
+        return call
+
+    cases = {
+        "F.l1_loss fwd+bwd (anchor)": step(lambda: F.l1_loss(small_x, small_y), small_x),
+        "empty autograd.Function fwd+bwd (anchor)": step(lambda: Empty.apply(small_x).sum(), small_x),
+        "ssim loss fwd": forward(lambda: 1 - sl.ssim(x, y, **tri)),
+        "ssim loss fwd+bwd": step(lambda: 1 - sl.ssim(x, y, **tri), x),
+        "dssim_l1 valid fwd+bwd": step(lambda: sl.dssim_l1(x, y, 0.2, **tri), x),
+        "dssim_l1 same fwd": forward(lambda: sl.dssim_l1(x, y, 0.2, padding="same", **tri)),
+        "dssim_l1 same fwd+bwd": step(lambda: sl.dssim_l1(x, y, 0.2, padding="same", **tri), x),
+        "masked dssim_l1 same fwd+bwd": step(lambda: sl.dssim_l1(x, y, 0.2, padding="same", mask=mask, **tri), x),
+    }
+    if min(H, W) >= ms_ssim_min_size(sl.SSIMConfig(), 5):
+        cases["ms_ssim loss fwd"] = forward(lambda: 1 - sl.ms_ssim(x, y, **tri))
+        cases["ms_ssim loss fwd+bwd"] = step(lambda: 1 - sl.ms_ssim(x, y, **tri), x)
+    return cases
+
+
+def counts(call, launches) -> dict:
+    """Triton launches, aten allocations, aten ops and host synchronisations of one ``call()``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = {"allocations": 0, "aten ops": 0, "host syncs": 0}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__
+            if name == "_local_scalar_dense.default":
+                seen["host syncs"] += 1
+            elif name in ALLOCATING:
+                seen["allocations"] += 1
+            else:
+                seen["aten ops"] += 1
+            return func(*args, **(kwargs or {}))
+
+    before = launches.value
+    with Count():
+        call()
+    return {"launches": launches.value - before, **seen}
+
+
+def measure(cases: dict, rounds: int, calls: int) -> dict:
+    """Per case, thread-CPU microseconds of each call, the cases alternating round by round."""
+    times = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, call in cases.items():
+            for _ in range(calls):
+                t0 = time.thread_time_ns()
+                call()
+                times[name].append((time.thread_time_ns() - t0) / 1e3)
+    return times
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--shape", type=parse_shape, default=(1, 3, 1080, 1920), help="BxCxHxW (default 1x3x1080x1920)")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    parser.add_argument("--rounds", type=int, default=15, help="alternated rounds (default 15)")
+    parser.add_argument("--calls", type=int, default=20, help="calls per case and round (default 20)")
+    parser.add_argument("--counts-only", action="store_true", help="print the counts, skip the timing")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--stub-dir", type=Path, default=None, help="where to build the stub driver")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.calls < 1:
+        parser.error(f"--rounds and --calls must be at least 1, got {args.rounds} and {args.calls}")
+    if args.json is not None and not os.access(args.json.parent if str(args.json.parent) else ".", os.W_OK):
+        parser.error(f"--json: cannot write to the folder of {args.json}")
+
+    stub_dir = args.stub_dir or Path(tempfile.gettempdir()) / f"splatloss-stub-cuda-{os.getuid()}"
+    launches = install_stub_driver(stub_dir)
+
+    import torch
+
+    from splatloss.backends.triton import launch
+
+    # CPU tensors pass the backend's device check as in the interpreter (the kernels are already JIT
+    # functions: Triton decides at import), and get the geometry of a CUDA device
+    os.environ["TRITON_INTERPRET"] = "1"
+    launch.FORCE_CUDA_GEOMETRY = True
+
+    cases = make_cases(args.shape, getattr(torch, args.dtype))
+    for name, call in cases.items():  # compile (ptxas, cached by Triton on disk) and warm every path
+        for _ in range(3):
+            call()
+    table = {name: counts(call, launches) for name, call in cases.items()}
+    if not args.counts_only:
+        times = measure(cases, args.rounds, args.calls)
+        for name in cases:
+            table[name]["host us"] = statistics.median(times[name])
+            q = statistics.quantiles(times[name], n=4)
+            table[name]["host us iqr"] = (q[0], q[2])
+        anchor = table["F.l1_loss fwd+bwd (anchor)"]["host us"]
+        for row in table.values():
+            row["x l1"] = row["host us"] / anchor
+
+    shape = "x".join(map(str, args.shape))
+    print(f"host time per eager call, {shape} {args.dtype}, Triton {_version('triton')}, torch {torch.__version__}")
+    print(f"machine: {_cpu()}; {args.rounds} rounds x {args.calls} calls, thread-CPU medians")
+    head = f"{'case':42s} {'host us':>8s} {'x l1':>6s} {'launches':>8s} {'allocs':>6s} {'aten ops':>8s} {'syncs':>5s}"
+    print(head)
+    for name, row in table.items():
+        us = f"{row['host us']:8.1f} {row['x l1']:6.2f}" if "host us" in row else f"{'-':>8s} {'-':>6s}"
+        print(
+            f"{name:42s} {us} {row['launches']:8d} {row['allocations']:6d} {row['aten ops']:8d} {row['host syncs']:5d}"
+        )
+    if args.json is not None:
+        out = {"shape": shape, "dtype": args.dtype, "machine": _cpu(), "rounds": args.rounds, "calls": args.calls}
+        out["triton"], out["torch"], out["cases"] = _version("triton"), torch.__version__, table
+        tmp = args.json.with_name(args.json.name + ".tmp")
+        tmp.write_text(json.dumps(out, indent=1) + "\n")
+        os.replace(tmp, args.json)
+    return 0
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} CPUs"
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -24,7 +24,7 @@ EXACT = DEV.type == "cpu"  # the interpreter: bit for bit
 
 @pytest.fixture(autouse=True)
 def _two_launches(monkeypatch):
-    # on by default; each test here turns it on for itself whatever SPLATLOSS_TRITON_SPLIT says
+    # a variant, off by default (the one-launch kernels): each test here turns it on for itself
     monkeypatch.setattr(split, "ENABLED", True)
 
 
@@ -143,32 +143,18 @@ def test_the_two_launches_take_the_one_launch_kernels_128_register_cases():
     assert launch.bwd_maxnreg(11, False) == launch.COLUMN_MAXNREG  # what the two launches replace
 
 
-def test_the_two_launches_are_on_unless_turned_off(monkeypatch):
-    from splatloss.backends.triton import tune
-
-    x, y = make_pair((1, 3, 16, 20))
-    monkeypatch.setattr(split, "ENABLED", False)
-    assert not split.split_eligible(x, y, 11, False, True, False)
-    assert not split.scales_split_eligible(False, True, False)
-    for value, want in (("1", True), ("0", False), ("off", False), (" Yes ", True)):
-        monkeypatch.setenv("SPLATLOSS_TRITON_SPLIT", value)
-        assert tune.env_switch("SPLATLOSS_TRITON_SPLIT", "1") is want, value
-    monkeypatch.setenv("SPLATLOSS_TRITON_SPLIT", "maybe")  # refused, naming the variable and the value
-    with pytest.raises(ValueError, match="SPLATLOSS_TRITON_SPLIT must be one of .*'maybe'"):
-        tune.env_switch("SPLATLOSS_TRITON_SPLIT", "1")
-
-
 @pytest.mark.slow
-def test_the_two_launches_are_on_where_the_variable_is_unset():
+def test_the_one_launch_kernels_are_the_default_whatever_the_environment():
     import os
     import subprocess
     import sys
 
-    # read at import, on when unset (a fresh interpreter: the test run's has imported it already)
+    # a fresh interpreter (the test run's has imported the module and this file's fixture turns the
+    # variant on): off, and no environment variable turns it on
     code = "from splatloss.backends.triton import split; print(split.ENABLED)"
-    env = {k: v for k, v in os.environ.items() if k != "SPLATLOSS_TRITON_SPLIT"}
+    env = {**os.environ, "SPLATLOSS_TRITON_SPLIT": "1", "SPLATLOSS_TRITON_TUNE": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.strip() == "True", (out.stdout, out.stderr)
+    assert out.returncode == 0 and out.stdout.strip() == "False", (out.stdout, out.stderr)
 
 
 @pytest.mark.slow

@@ -24,7 +24,6 @@ import torch
 import triton
 import triton.language as tl
 
-from . import tune
 from .bodies import interior, l1_sign_term, lanes, scale_of, store_grad, store_sums
 from .columns import hadjoint_moved, hmoments, load_taps, push, push_moved, stage_row, vadjoint_taps, vmoments
 from .glue import unit_upstreams
@@ -37,6 +36,7 @@ from .launch import (
     check_scales,
     device_guard,
     geometry,
+    launch_kernel,
     launch_options,
     out_size,
     padding_shape,
@@ -446,7 +446,7 @@ def launch_bwd(
         scratch = torch.empty((n_prog, per_prog), dtype=torch.float32, device=dev)
         sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
         with device_guard(img1):
-            ssim_bwd_kernel[(n_prog,)](
+            launch_kernel(ssim_bwd_kernel, (n_prog,),
                 img1, img2, window, g_s, g_cs if g_cs is not None else g_s, l1 if l1 is not None else g_s,
                 gx if gx is not None else scratch, gy if gy is not None else scratch, scratch, sum_buf,
                 BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows,
@@ -457,28 +457,16 @@ def launch_bwd(
             )  # fmt: skip
         return sum_buf
 
-    key = (
-        "bwd", K, pad, reflect, geo, BC, C, H, W, img1.stride(), img2.stride(), g_strides, out_strides,
-        img1.dtype, None if out is None else out.dtype, upstream_map, g_cs is not None, cs_only, l1 is not None,
-        need1, need2, sums, dev,
-    )  # fmt: skip
     if split_eligible(img1, img2, K, reflect, need1, need2):
         # the moments and their adjoint as two lean launches (:mod:`.split`, 32 warps per SM on
-        # sm_90; the same gradients), this one-launch kernel measured beside them on CUDA
+        # sm_90; the same gradients) where :data:`.split.ENABLED` turns them on
         geo_a, geo_b, _, _ = split_geometry(img1, img2, window, padding)
-
-        def run_split(cand):
-            if isinstance(cand, tuple):  # ("one launch", rows)
-                return run(cand[1])
-            return launch_bwd_split(
-                img1, img2, window, padding, c1, c2, g_s, g_cs, need1, need2, l1, gx, gy, sums, cs_only,
-                geo_a.rows, cand,
-            )  # fmt: skip
-
-        key = ("split", geo_a, geo_b) + key
-        sum_buf = tune.run(key, geo_b.rows, H, run_split, dev, alternatives=[("one launch", geo.rows)])
+        sum_buf = launch_bwd_split(
+            img1, img2, window, padding, c1, c2, g_s, g_cs, need1, need2, l1, gx, gy, sums, cs_only,
+            geo_a.rows, geo_b.rows,
+        )  # fmt: skip
     else:
-        sum_buf = tune.run(key, geo.rows, H, run, dev)
+        sum_buf = run(geo.rows)
     if sums and raw_sums:
         return gx, gy, sum_buf, None
     if sums:
@@ -548,9 +536,8 @@ def launch_bwd_scales(
 
     ``wide``: on CUDA the programs span 256 lanes of 8 warps (True) or 128 lanes of 4 warps (False):
     the launch model puts them level (the narrow ones recompute twice the halo's share, and twice
-    as many fit an SM), so the launch plans the wide ones and :func:`.tune.run` measures the narrow
-    ones, with their own list of rows, beside the wide ones' list; None: that choice, a bool: that
-    width only. The gradients are the same bits either way.
+    as many fit an SM); None: the wide ones (the width a GPU has timed), a bool: that width. The
+    gradients are the same bits either way.
 
     ``first``: ``(x0, y0, gx0, gy0)``, the finest scale too, in the same launches (the two lean
     ones, :func:`.split.launch_bwd_scales_split`; where :func:`.split.all_scales_eligible`): its
@@ -567,15 +554,10 @@ def launch_bwd_scales(
     maxnreg = bwd_maxnreg(K, reflect, need1 and need2, False)
     H1, W1 = dims[0]
     heights = [h for h, _ in dims]
-    geos, plans, chunks = {}, {}, {}
-    for wd in (True, False) if wide is None else (wide,):
-        geo = geometry(W1 + K - 1, H1, K, BC, dev, halo=True, maxnreg=maxnreg, wide_halo=wd)
-        step = geo.f - (K - 1)
-        n_groups = cdiv(BC, geo.bw // geo.f)
-        geos[wd] = (geo, n_groups)
-        chunks[wd] = [n_groups * cdiv(w, step) for _, w in dims]
-        plans[wd] = batched_rows(chunks[wd], heights, K, geo.warps, maxnreg, dev)
-    first = True if wide is None else wide
+    geo = geometry(W1 + K - 1, H1, K, BC, dev, halo=True, maxnreg=maxnreg, wide_halo=True if wide is None else wide)
+    step = geo.f - (K - 1)
+    n_groups = cdiv(BC, geo.bw // geo.f)
+    chunks = [n_groups * cdiv(w, step) for _, w in dims]
     dh = out_size(H1, K, padding) - H1  # map side - image side: 0, or 1 - K ("valid")
     sizes = [out_size(h, K, padding) * out_size(w, K, padding) for h, w in dims]
     u = unit_upstreams(sizes, BC, dev)
@@ -584,16 +566,13 @@ def launch_bwd_scales(
     if out is None:
         out = torch.empty((B, C, len(dims)), dtype=torch.float32, device=dev)
 
-    def run(cand):  # rows (the planned width), or (width, rows); writes the gradients (never reads them)
-        # the terms' reductions are part of the run: measured with it (more programs, more partial sums)
-        wd, rows = cand if isinstance(cand, tuple) else (first, cand)
-        geo, n_groups = geos[wd]
-        slots = [p // n_groups * cdiv(h, rows) for p, h in zip(chunks[wd], heights)]  # programs per group
+    def run(rows):  # writes the gradients (never reads them)
+        slots = [p // n_groups * cdiv(h, rows) for p, h in zip(chunks, heights)]  # programs per group
         n_prog = sum(n_groups * s for s in slots)
         scratch = torch.empty((n_prog, 10 * geo.bw + 32), dtype=torch.float32, device=dev)
         sum_buf = torch.empty(2 * BC * sum(slots), dtype=torch.float32, device=dev)
         with device_guard(x):
-            ssim_bwd_scales_kernel[(n_prog,)](
+            launch_kernel(ssim_bwd_scales_kernel, (n_prog,),
                 x, y, window, u, gx if gx is not None else scratch, gy if gy is not None else scratch, scratch,
                 sum_buf, BC, C, H1, W1, dh, rows, float(c1), float(c2), NS=len(dims), K=K, PAD=pad, REFLECT=reflect,
                 F=geo.f, BW=geo.bw, NEED1=need1, NEED2=need2, **launch_options(geo.warps, maxnreg=maxnreg),
@@ -601,27 +580,16 @@ def launch_bwd_scales(
         partial_means(sum_buf, BC, slots, sizes, out.view(BC, len(dims)), width=2)  # fixed order: deterministic
         return [out[:, :, j] for j in range(len(dims))]
 
-    key = ("bwd_scales", K, pad, reflect, geos[first][0], wide, BC, C, tuple(dims), need1, need2, dev)
-    others = [(wd, r) for wd in geos if wd != first for r in tune.candidates(plans[wd], H1)]
     if wide is None and scales_split_eligible(reflect, need1, need2):
         # the moments and their adjoint as two lean launches (:mod:`.split`; the same gradients and
-        # sums), this one-launch kernel's planned geometries measured beside them on CUDA
+        # sums) where :data:`.split.ENABLED` turns them on
         _, _, geo_b, _, chunks_b, _, reg_b = scales_split_geometry(B, C, dims, K, padding, dev)
         plan_b = batched_rows(chunks_b, heights, K, geo_b.warps, reg_b, dev)
 
-        def run_split(cand):
-            if isinstance(cand, tuple):  # ("one launch", rows or (width, rows))
-                return run(cand[1])
-            slots, sum_buf = launch_bwd_scales_split(x, y, B, C, dims, window, padding, c1, c2, u, gx, gy, cand)
-            partial_means(sum_buf, BC, slots, sizes, out.view(BC, len(dims)), width=2)  # fixed order
-            return [out[:, :, j] for j in range(len(dims))]
-
-        key = ("split", geo_b) + key
-        alternatives = [("one launch", plans[first])] + [("one launch", o) for o in others]
-        terms = tune.run(key, plan_b, H1, run_split, dev, alternatives=alternatives)
-    else:
-        terms = tune.run(key, plans[first], H1, run, dev, alternatives=others)
-    return gx, gy, terms
+        slots, sum_buf = launch_bwd_scales_split(x, y, B, C, dims, window, padding, c1, c2, u, gx, gy, plan_b)
+        partial_means(sum_buf, BC, slots, sizes, out.view(BC, len(dims)), width=2)  # fixed order
+        return gx, gy, [out[:, :, j] for j in range(len(dims))]
+    return gx, gy, run(batched_rows(chunks, heights, K, geo.warps, maxnreg, dev))
 
 
 def _bwd_all_scales(x, y, B: int, C: int, dims, window, padding: str, c1: float, c2: float, out, first):
@@ -645,7 +613,5 @@ def _bwd_all_scales(x, y, B: int, C: int, dims, window, padding: str, c1: float,
         partial_means(sum_buf, BC, slots, sizes, out.view(BC, len(dims)), width=2)  # fixed order: deterministic
         return [out[:, :, j] for j in range(len(dims))]
 
-    key = ("all scales", geo_b, K, padding, BC, C, tuple(dims), gx0 is not None, gy0 is not None)
-    key += (x0.stride(), x0.dtype, dev)
-    terms = tune.run(key, plan_b, dims[0][0], run, dev)
+    terms = run(plan_b)
     return gx, gy, terms

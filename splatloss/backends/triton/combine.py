@@ -37,7 +37,7 @@ import triton.language as tl
 from ...multiscale import weights_tensor
 from . import launch
 from .glue import eager, functorch_guard, refuse_double_backward, with_autograd
-from .launch import cdiv, device_guard, launch_options, next_power_of_2
+from .launch import cdiv, device_guard, launch_kernel, launch_options, next_power_of_2
 
 __all__ = ["combine"]
 
@@ -147,7 +147,7 @@ def _combine_impl(terms: Tensor, weights: Tensor, tau: float, use_tau: bool) -> 
         return out
     n, bb, cp, mp, warps = _grid(terms)
     with device_guard(terms):
-        _combine_fwd_kernel[(n,)](
+        launch_kernel(_combine_fwd_kernel, (n,),
             terms, weights, out, B, C, M, *terms.stride(), tau,
             USE_TAU=use_tau, BB=bb, CP=cp, MP=mp, **launch_options(warps),
         )  # fmt: skip
@@ -170,7 +170,7 @@ def _combine_bwd_impl(grad: Tensor, terms: Tensor, weights: Tensor, tau: float, 
     n, bb, cp, mp, warps = _grid(terms)
     with device_guard(terms):
         # the upstream gradient by its stride: a sum's backward hands an expanded one (stride 0)
-        _combine_bwd_kernel[(n,)](
+        launch_kernel(_combine_bwd_kernel, (n,),
             grad, terms, weights, out, B, C, M, grad.stride(0), *terms.stride(), tau,
             USE_TAU=use_tau, BB=bb, CP=cp, MP=mp, **launch_options(warps),
         )  # fmt: skip

@@ -21,7 +21,6 @@ import torch
 import triton
 import triton.language as tl
 
-from . import tune
 from .bodies import interior, lanes, scale_of, store_sums
 from .columns import hmoments, load_taps, vmoments, vmoments_kept
 from .launch import (
@@ -34,6 +33,7 @@ from .launch import (
     device_guard,
     fwd_maxnreg,
     geometry,
+    launch_kernel,
     launch_options,
     out_size,
     padding_shape,
@@ -280,7 +280,7 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
         per_prog = 6 * geo.kp * geo.bw if ring else KEPT_ROWS.value * (K // 2) * geo.bw if keep else 1
         scratch = torch.empty((n_prog, per_prog), dtype=torch.float32, device=dev)
         with device_guard(img1):
-            ssim_fwd_kernel[(n_prog,)](
+            launch_kernel(ssim_fwd_kernel, (n_prog,),
                 img1, img2, window, s, cs if cs is not None and mode != "map" else s, l1 if l1 is not None else s,
                 scratch,
                 BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows, *img1.stride(), *img2.stride(), float(c1), float(c2),
@@ -290,8 +290,7 @@ def launch_fwd(img1, img2, window, padding: str, c1: float, c2: float, mode: str
             )  # fmt: skip
         return s, cs, l1
 
-    key = ("fwd", mode, K, pad, reflect, geo, BC, C, H, W, img1.stride(), img2.stride(), img1.dtype, dev)
-    s, cs, l1 = tune.run(key, geo.rows, Ho, run, dev)
+    s, cs, l1 = run(geo.rows)
     if stats and raw:
         return (s, cs, l1) if l1 is not None else (s, cs)
     if stats:
@@ -357,16 +356,15 @@ def launch_fwd_scales(x, y, B: int, C: int, dims, window, padding: str, c1: floa
         per_prog = KEPT_ROWS.value * (K // 2) * geo.bw if keep else 1
         scratch = torch.empty((n_prog, per_prog), dtype=torch.float32, device=dev)
         with device_guard(x):
-            ssim_fwd_scales_kernel[(n_prog,)](
+            launch_kernel(ssim_fwd_scales_kernel, (n_prog,),
                 x, y, window, s_buf, cs_buf, scratch, BC, C, dims[0][0], dims[0][1], maps[0][0] - dims[0][0], rows,
                 float(c1), float(c2), NS=len(dims), K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, KEEP=keep,
                 **launch_options(geo.warps, maxnreg=maxnreg),
             )  # fmt: skip
         return slots, s_buf, cs_buf
 
-    key = ("fwd_scales", K, pad, reflect, geo, BC, C, tuple(dims), dev)
     planned = batched_rows(per_chunk, heights, K, geo.warps, maxnreg, dev, halo=False)
-    slots, s_buf, cs_buf = tune.run(key, planned, heights[0], run, dev)
+    slots, s_buf, cs_buf = run(planned)
     if out is None:
         out = torch.empty((B, C, len(dims)), dtype=torch.float32, device=dev)
     # fixed-order reduction of the per-program partial sums: deterministic, no atomics

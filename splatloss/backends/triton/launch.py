@@ -16,6 +16,9 @@ from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import triton.language as tl
+from triton import knobs
+from triton.runtime import driver
+from triton.runtime.jit import JITFunction
 
 #: Largest window the kernels accept. Tap / ring tiles are ``KP = next_pow2(K)`` rows deep; up to
 #: 15 taps programs have 128 lanes, 17..31 taps 64 lanes (so a thread still holds 8 values of each
@@ -181,6 +184,24 @@ def geometry(
     maxnreg: int = 128,
     wide_halo: bool = True,
 ) -> Geometry:
+    """:func:`plan_geometry`, cached: a launcher plans on every call, and the geometry follows from
+    these arguments and the module's settings alone (which are part of the cache key)."""
+    cuda = device.type == "cuda" or FORCE_CUDA_GEOMETRY
+    sms = sm_count(device) if cuda else 0
+    steps = tuple(ROW_STEPS)
+    return _plan_geometry(frame, rows, window_size, bc, cuda, sms, halo, maxnreg, wide_halo, CUDA_ROWS, steps)
+
+
+def plan_geometry(
+    frame: int,
+    rows: int,
+    window_size: int,
+    bc: int,
+    device: torch.device,
+    halo: bool = False,
+    maxnreg: int = 128,
+    wide_halo: bool = True,
+) -> Geometry:
     """Geometry for rows of ``frame`` lanes of work (map width, or image width + K - 1 halo).
 
     On CUDA: 128 lanes (64 for windows of 17..31 taps), 128 rows per program; rows of at most
@@ -196,9 +217,30 @@ def geometry(
     than :data:`FULL_WAVES` waves of the SMs' resident slots (``maxnreg``: the launch's register
     ceiling, which sets how many programs an SM holds).
     """
+    cuda = device.type == "cuda" or FORCE_CUDA_GEOMETRY
+    sms = sm_count(device) if cuda else 0
+    return _plan_geometry.__wrapped__(
+        frame, rows, window_size, bc, cuda, sms, halo, maxnreg, wide_halo, CUDA_ROWS, tuple(ROW_STEPS)
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_geometry(
+    frame: int,
+    rows: int,
+    window_size: int,
+    bc: int,
+    cuda: bool,
+    sms: int,
+    halo: bool,
+    maxnreg: int,
+    wide_halo: bool,
+    most: int,
+    steps: Tuple[int, ...],
+) -> Geometry:
     kp = next_power_of_2(window_size)
     need = next_power_of_2(max(frame, 1))
-    if device.type == "cuda" or FORCE_CUDA_GEOMETRY:
+    if cuda:
         lanes = cuda_lanes(window_size)
         warps = cuda_warps(window_size)
         if halo and wide_halo and window_size <= COLUMN_TAPS.value:
@@ -208,11 +250,11 @@ def geometry(
         # gradient columns of the frame - (K - 1) image columns)
         halo_cols = window_size - 1 if halo else 0
         per_chunk = cdiv(bc, lanes // f) * cdiv(max(frame - halo_cols, 1), f - halo_cols)
-        slots = sm_count(device) * programs_per_sm(warps, maxnreg)
+        slots = sms * programs_per_sm(warps, maxnreg)
         halo_rows = (2 if halo else 1) * (window_size - 1)
         rows = max(rows, 1)
 
-        n_rows = plan_rows((per_chunk,), (rows,), slots, halo_rows, CUDA_ROWS, tuple(ROW_STEPS))
+        n_rows = plan_rows((per_chunk,), (rows,), slots, halo_rows, most, steps)
         return Geometry(bw=lanes, f=f, rows=n_rows, kp=kp, warps=warps)
     f = min(need, 2048)
     bw = f * min(next_power_of_2(bc), max(1, 2048 // f))
@@ -434,3 +476,83 @@ def problem(img1: torch.Tensor, window: torch.Tensor, padding: str) -> Problem:
     K = window.shape[0]
     pad, reflect = padding_shape(K, padding)
     return Problem(B, C, H, W, K, pad, reflect, out_size(H, K, padding), out_size(W, K, padding))
+
+
+# ------------------------------------------------------------------------------------------------
+# Launches through the compiled kernel.
+#
+# ``kernel[grid](*args)`` (Triton's JITFunction.run) binds every argument, specialises it (dtype,
+# 16-byte alignment, integers equal to 1 or multiples of 16), hashes the specialisation, looks the
+# compiled kernel up and builds its launch metadata: 30-60 us of host time for the 30-60 arguments
+# of these kernels, several launches per loss call. A training loop launches the same kernels on
+# the same shapes step after step, so :func:`launch_kernel` keys the compiled kernel by what
+# decides Triton's specialisation -- each tensor's dtype and alignment, every other argument's value
+# -- and launches it through ``CompiledKernel.run``, the launcher that ``kernel[grid]`` ends in
+# (4-7 us). The first launch of a key, and every launch under launch hooks (profilers), Triton's
+# debug mode or instrumentation, inside a CUDA graph capture or a ``torch.compile`` trace, and in
+# the interpreter, goes through ``kernel[grid]``: the same compiled kernel and arguments, so the
+# results are bitwise the same either way.
+# ------------------------------------------------------------------------------------------------
+
+#: Compiled kernels by launch key, per kernel; a kernel past this many keys launches through
+#: ``kernel[grid]`` for new keys (a loop over ever new shapes would otherwise grow the table).
+MAX_KEYS = 256
+_COMPILED: dict = {}
+_TAILS: dict = {}
+
+
+def _key(args: tuple, kw: dict, device: int) -> tuple:
+    key = [device]
+    for a in args:
+        if type(a) is torch.Tensor:
+            key.append(a.dtype)
+            key.append(a.data_ptr() & 15)
+        else:
+            key.append(a)
+    key.extend(kw.values())
+    return tuple(key)
+
+
+def _plain_launch() -> bool:
+    """Whether launches must go through ``kernel[grid]`` now (see above)."""
+    rt = knobs.runtime
+    # a hook is a chain of calls (Triton 3.7) or a callable / None (older Tritons)
+    return (
+        bool(getattr(rt.launch_enter_hook, "calls", rt.launch_enter_hook))
+        or bool(getattr(rt.launch_exit_hook, "calls", rt.launch_exit_hook))
+        or rt.debug
+        or bool(knobs.compilation.instrumentation_mode)
+        or torch.compiler.is_compiling()
+    )
+
+
+def launch_kernel(fn, grid: tuple, *args, **kw):
+    """``fn[grid](*args, **kw)``, through the compiled kernel where the same launch key was seen
+    before (see above). ``kw``: the kernel's constexpr arguments and launch options, given the same
+    way at each call site."""
+    table = _COMPILED.get(fn)
+    if table is None:
+        if not isinstance(fn, JITFunction):  # the interpreter
+            return fn[grid](*args, **kw)
+        table = _COMPILED[fn] = {}
+    if _plain_launch() or (args[0].is_cuda and torch.cuda.is_current_stream_capturing()):  # args[0]: a tensor
+        return fn[grid](*args, **kw)
+    active = driver.active
+    device = active.get_current_device()
+    key = _key(args, kw, device)
+    compiled = table.get(key)
+    if compiled is None:
+        compiled = fn[grid](*args, **kw)
+        if len(table) < MAX_KEYS:
+            table[key] = compiled
+            # the constexpr arguments' values in signature order, after the positional ones
+            names = fn.arg_names[len(args) :]
+            defaults = {p.name: p.default for p in fn.params}
+            _TAILS[compiled] = tuple(kw[n] if n in kw else defaults[n] for n in names)
+        return compiled
+    n = len(grid)
+    compiled.run(
+        grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, active.get_current_stream(device),
+        compiled.function, compiled.packed_metadata, None, None, None, *args, *_TAILS[compiled],
+    )  # fmt: skip
+    return compiled

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch, tune
+from . import launch
 from .bodies import interior, l1_sign_term, lanes, store_grad, store_sums
 from .columns import (
     hadjoint_moved,
@@ -50,6 +50,7 @@ from .launch import (
     device_guard,
     fwd_maxnreg,
     geometry,
+    launch_kernel,
     launch_options,
     problem,
     shared_column_stride,
@@ -376,7 +377,7 @@ def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: flo
         per_prog = FWD_SCRATCH_ROWS.value * (K // 2) * geo.bw if keep else 1
         scratch = torch.empty((n_prog, per_prog), dtype=torch.float32, device=img1.device)
         with device_guard(img1):
-            masked_fwd_kernel[(n_prog,)](
+            launch_kernel(masked_fwd_kernel, (n_prog,),
                 img1, img2, mask, window, s, cs, l1_sums, scratch, BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows,
                 *img1.stride(), *img2.stride(), *mask.stride(), float(c1), float(c2),
                 K=K, PAD=pad, REFLECT=reflect, F=geo.f, BW=geo.bw, HAS_L1=l1, KEEP=keep,
@@ -384,8 +385,7 @@ def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: flo
             )  # fmt: skip
         return s, cs, l1_sums
 
-    key = ("masked_fwd", K, pad, reflect, geo, BC, C, H, W, img1.stride(), img2.stride(), mask.stride(), img1.dtype)
-    s, cs, l1_sums = tune.run(key + (mask.dtype, img1.device, l1), geo.rows, Ho, run, img1.device)
+    s, cs, l1_sums = run(geo.rows)
     return (s, cs, l1_sums) if l1 else (s, cs)
 
 
@@ -461,7 +461,7 @@ def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy
         # two sums per program and channel: the SSIM's and the L1's (the second written only with l1)
         sum_buf = torch.empty((BC, n_chunks * n_strips, 2) if sums else (1,), dtype=torch.float32, device=dev)
         with device_guard(img1):
-            masked_bwd_kernel[(n_prog,)](
+            launch_kernel(masked_bwd_kernel, (n_prog,),
                 img1, img2, mask, window, g_s, g_cs if g_cs is not None else g_s, l1 if l1 is not None else g_s,
                 gx if need1 else scratch, gy if need2 else scratch, scratch, sum_buf,
                 BC, C, H, W, Ho, Wo, n_chunks, n_strips, rows,
@@ -472,24 +472,13 @@ def _masked_bwd(img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy
             )  # fmt: skip
         return sum_buf
 
-    key = (
-        "masked_bwd", K, pad, reflect, geo, BC, C, H, W, img1.stride(), img2.stride(), mask.stride(), out.stride(),
-        img1.dtype, out.dtype, mask.dtype, g_cs is not None, l1 is not None, need1, need2, sums, dev,
-    )  # fmt: skip
     if masked_split_eligible(img1, img2, K, reflect, need1, need2):
         # the masked moments and their adjoint as two lean launches (:mod:`.masked_split`, 32 warps
-        # per SM on sm_90; the same gradients), this one-launch kernel measured beside them on CUDA
+        # per SM on sm_90; the same gradients) where :data:`.split.ENABLED` turns them on
         geo_a, geo_b, _, _ = masked_split_geometry(img1, window, padding)
-
-        def run_split(cand):
-            if isinstance(cand, tuple):  # ("one launch", rows)
-                return run(cand[1])
-            return launch_masked_bwd_split(
-                img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy, sums, geo_a.rows, cand
-            )
-
-        key = ("split", geo_a, geo_b) + key
-        sum_buf = tune.run(key, geo_b.rows, H, run_split, dev, alternatives=[("one launch", geo.rows)])
+        sum_buf = launch_masked_bwd_split(
+            img1, img2, mask, window, padding, c1, c2, g_s, g_cs, l1, gx, gy, sums, geo_a.rows, geo_b.rows
+        )
     else:
-        sum_buf = tune.run(key, geo.rows, H, run, dev)
+        sum_buf = run(geo.rows)
     return sum_buf if sums else None

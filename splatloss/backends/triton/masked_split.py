@@ -46,6 +46,7 @@ from .launch import (
     cdiv,
     device_guard,
     geometry,
+    launch_kernel,
     launch_options,
     problem,
     rows_over_groups,
@@ -290,12 +291,12 @@ def launch_masked_bwd_split(
         ox = gx[b0:b1] if gx is not None else scratch_b
         oy = gy[b0:b1] if gy is not None else scratch_b
         with device_guard(img1):
-            masked_moments_kernel[(n_prog_a,)](
+            launch_kernel(masked_moments_kernel, (n_prog_a,),
                 x, y, m, window, moments, scratch_a, BC, C, H, W, Ho, Wo, wp, n_chunks_a, n_strips_a, rows_a,
                 *x.stride(), *y.stride(), *m.stride(), K=K, PAD=pad, F=geo_a.f, BW=geo_a.bw, SW=sw, SAME=same_xy,
                 **launch_options(geo_a.warps, maxnreg=reg_a),
             )  # fmt: skip
-            masked_adjoint_kernel[(n_prog_b,)](
+            launch_kernel(masked_adjoint_kernel, (n_prog_b,),
                 x, y, m, window, moments, gs, gc, w1, ox, oy, scratch_b, sb,
                 BC, C, H, W, Ho, Wo, wp, n_chunks_b, n_strips_b, rows_b,
                 *x.stride(), *y.stride(), *m.stride(), *out.stride(), float(c1), float(c2),

@@ -33,7 +33,7 @@ from . import combine, glue, launch
 from .backward import launch_bwd_scales
 from .forward import launch_fwd_scales
 from .glue import check_inputs, eager, functorch_guard, refuse_double_backward, with_autograd
-from .launch import COLUMN_TAPS, cdiv, device_guard, launch_options, next_power_of_2
+from .launch import COLUMN_TAPS, cdiv, device_guard, launch_kernel, launch_options, next_power_of_2
 from .split import all_scales_eligible
 from .ssim import term_into
 
@@ -116,8 +116,21 @@ def _down_into(x: Tensor, out: Tensor) -> Tensor:
     n_rows = B * C * Ho
     rb, block = _tile(Wo, n_rows, x.device)
     with device_guard(x):
-        _down_fwd_kernel[(cdiv(n_rows, rb), cdiv(Wo, block))](
-            x, out, C, H, W, Ho, Wo, n_rows, *x.stride(), RB=rb, BLOCK=block, **launch_options(WARPS)
+        launch_kernel(
+            _down_fwd_kernel,
+            (cdiv(n_rows, rb), cdiv(Wo, block)),
+            x,
+            out,
+            C,
+            H,
+            W,
+            Ho,
+            Wo,
+            n_rows,
+            *x.stride(),
+            RB=rb,
+            BLOCK=block,
+            **launch_options(WARPS),
         )
     return out
 
@@ -216,7 +229,7 @@ def _pyramid_into(x: Tensor, y: Tensor, xf: Tensor, yf: Tensor, levels: int) -> 
     rows, cols = _pyramid_tile(levels, (H + 1) // 2, (W + 1) // 2, x.device)
     grid = (B * C * cdiv((H + 1) // 2, rows), cdiv((W + 1) // 2, cols))
     with device_guard(x):
-        _pyramid_kernel[grid](
+        launch_kernel(_pyramid_kernel, grid,
             x, y, xf, yf, B * C, C, H, W, *x.stride(), *y.stride(), LEVELS=levels, TILE_ROWS=rows, TILE_COLS=cols,
             **launch_options(WARPS_PYRAMID),
         )  # fmt: skip
@@ -237,8 +250,21 @@ def _down_bwd_impl(g: Tensor, x: Tensor) -> Tensor:
     n_rows = B * C * H
     rb, block = _tile(W, n_rows, g.device)
     with device_guard(g):
-        _down_bwd_kernel[(cdiv(n_rows, rb), cdiv(W, block))](
-            g, out, C, H, W, g.shape[2], g.shape[3], n_rows, *g.stride(), RB=rb, BLOCK=block, **launch_options(WARPS)
+        launch_kernel(
+            _down_bwd_kernel,
+            (cdiv(n_rows, rb), cdiv(W, block)),
+            g,
+            out,
+            C,
+            H,
+            W,
+            g.shape[2],
+            g.shape[3],
+            n_rows,
+            *g.stride(),
+            RB=rb,
+            BLOCK=block,
+            **launch_options(WARPS),
         )
     return out
 
@@ -417,7 +443,7 @@ def _chain_impl(d: Tensor, g0: Tensor, gc: Tensor, dtype: torch.dtype) -> Tensor
     scratch = torch.empty_like(gc) if M > 1 else gc
     rows, cols = _chain_tile(M - 1, H, W, g0.device)
     with device_guard(g0):
-        _chain_kernel[(B * C * cdiv(H, rows), cdiv(W, cols))](
+        launch_kernel(_chain_kernel, (B * C * cdiv(H, rows), cdiv(W, cols)),
             g0, gc if M > 1 else g0, d, scratch if M > 1 else g0, out, B * C, C, H, W, M, *g0.stride(),
             *out.stride(), LEVELS=M - 1, TILE_ROWS=rows, TILE_COLS=cols,
             OUT_BF16=dtype == torch.bfloat16, **launch_options(WARPS_CHAIN),

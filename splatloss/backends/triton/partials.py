@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import device_guard, launch_options, next_power_of_2
+from .launch import device_guard, launch_kernel, launch_options, next_power_of_2
 
 __all__ = ["means", "dssim_l1_loss", "masked_weights", "masked_means", "masked_dssim_l1_loss", "MAX_SEGMENTS"]
 
@@ -92,7 +92,7 @@ def means(
         block = max(16, min(1024, next_power_of_2(longest)))
         a = buf[at:]
         with device_guard(buf):
-            _means_kernel[(BC, nseg)](
+            launch_kernel(_means_kernel, (BC, nseg),
                 a, last[at:] if use_last else a, out[:, k0:], BC, *(seg + [0] * (MAX_SEGMENTS - nseg)),
                 *(div + [1.0] * (MAX_SEGMENTS - nseg)), row, col, NSEG=nseg, WIDTH=width, LAST_B=use_last,
                 BLOCK=block, **launch_options(1 if block <= 128 else 4),
@@ -131,7 +131,7 @@ def dssim_l1_loss(s: Tensor, l1: Tensor, B: int, C: int, lam: float, n_map: int,
     out = torch.empty(B, dtype=torch.float32, device=s.device)
     block = max(16, min(1024, next_power_of_2(P)))
     with device_guard(s):
-        _dssim_l1_kernel[(B,)](
+        launch_kernel(_dssim_l1_kernel, (B,),
             s, l1, out, C, P, float(lam), float(n_map), float(n_img), WIDTH=width, BLOCK=block,
             **launch_options(1 if block <= 128 else 4),
         )  # fmt: skip
@@ -182,7 +182,7 @@ def masked_weights(z: Tensor, scale_s: float, zl: Optional[Tensor] = None, scale
     out = torch.empty((2 if zl is not None else 1, B, C), dtype=torch.float32, device=z.device)
     zl_ = zl if zl is not None else z
     with device_guard(z):
-        _masked_weights_kernel[(B,)](
+        launch_kernel(_masked_weights_kernel, (B,),
             z, zl_, out, B, C, *z.stride(), *zl_.stride(), float(scale_s), float(scale_l1),
             HAS_L1=zl is not None, BLOCK_C=max(2, next_power_of_2(C)), **launch_options(1),
         )  # fmt: skip
@@ -236,7 +236,7 @@ def _masked_reduce(s, l1, z, zl, B, C, lam, width, loss):
     block = max(16, min(1024, next_power_of_2(P)))
     zl_ = zl if zl is not None else z
     with device_guard(s):
-        _masked_reduce_kernel[(B,)](
+        launch_kernel(_masked_reduce_kernel, (B,),
             s, l1 if l1 is not None else s, z, zl_, out, C, P, *z.stride(), *zl_.stride(), float(lam),
             LOSS=loss, HAS_L1=l1 is not None, WIDTH=width, BLOCK=block, **launch_options(1 if block <= 128 else 4),
         )  # fmt: skip

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import device_guard, next_power_of_2
+from .launch import device_guard, launch_kernel, next_power_of_2
 
 __all__ = ["addressable", "f32_quotient", "rescale_", "scaled"]
 
@@ -117,7 +117,7 @@ def rescale_(g: Tensor, upstream: Tensor, expect: float) -> Tensor:
     n_per = g.numel() // blocks
     nblk = triton.cdiv(n_per, BLOCK)
     with device_guard(g):
-        _rescale_kernel[(blocks * nblk,)](
+        launch_kernel(_rescale_kernel, (blocks * nblk,),
             g, u, float(expect), f32_quotient(1.0, float(expect)), n_per, nblk, ch,
             INTERLEAVED=ch > 1, CP2=max(2, next_power_of_2(ch)), BLOCK=BLOCK, num_warps=4,
         )  # fmt: skip

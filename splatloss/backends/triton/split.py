@@ -54,6 +54,7 @@ from .launch import (
     device_guard,
     fwd_maxnreg,
     geometry,
+    launch_kernel,
     launch_options,
     out_size,
     padding_shape,
@@ -62,7 +63,6 @@ from .launch import (
     shared_column_stride,
 )
 from .moments import partials
-from .tune import env_switch
 
 __all__ = [
     "ssim_moments_kernel",
@@ -484,10 +484,10 @@ def ssim_adjoint_kernel(
         )  # fmt: skip
 
 
-#: Run the two lean launches where they apply (``SPLATLOSS_TRITON_SPLIT=0`` in the environment, read
-#: at import: the one-launch kernel everywhere). On CUDA the one-launch kernel is timed beside them
-#: on a shape's first call (:mod:`.tune`) either way.
-ENABLED = env_switch("SPLATLOSS_TRITON_SPLIT", "1")
+#: Run the two lean launches where they apply. Off: the one-launch kernels, the path a GPU has
+#: timed, run everywhere; the GPU check (``tools/gpu_check.py``) turns this on to time the two
+#: launches against them, and only a GPU measurement makes them a default.
+ENABLED = False
 
 
 def split_eligible(img1, img2, K: int, reflect: bool, need1: bool, need2: bool) -> bool:
@@ -635,12 +635,12 @@ def launch_bwd_split(
         ox = gx[b0:b1] if gx is not None else scratch_b
         oy = gy[b0:b1] if gy is not None else scratch_b
         with device_guard(img1):
-            ssim_moments_kernel[(n_prog_a,)](
+            launch_kernel(ssim_moments_kernel, (n_prog_a,),
                 x, y, window, moments, scratch_a, BC, C, H, W, Ho, Wo, wp, n_chunks_a, n_strips_a, rows_a,
                 *x.stride(), *y.stride(), K=K, PAD=pad, F=geo_a.f, BW=geo_a.bw, SW=sw, SAME=same_xy,
                 **launch_options(geo_a.warps, maxnreg=reg_a),
             )  # fmt: skip
-            ssim_adjoint_kernel[(n_prog_b,)](
+            launch_kernel(ssim_adjoint_kernel, (n_prog_b,),
                 x, y, window, moments, gs, gc, w1, ox, oy, scratch_b, sb,
                 BC, C, H, W, Ho, Wo, wp, n_chunks_b, n_strips_b, rows_b,
                 *x.stride(), *y.stride(), *(gs.stride() if gs.dim() == 4 else (0, 0, 0, 0)), *out.stride(),
@@ -837,12 +837,12 @@ def launch_bwd_scales_split(
         n0 = BC * dims[0][0] * dims[0][1]
     own0 = x0.dtype != x.dtype  # float16 / bfloat16 images read as they are, the coarser scales float32
     with device_guard(x):
-        moments_scales_kernel[(n_prog_a,)](
+        launch_kernel(moments_scales_kernel, (n_prog_a,),
             x, y, window, moments, scratch_a, BC, C, dims[0][0], dims[0][1], dh, rows_a, gp, x0, y0, n0, NS=len(dims),
             K=K, PAD=pad, F=geo_a.f, BW=geo_a.bw, FIRST=first is not None, OWN0=own0,
             **launch_options(geo_a.warps, maxnreg=reg_a),
         )  # fmt: skip
-        adjoint_scales_kernel[(n_prog_b,)](
+        launch_kernel(adjoint_scales_kernel, (n_prog_b,),
             x, y, window, moments, u, ox, oy, scratch_b, sum_buf, BC, C, dims[0][0], dims[0][1], dh, rows_b, gp,
             float(c1), float(c2), x0, y0, ox0, oy0, n0, NS=len(dims), K=K, PAD=pad, F=geo_b.f, BW=geo_b.bw,
             FA=geo_a.f, NEED1=ox is not scratch_b, NEED2=oy is not scratch_b, FIRST=first is not None, OWN0=own0,
