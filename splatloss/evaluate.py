@@ -7,7 +7,9 @@ measured by the same callback that measured them during training, so ``psnr`` eq
 ``metrics.json``. Written to ``RUN/eval/`` (or ``output_dir=``):
 
 - ``metrics.json``: ``psnr``, ``ssim``, ``ssim_3dgs``, ``ssim_skimage``, ``ms_ssim`` (and ``lpips``
-  with ``metrics.lpips=true``), the number of views, the checkpoint and its step;
+  with ``metrics.lpips=true``), the number of views, the checkpoint and its step, and
+  ``"record": "evaluation"``, by which ``splatloss-report`` counts it as part of the run it
+  evaluated (its LPIPS in the run's row) rather than as a run;
 - ``renders/<view>.png``: prediction | ground truth of every held-out view;
 - ``traj.mp4`` or ``traj.gif`` with ``render_traj=true``: the scene along a smooth path through the
   training views (:mod:`splatloss.splat.trajectory`).
@@ -168,6 +170,11 @@ def evaluate(cfg) -> Dict[str, Any]:
     run_dir = find_run_dir(ckpt_path)
     run_cfg = load_run_config(run_dir, cfg.get("data_path"))
     out_dir = os.path.abspath(str(cfg.output_dir)) if cfg.get("output_dir") else os.path.join(run_dir, "eval")
+    if os.path.realpath(out_dir) == os.path.realpath(run_dir):
+        raise ValueError(
+            f"output_dir={cfg.output_dir!r} is the run folder itself: its metrics.json is the run's, which the "
+            "evaluation would replace; leave output_dir unset (RUN/eval) or give another folder"
+        )
     metric_cfg = cfg.get("metrics") or {}
     lpips_net = None
     if metric_cfg.get("lpips", False):
@@ -222,6 +229,7 @@ def evaluate(cfg) -> Dict[str, Any]:
     metrics: Dict[str, Any] = {k.split("/", 1)[1]: float(v) for k, v in (res[0] if res else {}).items()}
     metrics.update(
         {
+            "record": "evaluation",
             "ms_ssim_scales": evaluator.last.get("ms_ssim_scales"),
             "num_views": len(scene.test),
             "num_gaussians": int(module.gaussians.means.shape[0]),
@@ -310,6 +318,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     print(
         f"held-out PSNR {metrics.get('psnr', nan):.2f} dB, SSIM {metrics.get('ssim', nan):.4f} "
         f"(3DGS's {metrics.get('ssim_3dgs', nan):.4f}), MS-SSIM {metrics.get('ms_ssim', nan):.4f}"
+        + (f" ({metrics['ms_ssim_scales']} scales)" if metrics.get("ms_ssim_scales") else "")
         + (f", LPIPS ({metrics['lpips_net']}) {metrics['lpips']:.4f}" if "lpips" in metrics else "")
         + f" over {metrics['num_views']} views at step {metrics['step']}; wrote {metrics['output_dir']}",
         flush=True,

@@ -232,3 +232,18 @@ def test_run_on_a_dataset_given_by_a_relative_path_and_moved_later(tmp_path):
         evaluate(compose_config([f"ckpt_path={run}/checkpoints/last.ckpt"]))
     m = evaluate(compose_config([f"ckpt_path={run}/checkpoints/last.ckpt", f"data_path={tmp_path}/moved/box"]))
     assert m["psnr"] == psnr and m["num_views"] == 2  # 8 images, every 4th held out
+
+
+def test_metrics_json_says_it_is_an_evaluation(run_dir, tmp_path):
+    # splatloss-report tells an evaluation from a run by this key, and joins it to the run it evaluated.
+    m = evaluate(compose_config([f"ckpt_path={run_dir}/checkpoints/last.ckpt", f"output_dir={tmp_path}/ev"]))
+    assert m["record"] == "evaluation" and "steps" not in m
+    assert json.loads((tmp_path / "ev" / "metrics.json").read_text())["record"] == "evaluation"
+
+
+def test_output_dir_that_is_the_run_folder_is_refused(run_dir, tmp_path):
+    run = _copy(run_dir, tmp_path)
+    before = (run / "metrics.json").read_text()
+    with pytest.raises(ValueError, match=r"output_dir='.*run' is the run folder itself: its metrics.json is the run's"):
+        evaluate(compose_config([f"ckpt_path={run}/checkpoints/last.ckpt", f"output_dir={run}"]))
+    assert (run / "metrics.json").read_text() == before
