@@ -4,9 +4,13 @@
     (also ./dev report ..., python -m splatloss.report ...)
 
 Runs are grouped by configuration: all their overrides (``.hydra/overrides.yaml``) but the seed.
-Per group, every held-out metric of ``metrics.json`` (PSNR, SSIM under its named conventions,
-MS-SSIM, LPIPS when the runs computed it), the training time, ms per step and the loss's share of
-the step get n, mean, standard deviation and a 95 % confidence interval (Student t); each group is
+A ``splatloss-eval`` output folder in the sweep (``RUN/eval/``) is part of the run it evaluated,
+not a run: its LPIPS (``LPIPS (<net>)``) joins the run's metrics when it evaluated the run's last
+step. Per group, every held-out metric of ``metrics.json`` (PSNR, SSIM under its named conventions,
+MS-SSIM with its number of scales, LPIPS when the runs or their evaluations computed it), the
+training time, ms per step and the loss's share of the step get n, mean, standard deviation and a
+95 % confidence interval (Student t, cut to the quantity's range: no time below 0, no SSIM above
+1); a quantity that only some of a group's runs have says so (``2 of 3 runs``); each group is
 compared with a baseline group (the first, or ``--baseline``) on the seeds both finished: the mean
 paired difference, its 95 % confidence interval and the paired t-test's p-value say which
 differences are established. Written into ``--out`` (default: the multirun folder):
@@ -35,7 +39,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..atomic import atomic_output
 from .labels import readable_overrides, round_float
-from .runs import Run, collect_all, log_error
+from .runs import Run, collect, collect_all, log_error
 from .stats import ALPHA, CONFIDENCE, Group, choose_baseline, common_overrides, group_runs, quantities
 from .tables import (
     Table,
@@ -64,7 +68,9 @@ class Report:
     """Everything the report says about one sweep folder, before it is written anywhere.
 
     Attributes:
-        runs: every run folder (:func:`~splatloss.report.runs.collect_all`).
+        runs: every run folder (:func:`~splatloss.report.runs.collect_all`), with the results of
+            ``splatloss-eval`` run on it.
+        notes: a sentence for each evaluation folder that does not count, and why.
         groups: the runs grouped by configuration (:func:`~splatloss.report.stats.group_runs`).
         baseline: the index of the baseline group in ``groups`` (``None`` when no run finished).
         expected_seeds: how many different seeds the sweep's runs have (finished or not).
@@ -73,7 +79,8 @@ class Report:
     def __init__(self, sweep_dir: str, baseline: Optional[str] = None, seed_key: str = "seed"):
         self.sweep_dir = sweep_dir
         self.text = ""  # report.md, once build() has written it
-        self.runs: List[Run] = collect_all(sweep_dir, seed_key)
+        self.runs: List[Run]
+        self.runs, self.notes = collect(sweep_dir, seed_key)
         self.groups: List[Group] = group_runs(self.runs, seed_key)
         self.held, self.cost = quantities(self.runs)
         self.finished = any(g.runs for g in self.groups)
@@ -108,7 +115,7 @@ class Report:
         if shared and len(self.runs) > 1:
             lines.append("Common to all runs: " + " ".join(f"`{o}`" for o in shared))
         lines += seeds_note(self.groups, self.expected_seeds)
-        return lines
+        return lines + self.notes
 
     def findings(self) -> List[str]:
         if not self.finished or len(self.groups) < 2:

@@ -1,8 +1,9 @@
 """The report's figures (matplotlib's object API with the Agg canvas: no pyplot, no global backend).
 
 Every figure is written as vector PDF and as PNG. No axis is cut under a bar: held-out metrics are
-points with interval whiskers (each seed a small dot, the mean with its 95 % confidence interval),
-whose axis spans the values; the step-time bars start at 0.
+points with interval whiskers (each seed a small dot on a row just below its group's mean, the
+mean with its 95 % confidence interval cut to the quantity's range), whose axis spans the values;
+the step-time bars start at 0. PDFs embed TrueType fonts (no Type 3).
 """
 
 from __future__ import annotations
@@ -12,17 +13,21 @@ import os
 import textwrap
 from typing import Dict, List, Optional, Sequence
 
+import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..atomic import atomic_output
 from .runs import Curve, read_curves
-from .stats import CONFIDENCE, Group, Quantity, describe, paired
+from .stats import CONFIDENCE, Group, Quantity, compare, describe
 
 __all__ = ["metrics_figure", "differences_figure", "convergence_figure", "step_time_figure", "save"]
 
 _FONT = 8
+_SEED_ROW = 0.25  # how far below its mean (in rows) a group's per-seed dots sit
+# TrueType (Type 42) fonts in the PDFs: journals and arXiv refuse the Type 3 fonts matplotlib embeds by default.
+_PDF_FONTS = {"pdf.fonttype": 42, "ps.fonttype": 42}
 
 
 def _wrap(label: str, width: int = 28) -> str:
@@ -40,11 +45,11 @@ def _new(width: float, height: float) -> Figure:
 
 
 def save(fig: Figure, stem: str) -> List[str]:
-    """Write ``<stem>.pdf`` (vector) and ``<stem>.png`` (150 dpi); return their paths."""
+    """Write ``<stem>.pdf`` (vector, TrueType fonts embedded) and ``<stem>.png`` (150 dpi); return their paths."""
     paths = []
     for ext, kw in (("pdf", {}), ("png", {"dpi": 150})):
         path = f"{stem}.{ext}"
-        with atomic_output(path) as tmp:
+        with atomic_output(path) as tmp, matplotlib.rc_context(_PDF_FONTS):
             fig.savefig(tmp, format=ext, **kw)
         paths.append(path)
     return paths
@@ -70,8 +75,9 @@ def metrics_figure(groups: Sequence[Group], held: Sequence[Quantity]) -> Optiona
     for ax, q in zip(axes, shown):
         for yi, g, color in zip(y, done, _colors(len(done))):
             vals = list(g.values(q.key).values())
-            s = describe(vals)
-            ax.scatter(vals, [yi] * len(vals), s=10, color="0.55", zorder=2, linewidths=0)
+            s = g.stat(q.key)
+            # The seeds on a row of their own just below their mean: never hidden under its marker.
+            ax.scatter(vals, [yi - _SEED_ROW] * len(vals), s=10, color="0.45", zorder=2, linewidths=0)
             if s.n > 1:
                 ax.errorbar(s.mean, yi, xerr=[[s.mean - s.low], [s.high - s.mean]], fmt="none", ecolor=color,
                             capsize=3, lw=1.2, zorder=3)  # fmt: skip
@@ -86,7 +92,8 @@ def metrics_figure(groups: Sequence[Group], held: Sequence[Quantity]) -> Optiona
                 ax.set_title(f"untrained: {init.mean:.2f} dB", fontsize=_FONT, color="0.4")
     axes[0].set_yticks(y, [_wrap(g.label) for g in done], fontsize=_FONT)
     fig.suptitle(
-        f"Held-out metrics: dots are seeds, markers the mean with its {CONFIDENCE:.0%} confidence interval",
+        f"Held-out metrics: dots are seeds (under their mean), markers the mean with its {CONFIDENCE:.0%} "
+        "confidence interval",
         fontsize=_FONT + 1,
     )
     return fig
@@ -104,7 +111,7 @@ def differences_figure(groups: Sequence[Group], base: int, held: Sequence[Quanti
     for ax, q in zip(axes, shown):
         ax.axvline(0.0, color="0.3", lw=0.8)
         for yi, (i, g) in zip(y, others):
-            d = paired(groups[base].values(q.key), g.values(q.key))
+            d = compare(groups[base], g, q.key)
             color = f"C{i % 10}"
             if math.isfinite(d.low):
                 ax.errorbar(d.mean, yi, xerr=[[d.mean - d.low], [d.high - d.mean]], fmt="none", ecolor=color,
@@ -130,7 +137,8 @@ def _band(curves: List[Curve]):
     if not common:
         return None
     values = np.array([[c.values[np.searchsorted(c.steps, s)] for s in common] for c in curves])
-    stats = [describe(values[:, j]) for j in range(len(common))]
+    # PSNR, losses and step times are >= 0: the band is cut there (it covers the mean as often).
+    stats = [describe(values[:, j], (0.0, None)) for j in range(len(common))]
     return (
         np.array(common),
         np.array([s.mean for s in stats]),

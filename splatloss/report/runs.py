@@ -3,6 +3,11 @@
 A run is a folder with ``.hydra/`` (Hydra writes it before the job starts) or ``metrics.json``
 (``splatloss.train`` writes it at the end). Finished runs have a ``metrics.json`` that does not say
 ``"interrupted"``; every other run is failed or interrupted and carries the error its log gives.
+
+A folder whose ``metrics.json`` is an evaluation (``splatloss-eval`` writes ``RUN/eval/`` or its
+``output_dir``) is not a run: it belongs to the run it evaluated (the run folder above it, else the
+one its ``run_dir`` names), and when it evaluated the run's last step the held-out metrics it has
+and the run lacks join the run's, LPIPS as ``lpips_<net>``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import numpy as np
 
 __all__ = [
     "Run",
+    "Evaluation",
+    "collect",
+    "is_evaluation",
     "Curve",
     "collect_all",
     "log_error",
@@ -52,10 +60,94 @@ class Run:
     metrics: Optional[Dict] = None
     error: Optional[str] = None
     loss_config: Dict = field(default_factory=dict)
+    evaluations: List["Evaluation"] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
         return self.metrics is not None
+
+
+@dataclass
+class Evaluation:
+    """One ``splatloss-eval`` output folder found in the sweep.
+
+    Attributes:
+        folder: the folder relative to the sweep folder (``"0/eval"``).
+        path: its absolute path.
+        metrics: its ``metrics.json``.
+    """
+
+    folder: str
+    path: str
+    metrics: Dict
+
+
+def is_evaluation(metrics: Dict) -> bool:
+    """Whether a ``metrics.json`` is ``splatloss-eval``'s (``"record": "evaluation"``, or a checkpoint
+    and a run folder but no training steps) rather than a training run's."""
+    if metrics.get("record") == "evaluation":
+        return True
+    return "checkpoint" in metrics and "run_dir" in metrics and "steps" not in metrics
+
+
+# Held-out metrics an evaluation gives its run where the run's metrics.json has none.
+_EVALUATED = ("psnr", "ssim", "ssim_3dgs", "ssim_skimage", "ms_ssim", "ms_ssim_scales")
+
+
+def _evaluated(metrics: Dict) -> Dict[str, float]:
+    """The numbers of an evaluation a run can take: the held-out metrics, LPIPS under ``lpips_<net>``."""
+    out = {k: metrics[k] for k in _EVALUATED if isinstance(metrics.get(k), (int, float))}
+    lpips = metrics.get("lpips")
+    if isinstance(lpips, (int, float)) and not isinstance(lpips, bool):
+        net = metrics.get("lpips_net")
+        out[f"lpips_{net}" if isinstance(net, str) and net else "lpips"] = float(lpips)
+    return out
+
+
+def _attach(runs: List[Run], evaluations: List[Evaluation], sweep_dir: str) -> List[str]:
+    """Give each evaluation to its run; returns a note for each one that does not count, and why.
+
+    Raises:
+        SystemExit: two evaluations give one run different values of one quantity.
+    """
+    by_path = {os.path.realpath(r.path): r for r in runs}
+    top = os.path.realpath(sweep_dir)
+    notes: List[str] = []
+    given: Dict[Tuple[str, str], Tuple[str, float]] = {}
+    for ev in sorted(evaluations, key=lambda e: e.folder):
+        run = None
+        up = os.path.dirname(os.path.realpath(ev.path))
+        while run is None and up.startswith(top) and len(up) >= len(top):
+            run = by_path.get(up)
+            up = os.path.dirname(up)
+        if run is None and isinstance(ev.metrics.get("run_dir"), str):
+            run = by_path.get(os.path.realpath(ev.metrics["run_dir"]))
+        if run is None:
+            notes.append(
+                f"{ev.folder} evaluates {ev.metrics.get('run_dir')!r}, which is no run of this sweep: not used."
+            )
+            continue
+        run.evaluations.append(ev)
+        if not run.finished:
+            notes.append(f"{ev.folder} evaluates run {run.folder}, which did not finish: not used.")
+            continue
+        step, last = ev.metrics.get("step"), run.metrics.get("steps")
+        if step != last:
+            notes.append(
+                f"{ev.folder} evaluates run {run.folder} at step {step}, not the run's last step {last}: not used."
+            )
+            continue
+        for key, value in _evaluated(ev.metrics).items():
+            seen = given.get((run.folder, key))
+            if seen is not None and seen[1] != value:
+                raise SystemExit(
+                    f"splatloss-report: the evaluations {seen[0]!r} and {ev.folder!r} give run {run.folder!r} "
+                    f"different {key} ({seen[1]!r} and {value!r}); remove the one that does not belong"
+                )
+            given[(run.folder, key)] = (ev.folder, value)
+            if run.metrics.get(key) is None:
+                run.metrics[key] = value
+    return notes
 
 
 def override_key(override: str) -> str:
@@ -170,33 +262,51 @@ def _sort_key(run: Run):
 
 
 def collect_all(sweep_dir: str, seed_key: str = "seed") -> List[Run]:
-    """Every run folder under ``sweep_dir``, finished or not, sorted by folder (Hydra's job number).
+    """Every run folder under ``sweep_dir``, finished or not, sorted by folder (Hydra's job number),
+    with the evaluations of each joined to it (:func:`collect`).
 
     Raises:
         SystemExit: ``sweep_dir`` is not a folder, or holds no run folder at all.
     """
+    return collect(sweep_dir, seed_key)[0]
+
+
+def _read_metrics(root: str):
+    """``(metrics, error)`` of ``root/metrics.json``."""
+    try:
+        with open(os.path.join(root, "metrics.json")) as f:
+            metrics = json.load(f)
+        if not isinstance(metrics, dict):
+            raise ValueError(f"expected a JSON object, got {type(metrics).__name__}")
+    except (OSError, ValueError) as e:
+        return None, _failure(root, f"metrics.json unreadable ({e})")
+    return metrics, None
+
+
+def collect(sweep_dir: str, seed_key: str = "seed") -> Tuple[List[Run], List[str]]:
+    """``(runs, notes)``: as :func:`collect_all`, and a sentence for each evaluation folder that does
+    not count (of a run outside the sweep, of a run that did not finish, of another step).
+
+    Raises:
+        SystemExit: ``sweep_dir`` is not a folder, or holds no run folder at all; two evaluations
+            give one run different values.
+    """
     if not os.path.isdir(sweep_dir):
         raise SystemExit(f"splatloss-report: {sweep_dir!r} is not a directory")
     found: List[Run] = []
+    evaluations: List[Evaluation] = []
     for root, dirs, files in os.walk(sweep_dir):
         is_run = "metrics.json" in files or ".hydra" in dirs
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         if not is_run:
             continue
+        metrics, error = _read_metrics(root) if "metrics.json" in files else (None, _failure(root, "no metrics.json"))
+        if metrics is not None and ".hydra" not in dirs and is_evaluation(metrics):
+            evaluations.append(Evaluation(os.path.relpath(root, sweep_dir), os.path.abspath(root), metrics))
+            continue
         overrides = _overrides(root)
         run = Run(folder=os.path.relpath(root, sweep_dir), path=os.path.abspath(root), overrides=overrides)
-        metrics = None
-        if "metrics.json" not in files:
-            run.error = _failure(root, "no metrics.json")
-        else:
-            try:
-                with open(os.path.join(root, "metrics.json")) as f:
-                    metrics = json.load(f)
-                if not isinstance(metrics, dict):
-                    raise ValueError(f"expected a JSON object, got {type(metrics).__name__}")
-            except (OSError, ValueError) as e:
-                run.error = _failure(root, f"metrics.json unreadable ({e})")
-                metrics = None
+        run.error = error
         if metrics is not None and metrics.get("interrupted"):
             run.error = _failure(root, f"interrupted by {metrics['interrupted']} at step {metrics.get('steps', '?')}")
             run.seed = _seed(overrides, metrics, seed_key)
@@ -219,7 +329,8 @@ def collect_all(sweep_dir: str, seed_key: str = "seed") -> List[Run]:
             f"splatloss-report: no metrics.json under {sweep_dir!r} and no run folder (.hydra/) either "
             "(is this the multirun folder, e.g. multirun/2026-01-01/12-00-00?)"
         )
-    return sorted(found, key=_sort_key)
+    found.sort(key=_sort_key)
+    return found, _attach(found, evaluations, sweep_dir)
 
 
 @dataclass

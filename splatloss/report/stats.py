@@ -2,7 +2,10 @@
 
 A group is every run with the same overrides but the seed. Per group and quantity: n, mean,
 standard deviation (n - 1 in the denominator) and the 95 % confidence interval of the mean
-(Student t, ``scipy.stats.ttest_1samp(...).confidence_interval``). Against a baseline group, the
+(Student t, ``scipy.stats.ttest_1samp(...).confidence_interval``), cut to the values the quantity
+can take (:data:`RANGES`: a time is >= 0, an SSIM <= 1). The mean lies in that range, so the cut
+interval covers it whenever the uncut one does: the same 95 %, without the impossible part a
+2-seed interval (``t(0.975, 1) = 12.7``) often has. Against a baseline group, the
 runs are paired by seed (the seed draws the initial points and Gaussians and the order of the
 training views, so two runs of one seed differ only by the configuration): the mean of the differences,
 its 95 % confidence interval and the paired t-test's two-sided p-value (``scipy.stats.ttest_rel``).
@@ -34,6 +37,10 @@ __all__ = [
     "describe",
     "paired",
     "choose_baseline",
+    "RANGES",
+    "value_range",
+    "compare",
+    "ms_ssim_scales",
 ]
 
 CONFIDENCE = 0.95
@@ -68,11 +75,52 @@ COST = [
 ]
 
 
+#: The values each quantity can take (None: unbounded on that side); LPIPS (``lpips*``) is >= 0.
+RANGES: Dict[str, Tuple[Optional[float], Optional[float]]] = {
+    "psnr": (0.0, None),  # predictions and images in [0, 1]: MSE <= 1
+    "ssim": (-1.0, 1.0),
+    "ssim_3dgs": (-1.0, 1.0),
+    "ssim_skimage": (-1.0, 1.0),
+    "ms_ssim": (0.0, 1.0),  # the metric's relu keeps every scale's term >= 0
+    "train_seconds": (0.0, None),
+    "step_ms": (0.0, None),
+    "loss_share_pct": (0.0, 100.0),
+    "num_gaussians": (0.0, None),
+}
+
+
+def value_range(key: str) -> Tuple[Optional[float], Optional[float]]:
+    """The values the quantity ``key`` can take (:data:`RANGES`; ``lpips*`` >= 0; else unbounded)."""
+    if key in RANGES:
+        return RANGES[key]
+    if key.startswith("lpips"):
+        return (0.0, None)
+    return (None, None)
+
+
+def ms_ssim_scales(runs: Sequence[Run]) -> List[int]:
+    """The numbers of MS-SSIM scales the finished runs record (``ms_ssim_scales``), sorted."""
+    found = set()
+    for r in runs:
+        n = r.metrics.get("ms_ssim_scales") if r.finished else None
+        if isinstance(n, int) and not isinstance(n, bool) and r.metrics.get("ms_ssim") is not None:
+            found.add(n)
+    return sorted(found)
+
+
 def quantities(runs: Sequence[Run]) -> Tuple[List[Quantity], List[Quantity]]:
     """``(held_out, cost)``: the quantities some finished run records, LPIPS included when present
-    (``lpips`` or ``lpips_<net>``, lower is better)."""
+    (``lpips`` or ``lpips_<net>``, lower is better). MS-SSIM is named with its number of scales
+    (which the views' size sets: ``MS-SSIM (3 scales)``), or says that the runs' differ."""
     keys = {k for r in runs if r.finished for k, v in r.metrics.items() if isinstance(v, (int, float))}
-    held = [q for q in HELD_OUT if q.key in keys]
+    scales = ms_ssim_scales(runs)
+    named = {}
+    if len(scales) == 1:
+        named["ms_ssim"] = f"MS-SSIM ({scales[0]} scale{'s' if scales[0] != 1 else ''})"
+    elif scales:
+        named["ms_ssim"] = "MS-SSIM (scales differ: see the note)"
+    held = [Quantity(q.key, named.get(q.key, q.name), q.decimals, q.higher_is_better, q.unit)
+            for q in HELD_OUT if q.key in keys]  # fmt: skip
     held += [Quantity(k, "LPIPS" + (f" ({k[6:]})" if k != "lpips" else ""), 4, False) for k in sorted(keys)
              if k == "lpips" or (k.startswith("lpips_") and not k.endswith("_init"))]  # fmt: skip
     return held, [q for q in COST if q.key in keys]
@@ -80,13 +128,15 @@ def quantities(runs: Sequence[Run]) -> Tuple[List[Quantity], List[Quantity]]:
 
 @dataclass
 class Stat:
-    """n, mean, standard deviation and the 95 % confidence interval of the mean (NaN where n < 2)."""
+    """n, mean, standard deviation and the 95 % confidence interval of the mean (NaN where n < 2);
+    ``cut``: the interval was cut to the quantity's range (it is then not symmetric about the mean)."""
 
     n: int
     mean: float
     std: float
     low: float
     high: float
+    cut: bool = False
 
     @property
     def half(self) -> float:
@@ -105,10 +155,11 @@ class Paired:
     high: float
     p: float
     seeds: List[int]
+    not_comparable: str = ""  # why the two groups' values of the quantity cannot be compared
 
     @property
     def established(self) -> bool:
-        return self.n >= 2 and math.isfinite(self.p) and self.p < ALPHA
+        return not self.not_comparable and self.n >= 2 and math.isfinite(self.p) and self.p < ALPHA
 
 
 @dataclass
@@ -140,8 +191,12 @@ class Group:
                 out[r.seed] = float(v)
         return out
 
+    def scales(self) -> List[int]:
+        """The numbers of MS-SSIM scales of the group's finished runs."""
+        return ms_ssim_scales(self.runs)
+
     def stat(self, key: str) -> Stat:
-        return describe(list(self.values(key).values()))
+        return describe(list(self.values(key).values()), value_range(key))
 
 
 def _no_spread(std: float, scale: float) -> bool:
@@ -149,13 +204,17 @@ def _no_spread(std: float, scale: float) -> bool:
     return std <= 1e-12 * max(1.0, abs(scale))
 
 
-def describe(values: Sequence[float]) -> Stat:
-    """:class:`Stat` of a sample (Student t interval; NaN std and interval for fewer than 2 values).
+def describe(values: Sequence[float], bounds: Tuple[Optional[float], Optional[float]] = (None, None)) -> Stat:
+    """:class:`Stat` of a sample (Student t interval; NaN std and interval for fewer than 2 values),
+    the interval cut to ``bounds`` (the values the quantity can take; None: no bound on that side).
 
     Examples:
         >>> s = describe([28.0, 28.5, 29.0])
         >>> s.n, s.mean, round(s.std, 4), round(s.low, 4), round(s.high, 4)
         (3, 28.5, 0.5, 27.2579, 29.7421)
+        >>> s = describe([4.0, 49.0], bounds=(0.0, None))  # seconds: Student t alone gives [-259.4, 312.4]
+        >>> s.low, round(s.high, 1), s.cut
+        (0.0, 312.4, True)
     """
     from scipy import stats
 
@@ -172,7 +231,14 @@ def describe(values: Sequence[float]) -> Stat:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         ci = stats.ttest_1samp(x, 0.0).confidence_interval(CONFIDENCE)
-    return Stat(n, mean, std, float(ci.low), float(ci.high))
+    low, high = float(ci.low), float(ci.high)
+    lo, hi = bounds
+    cut = (lo is not None and low < lo) or (hi is not None and high > hi)
+    if lo is not None:
+        low = max(low, lo)
+    if hi is not None:
+        high = min(high, hi)
+    return Stat(n, mean, std, low, high, bool(cut))
 
 
 def paired(base: Dict[Optional[int], float], other: Dict[Optional[int], float]) -> Paired:
@@ -204,6 +270,19 @@ def paired(base: Dict[Optional[int], float], other: Dict[Optional[int], float]) 
         res = stats.ttest_rel(a, b)
         ci = res.confidence_interval(CONFIDENCE)
     return Paired(n, mean, std, float(ci.low), float(ci.high), float(res.pvalue), seeds)
+
+
+def compare(base: Group, group: Group, key: str) -> Paired:
+    """:func:`paired` differences of ``key`` between two groups, none where the values cannot be
+    compared: MS-SSIM over different numbers of scales (views of other sizes) measures something else."""
+    if key == "ms_ssim":
+        a, b = base.scales(), group.scales()
+        if a and b and a != b:
+            show = lambda s: "/".join(map(str, s))  # noqa: E731
+            nan = math.nan
+            why = f"not comparable: {show(b)} scales against {show(a)}"
+            return Paired(0, nan, nan, nan, nan, nan, [], not_comparable=why)
+    return paired(base.values(key), group.values(key))
 
 
 def _is_loss(key: str) -> bool:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 from .labels import html_text, md_cell, tex
-from .stats import ALPHA, CONFIDENCE, Group, Paired, Quantity, Stat, paired
+from .stats import ALPHA, CONFIDENCE, Group, Paired, Quantity, Stat, compare
 
 __all__ = [
     "Table",
@@ -80,12 +80,21 @@ def fmt(value: float, decimals: int) -> str:
     return f"{value:,.{decimals}f}".replace(",", " ") if abs(value) >= 1e4 else f"{value:.{decimals}f}"
 
 
-def _mean_ci(s: Stat, q: Quantity) -> str:
+def _mean_ci(s: Stat, q: Quantity, runs: int) -> str:
+    """``mean ± half-width`` (``mean [low, high]`` where the range of the quantity cut the interval),
+    and ``(n of N runs)`` when only ``n`` of the group's ``runs`` finished runs have the quantity."""
     if s.n == 0:
         return DASH
+    part = f" ({s.n} of {runs} runs)" if s.n < runs else ""
     if s.n < 2:
-        return fmt(s.mean, q.decimals)
-    return f"{fmt(s.mean, q.decimals)} ± {fmt(s.half, q.decimals)}"
+        return fmt(s.mean, q.decimals) + part
+    return f"{fmt(s.mean, q.decimals)} {_interval(s, q)}{part}"
+
+
+def _interval(s: Stat, q: Quantity) -> str:
+    if s.cut:
+        return f"[{fmt(s.low, q.decimals)}, {fmt(s.high, q.decimals)}]"
+    return f"± {fmt(s.half, q.decimals)}"
 
 
 def _header(q: Quantity) -> str:
@@ -118,20 +127,39 @@ def seeds_note(groups: Sequence[Group], expected: int) -> List[str]:
     return out
 
 
+def scales_note(groups: Sequence[Group]) -> List[str]:
+    """A sentence naming each group's number of MS-SSIM scales, when the groups' differ."""
+    per = [(i, g, g.scales()) for i, g in enumerate(groups) if g.scales()]
+    if len({tuple(s) for _, _, s in per}) < 2:
+        return []
+    parts = [f"{'/'.join(map(str, s))}{' scales' if k == 0 else ''} in group {i + 1} ({g.label})"
+             for k, (i, g, s) in enumerate(per)]  # fmt: skip
+    listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return [f"MS-SSIM has {listed}: as many as the views' size allows; values of different scales are not comparable."]
+
+
 def held_out_table(groups: Sequence[Group], held: Sequence[Quantity], expected: int) -> Table:
-    rows = [[str(i + 1), g.label, _seeds_cell(g, expected)] + [_mean_ci(g.stat(q.key), q) for q in held]
+    rows = [[str(i + 1), g.label, _seeds_cell(g, expected)] + [_mean_ci(g.stat(q.key), q, len(g.runs)) for q in held]
             for i, g in enumerate(groups)]  # fmt: skip
+    cut = any(g.stat(q.key).cut for g in groups for q in held)
     return Table(
         f"Held-out metrics: mean ± half-width of the {CONFIDENCE:.0%} confidence interval (Student t) over seeds",
         ["#", "configuration", "seeds"] + [_header(q) for q in held],
         rows,
         [True, False, True] + [True] * len(held),
+        notes=scales_note(groups) + ([_CUT_NOTE] if cut else []),
         label="held-out",
     )
 
 
+_CUT_NOTE = (
+    "[low, high]: Student t's interval cut to the values the quantity can take (no time below 0, no SSIM above 1); "
+    "it holds the true mean as often as the uncut interval."
+)
+
+
 def cost_table(groups: Sequence[Group], cost: Sequence[Quantity], expected: int) -> Table:
-    rows = [[str(i + 1), g.label, _seeds_cell(g, expected)] + [_mean_ci(g.stat(q.key), q) for q in cost]
+    rows = [[str(i + 1), g.label, _seeds_cell(g, expected)] + [_mean_ci(g.stat(q.key), q, len(g.runs)) for q in cost]
             for i, g in enumerate(groups)]  # fmt: skip
     return Table(
         f"Training cost: mean ± half-width of the {CONFIDENCE:.0%} confidence interval over seeds",
@@ -141,7 +169,8 @@ def cost_table(groups: Sequence[Group], cost: Sequence[Quantity], expected: int)
         notes=[
             "Step time and loss share are each run's median over its timed steps; the loss share is measured "
             "within each run, so it compares across machines better than the step time does."
-        ],
+        ]
+        + ([_CUT_NOTE] if any(g.stat(q.key).cut for g in groups for q in cost) else []),
         label="cost",
     )
 
@@ -154,15 +183,12 @@ def _p(p: float) -> str:
 
 def differences(groups: Sequence[Group], base: int, qs: Sequence[Quantity]):
     """``[(group index, quantity, Paired)]`` for every group but the baseline."""
-    return [
-        (i, q, paired(groups[base].values(q.key), g.values(q.key)))
-        for i, g in enumerate(groups)
-        if i != base and g.runs
-        for q in qs
-    ]
+    return [(i, q, compare(groups[base], g, q.key)) for i, g in enumerate(groups) if i != base and g.runs for q in qs]
 
 
 def _verdict(d: Paired, q: Quantity) -> str:
+    if d.not_comparable:
+        return d.not_comparable
     if d.n < 2:
         return "too few pairs"
     if d.std == 0.0 and d.mean == 0.0:
@@ -290,7 +316,7 @@ def summary_csv(groups: Sequence[Group], base: int, qs: Sequence[Quantity], expe
             if i == base or not g.runs:
                 row += ["", "", "", "", "", "", ""]
             else:
-                d = paired(groups[base].values(q.key), g.values(q.key))
+                d = compare(groups[base], g, q.key)
                 row += [num(d.mean), num(d.std), num(d.low), num(d.high), num(d.p), d.n, str(d.established).lower()]
             w.writerow(row)
     return out.getvalue()
