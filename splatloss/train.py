@@ -109,6 +109,8 @@ def train(cfg) -> Dict[str, Any]:
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
 
     # Build every object and try the loss on the data first: a bad config fails here, not at step 0.
+    # Start-up takes seconds to tens of seconds before the first step: each stage says what it does.
+    log.info("%s %s: building the loss, the scene and the model", "resuming" if checkpoint else "starting", out_dir)
     loss = _build("loss", cfg.loss)
     scene = _build("scene", cfg.data.scene, "data")
     check_scene(scene)
@@ -175,8 +177,13 @@ def train(cfg) -> Dict[str, Any]:
             if init_saved is not None:  # a resume: the untrained model was evaluated (and logged) by the run
                 init = dict(init_saved)
             else:
+                log.info("evaluating the untrained model on %d held-out views", len(scene.test))
                 init = _evaluate(trainer, module, dm, evaluator, "init")
                 record.init = init
+            log.info(
+                "training %d Gaussians from step %d to step %d",
+                module.gaussians.num, resume_step or 0, int(cfg.trainer.max_steps),
+            )  # fmt: skip
             trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
             interrupted = stopper.signal_name
             last = os.path.join(ckpt_dir, "last.ckpt")  # the end of the run, whatever every_n_train_steps is
@@ -184,6 +191,8 @@ def train(cfg) -> Dict[str, Any]:
                 trainer.save_checkpoint(last, weights_only=False)  # written elsewhere if it cannot be there
             rescued = list(checkpoint_io.rescued)
             last = next((got for wanted, got, _ in rescued if wanted == last), last)
+            if not interrupted:
+                log.info("evaluating the trained model on %d held-out views", len(scene.test))
             final = {} if interrupted else _evaluate(trainer, module, dm, evaluator, "final")
         finally:
             stopper.restore()
@@ -488,6 +497,7 @@ def main() -> Optional[float]:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
+        log.info("loading Lightning and gsplat")  # seconds of imports: the first line says the run started
         from .lightning import RunInterrupted, TrainingDiverged
         from .lightning.runs import OutputNotWritten
 

@@ -179,3 +179,34 @@ def test_a_checkpoint_write_that_fails_mid_file_raises_the_os_error_naming_the_f
         signal.signal(signal.SIGXFSZ, previous)
     assert info.value.errno == errno.EFBIG and info.value.filename == str(path), info.value
     assert os.listdir(tmp_path) == []
+
+
+def test_without_a_terminal_progress_is_printed_as_lines_while_it_trains(tmp_path, capsys, caplog):
+    # pytest's captured stdout is not a terminal, as nohup's, SLURM's or a redirected log's
+    caplog.set_level("INFO", logger="splatloss.train")
+    train(make_cfg(tmp_path, ["loss=l1", "trainer.max_steps=3", "export_ply=false"]))
+    out = capsys.readouterr().out.splitlines()
+    lines = [line for line in out if line.startswith("Training step ")]
+    # the first step, then every 30 s (the default), and the last
+    assert [line.split(":")[0] for line in lines] == ["Training step 1/3 (33%)", "Training step 3/3 (100%)"], out
+    assert re.fullmatch(
+        r"Training step 3/3 \(100%\): loss \d\.\d{4}, Gaussians 400; 0:00:\d\d elapsed, ~0:00:00 left", lines[-1]
+    ), lines[-1]
+    announced = (
+        "Training to step 3 from step 0; the output is not a terminal, so progress is printed as a line every 30 s"
+    )
+    assert out.index(announced) < out.index(lines[0]), out
+    # Start-up says what it is doing before the first step.
+    said = [r.getMessage() for r in caplog.records if r.name == "splatloss.train"]
+    assert said[:3] == [
+        f"starting {tmp_path}: building the loss, the scene and the model",
+        "evaluating the untrained model on 2 held-out views",
+        "training 400 Gaussians from step 0 to step 3",
+    ], said
+
+
+def test_progress_lines_every_step_when_asked(tmp_path, capsys):
+    over = ["loss=l1", "trainer.max_steps=3", "callbacks.progress.line_interval_s=0", "export_ply=false"]
+    train(make_cfg(tmp_path, over))
+    lines = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("Training step ")]
+    assert lines == [f"Training step {s}/3 ({s / 3:.0%})" for s in (1, 2, 3)], lines
