@@ -28,11 +28,12 @@ import torch.nn.functional as F
 
 from . import conventions, functional, multiscale
 from .checks import check_size, check_weights
-from .config import SSIMConfig
+from .config import SSIMConfig, without_autocast
 
 __all__ = ["fused_ssim", "ssim", "ms_ssim", "SSIM", "MS_SSIM"]
 
 
+@without_autocast
 def fused_ssim(
     img1: torch.Tensor,
     img2: torch.Tensor,
@@ -148,6 +149,7 @@ def _per_channel_ssim(X, Y, cfg, backend):
     return impl.ssim_stats(x, y, cfg)  # ([B, C], [B, C])
 
 
+@without_autocast
 def ssim(
     X: torch.Tensor,
     Y: torch.Tensor,
@@ -181,6 +183,7 @@ def ssim(
     return s.mean() if size_average else s.mean(dim=1)
 
 
+@without_autocast
 def ms_ssim(
     X: torch.Tensor,
     Y: torch.Tensor,
@@ -215,6 +218,17 @@ def ms_ssim(
         raise ValueError(
             f"Image size should be larger than {need} due to the 4 downsamplings in ms-ssim (as pytorch_msssim), "
             f"got {tuple(x.shape[-2:])}; use splatloss.ms_ssim with fewer scales or padding='same' for small images"
+        )
+    # pytorch_msssim's size check counts 4 halvings whatever the number of weights; with more weights
+    # its coarsest scales are smaller than the window, where it skips the filter (another SSIM there)
+    coarsest = (win_size - 1) * 2 ** (len(w) - 1) + 1  # smallest side whose last scale holds the window
+    if smaller < coarsest:
+        fits = max(n for n in range(1, len(w) + 1) if (win_size - 1) * 2 ** (n - 1) + 1 <= smaller)
+        raise ValueError(
+            f"weights: {len(w)} scales halve the images {len(w) - 1} times, so their smaller side must be at least "
+            f"{coarsest} for the coarsest scale to hold the {win_size}x{win_size} window, got {tuple(x.shape[-2:])}; "
+            f"pass at most {fits} weights for this size (pytorch_msssim skips the window at the scales it does not "
+            "fit, which this drop-in does not copy), or use splatloss.ms_ssim(..., padding='same')"
         )
     # pytorch_msssim's own pyramid step (zeros on both sides of an odd side, counted in the mean);
     # the loop over scales, the relu clamp and the product are splatloss.multiscale's.

@@ -6,7 +6,9 @@ re-check user input. Hydra can build it through ``_target_: splatloss.config.SSI
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import inspect
 import math
 import numbers
@@ -26,6 +28,7 @@ __all__ = [
     "to_accumulation_dtype",
     "resolve",
     "takes_options",
+    "without_autocast",
 ]
 
 #: Wang, Simoncelli & Bovik 2003 (and TF ``ssim_multiscale``) power factors, finest scale first.
@@ -67,6 +70,38 @@ def to_accumulation_dtype(t: torch.Tensor) -> torch.Tensor:
         torch.float32
     """
     return t.to(accumulation_dtype(t.dtype)) if t.is_floating_point() else t
+
+
+#: The device types whose ``torch.autocast`` region :func:`without_autocast` leaves.
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
+
+
+def without_autocast(fn: Callable) -> Callable:
+    """``fn`` run with every active ``torch.autocast`` region switched off.
+
+    Autocast would run the filters (convolutions, matrix products) in float16 / bfloat16, against
+    the accumulation dtype every backend promises: under autocast a call computes what it computes
+    without (half-precision inputs are read as they are and accumulated in float32). The backward
+    ops autograd records then run in that precision too.
+
+    Examples:
+        >>> f = without_autocast(lambda a, b: a @ b)
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+        ...     f(torch.ones(2, 2), torch.ones(2, 2)).dtype
+        torch.float32
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        active = [d for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
+        if not active:
+            return fn(*args, **kwargs)
+        with contextlib.ExitStack() as stack:
+            for d in active:
+                stack.enter_context(torch.autocast(d, enabled=False))
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def _is_real(x) -> bool:

@@ -35,7 +35,7 @@ from .checks import (
     ms_ssim_min_size,
     reduce,
 )
-from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype, resolve, takes_options
+from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype, resolve, takes_options, without_autocast
 from .multiscale import smooth_positive
 
 __all__ = [
@@ -74,6 +74,7 @@ def prepare(img1, img2, config: Optional[SSIMConfig], options, mask, backend: st
     return cfg, x, y, m, unbatched, impl
 
 
+@without_autocast
 @takes_options
 def ssim_map(
     img1: torch.Tensor,
@@ -111,6 +112,7 @@ def ssim_map(
     return out
 
 
+@without_autocast
 @takes_options
 def ssim(
     img1: torch.Tensor,
@@ -158,6 +160,7 @@ def ssim(
     return reduce(s.mean(dim=1), reduction, unbatched)
 
 
+@without_autocast
 @takes_options
 def dssim(
     img1: torch.Tensor,
@@ -184,6 +187,7 @@ def dssim(
     return reduce(1 - impl.ssim_mean(x, y, cfg, m).mean(dim=1), reduction, unbatched)
 
 
+@without_autocast
 @takes_options
 def ms_ssim(
     img1: torch.Tensor,
@@ -235,6 +239,7 @@ def ms_ssim(
     return reduce(impl.ms_ssim(x, y, cfg, weights, tau, m), reduction, unbatched)
 
 
+@without_autocast
 @takes_options
 def dssim_l1(
     img1: torch.Tensor,
@@ -269,6 +274,7 @@ def dssim_l1(
     return reduce(impl.dssim_l1(x, y, cfg, lam, m), reduction, unbatched)
 
 
+@without_autocast
 @takes_options
 def dssim_with_gradient(
     img1: torch.Tensor,
@@ -313,6 +319,12 @@ def dssim_with_gradient(
             raise ValueError(
                 f"grad must be a floating tensor shaped like img1 {tuple(img1.shape)} on {img1.device}, "
                 f"got shape {tuple(grad.shape)}, dtype {grad.dtype} on {grad.device}"
+            )
+        if any(st == 0 and n > 1 for st, n in zip(grad.stride(), grad.shape)):
+            raise ValueError(
+                f"grad must own one element per pixel of img1 to be overwritten, got a view with strides "
+                f"{grad.stride()} (an expanded or broadcast tensor, whose elements share memory); pass "
+                "torch.empty_like(img1), or grad=None for a new tensor"
             )
     b, c = x.shape[:2]
     # d(1 - mean_c ssim_bc) = -1/C per (B, C); "mean" over the batch divides by B as well (an empty

@@ -26,7 +26,15 @@ from .checks import (
     check_weights,
     reduce,
 )
-from .config import MS_SSIM_WEIGHTS, SSIMConfig, accumulation_dtype, resolve, takes_options, to_accumulation_dtype
+from .config import (
+    MS_SSIM_WEIGHTS,
+    SSIMConfig,
+    accumulation_dtype,
+    resolve,
+    takes_options,
+    to_accumulation_dtype,
+    without_autocast,
+)
 from .filtering import window_filter
 from .functional import DEFAULT_TAU
 from .rays import S3IMConfig, s3im_loss_with_config
@@ -400,6 +408,7 @@ class PhotometricLoss(nn.Module):
 
     # -- forward ----------------------------------------------------------------------------------
 
+    @without_autocast
     def forward(self, pred: torch.Tensor, target: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if isinstance(mask, torch.Tensor) and mask.dim() == 3:  # (B, H, W), e.g. a batch of alphas
             mask = mask[:, None]

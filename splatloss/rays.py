@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import FLOAT_DTYPES
+from .config import without_autocast
 
 __all__ = ["s3im", "s3im_with_config", "s3im_loss_with_config", "S3IMConfig", "s3im_window", "S3IM_SIGMA"]
 
@@ -192,6 +193,7 @@ def s3im(
     return s3im_with_config(pred, target, cfg, generator=generator)
 
 
+@without_autocast
 def s3im_with_config(
     pred: torch.Tensor, target: torch.Tensor, cfg: S3IMConfig, generator: Optional[torch.Generator] = None
 ) -> torch.Tensor:
@@ -207,6 +209,7 @@ def s3im_with_config(
     return (lum * cs).mean()
 
 
+@without_autocast
 def s3im_loss_with_config(
     pred: torch.Tensor, target: torch.Tensor, cfg: S3IMConfig, generator: Optional[torch.Generator] = None
 ) -> torch.Tensor:
@@ -243,8 +246,10 @@ def _s3im_maps(pred, target, cfg: S3IMConfig, width: int, generator):
         blocks.append(torch.randperm(n, generator=generator, device=pred.device))
     idx = torch.cat(blocks)
     acc = torch.float64 if pred.dtype == torch.float64 or target.dtype == torch.float64 else torch.float32
-    p = pred[idx].to(acc).permute(1, 0).reshape(1, c, patch_height, width)
-    t = target[idx].to(acc).permute(1, 0).reshape(1, c, patch_height, width)
+    # cast, then gather: each ray's gradients from its repeats add up in the accumulation dtype and
+    # the cast's backward rounds their sum to an fp16 / bf16 input's dtype once
+    p = pred.to(acc)[idx].permute(1, 0).reshape(1, c, patch_height, width)
+    t = target.to(acc)[idx].permute(1, 0).reshape(1, c, patch_height, width)
 
     # 3-4. Window statistics of the shifted, zero-padded virtual images (shifts are constants of
     # the computation: no gradient flows through them).
