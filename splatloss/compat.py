@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from . import conventions, functional, multiscale
 from .checks import check_size, check_weights
-from .config import SSIMConfig, without_autocast
+from .config import K1, K2, SSIMConfig, without_autocast
 
 __all__ = ["fused_ssim", "ssim", "ms_ssim", "SSIM", "MS_SSIM"]
 
@@ -158,7 +158,7 @@ def ssim(
     win_size: int = 11,
     win_sigma: float = 1.5,
     win: Optional[torch.Tensor] = None,
-    K=(0.01, 0.03),
+    K=(K1, K2),
     nonnegative_ssim: bool = False,
     *,
     backend: str = "auto",
@@ -193,7 +193,7 @@ def ms_ssim(
     win_sigma: float = 1.5,
     win: Optional[torch.Tensor] = None,
     weights: Optional[Sequence[float]] = None,
-    K=(0.01, 0.03),
+    K=(K1, K2),
     *,
     backend: str = "auto",
 ) -> torch.Tensor:
@@ -276,7 +276,7 @@ class SSIM(nn.Module):
         win_sigma: float = 1.5,
         channel: int = 3,
         spatial_dims: int = 2,
-        K=(0.01, 0.03),
+        K=(K1, K2),
         nonnegative_ssim: bool = False,
         *,
         backend: str = "auto",
@@ -327,7 +327,7 @@ class MS_SSIM(nn.Module):
         channel: int = 3,
         spatial_dims: int = 2,
         weights: Optional[Sequence[float]] = None,
-        K=(0.01, 0.03),
+        K=(K1, K2),
         *,
         backend: str = "auto",
     ):

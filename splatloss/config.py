@@ -19,6 +19,8 @@ import torch
 
 __all__ = [
     "SSIMConfig",
+    "K1",
+    "K2",
     "MS_SSIM_WEIGHTS",
     "PADDINGS",
     "WINDOWS",
@@ -30,6 +32,11 @@ __all__ = [
     "takes_options",
     "without_autocast",
 ]
+
+#: The SSIM stability constants' factors of Wang et al. 2004, ``C1 = (K1 * data_range)^2`` and
+#: ``C2 = (K2 * data_range)^2``: the defaults of every SSIM, MS-SSIM and S3IM option ``k1`` / ``k2``.
+K1 = 0.01
+K2 = 0.03
 
 #: Wang, Simoncelli & Bovik 2003 (and TF ``ssim_multiscale``) power factors, finest scale first.
 MS_SSIM_WEIGHTS = (0.0448, 0.2856, 0.3001, 0.2363, 0.1333)
@@ -147,8 +154,8 @@ class SSIMConfig:
     window_size: int = 11
     sigma: float = 1.5
     window: str = "gaussian"
-    k1: float = 0.01
-    k2: float = 0.03
+    k1: float = K1
+    k2: float = K2
     c1: Optional[float] = None
     c2: Optional[float] = None
     data_range: float = 1.0

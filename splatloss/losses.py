@@ -27,6 +27,8 @@ from .checks import (
     reduce,
 )
 from .config import (
+    K1,
+    K2,
     MS_SSIM_WEIGHTS,
     SSIMConfig,
     accumulation_dtype,
@@ -177,8 +179,8 @@ class S3IMLoss(nn.Module):
         patch_height: int = 64,
         *,
         data_range: float = 1.0,
-        k1: float = 0.01,
-        k2: float = 0.03,
+        k1: float = K1,
+        k2: float = K2,
         generator: Optional[torch.Generator] = None,
     ):
         super().__init__()

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import FLOAT_DTYPES
-from .config import without_autocast
+from .config import K1, K2, without_autocast
 
 __all__ = ["s3im", "s3im_with_config", "s3im_loss_with_config", "S3IMConfig", "s3im_window", "S3IM_SIGMA"]
 
@@ -116,8 +116,8 @@ class S3IMConfig:
     repeats: int = 10
     patch_height: int = 64
     data_range: float = 1.0
-    k1: float = 0.01
-    k2: float = 0.03
+    k1: float = K1
+    k2: float = K2
 
     def __post_init__(self):
         for name in ("kernel_size", "stride", "repeats", "patch_height"):
@@ -146,8 +146,8 @@ def s3im(
     patch_height: int = 64,
     generator: Optional[torch.Generator] = None,
     data_range: float = 1.0,
-    k1: float = 0.01,
-    k2: float = 0.03,
+    k1: float = K1,
+    k2: float = K2,
 ) -> torch.Tensor:
     """Stochastic structural similarity of two ``(N, C)`` batches of ray colours (S3IM, Xie et al. 2023).
 

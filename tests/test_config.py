@@ -71,3 +71,51 @@ def test_min_size():
 def test_validation_messages(kwargs, exc, message):
     with pytest.raises(exc, match=message):
         SSIMConfig(**kwargs)
+
+
+def _literal_k_defaults(path):
+    """(line, name) of every k1 / k2 (or pytorch_msssim's K) default given as a number literal in ``path``."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    found = []
+
+    def literal(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, float):
+            return True
+        return isinstance(node, ast.Tuple) and any(literal(e) for e in node.elts)
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            positional = args.posonlyargs + args.args
+            pairs = list(zip(positional[len(positional) - len(args.defaults) :], args.defaults))
+            pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+            found += [(d.lineno, a.arg) for a, d in pairs if a.arg in ("k1", "k2", "K") and literal(d)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if node.target.id in ("k1", "k2") and node.value is not None and literal(node.value):
+                found.append((node.lineno, node.target.id))
+    return found
+
+
+def test_k1_k2_defaults_are_declared_once_in_config():
+    """``splatloss.config.K1`` / ``K2`` are the one declaration: no other module writes the numbers."""
+    import inspect
+    import pathlib
+
+    import splatloss
+    from splatloss.config import K1, K2
+
+    root = pathlib.Path(splatloss.__file__).parent
+    offenders = {
+        str(p.relative_to(root)): _literal_k_defaults(p)
+        for p in root.rglob("*.py")
+        if p.name != "config.py" and _literal_k_defaults(p)
+    }
+    assert offenders == {}
+    assert (K1, K2) == (0.01, 0.03)
+    for fn in (splatloss.s3im, splatloss.S3IMLoss, splatloss.ssim, splatloss.PhotometricLoss, splatloss.SSIMConfig):
+        params = inspect.signature(fn).parameters
+        assert (params["k1"].default, params["k2"].default) == (K1, K2), fn
+    for fn in (splatloss.compat.ssim, splatloss.compat.ms_ssim, splatloss.compat.SSIM, splatloss.compat.MS_SSIM):
+        assert tuple(inspect.signature(fn).parameters["K"].default) == (K1, K2), fn
