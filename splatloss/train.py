@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import warnings
 from typing import Any, Dict, List, Optional
@@ -415,6 +416,23 @@ def help_text(prog: str = "splatloss-train") -> str:
     return "\n".join(lines)
 
 
+def _expand_home(argv: List[str]) -> List[str]:
+    """``key=~/path`` as the shell expands ``~`` at the start of a word: the home folder (quoted
+    for Hydra where its grammar needs it). Hydra's grammar reads a value's leading ``~`` as an error,
+    and nothing else would expand it; ``~key`` (delete a key) is left alone."""
+    from .lightning.runs import hydra_value
+
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if eq and not arg.startswith("-") and re.match(r"~[\w.-]*(/|$)", value):
+            expanded = os.path.expanduser(value)
+            if expanded != value:
+                arg = f"{key}={hydra_value(expanded)}"
+        out.append(arg)
+    return out
+
+
 def _resume_latest_in_place(argv: List[str]) -> List[str]:
     """``resume=latest`` on the command line becomes ``hydra.run.dir=<newest run> resume=true``,
     before Hydra creates a new run folder: the newest run (beside where this one would go)
@@ -484,7 +502,7 @@ def main() -> Optional[float]:
         return None
     global _ENTRY_LOCK
     try:
-        sys.argv[1:] = _resume_latest_in_place(argv)
+        sys.argv[1:] = _resume_latest_in_place(_expand_home(argv))
         _ENTRY_LOCK = _lock_named_run_folder(sys.argv[1:])
     except ValueError as e:
         print(f"splatloss-train: error: {e}", file=sys.stderr, flush=True)

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import resource
+import shlex
 import shutil
 import signal
 import subprocess
@@ -25,8 +26,8 @@ SCRIPT = os.path.join(ROOT, "scripts", "train.py")
 DATA = [o for o in TINY if o.startswith("data.")]
 
 
-def _cli(args, cwd, timeout=300):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def _cli(args, cwd, timeout=300, **environ):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **environ}
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests"), ROOT, env.get("PYTHONPATH", "")])
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -210,3 +211,21 @@ def test_progress_lines_every_step_when_asked(tmp_path, capsys):
     train(make_cfg(tmp_path, over))
     lines = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("Training step ")]
     assert lines == [f"Training step {s}/3 ({s / 3:.0%})" for s in (1, 2, 3)], lines
+
+
+@pytest.mark.slow
+def test_the_help_examples_home_relative_path_reaches_the_dataset_reader(tmp_path):
+    from splatloss.train import help_text
+
+    (example,) = [line for line in help_text("splatloss-train").splitlines() if "data.path=~/" in line]
+    args = [a for a in shlex.split(example)[1:] if not a.startswith("trainer=")]  # the GPU trainer: not here
+    home = tmp_path / "home"
+    folder = home / os.path.relpath(next(a for a in args if a.startswith("data.path=~/"))[len("data.path=~/") :])
+    folder.mkdir(parents=True)  # the scene folder exists (empty: the reader then says what it lacks)
+    run = tmp_path / "run"
+    proc = _cli(
+        [sys.executable, SCRIPT, *args, "trainer.max_steps=1", f"hydra.run.dir={run}"], tmp_path, HOME=str(home)
+    )
+    assert "LexerNoViableAltException" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 2 and "splatloss-train: error: " in proc.stderr, proc.stderr[-3000:]
+    assert str(folder) in proc.stderr, proc.stderr[-3000:]  # the path as the shell would have expanded it
