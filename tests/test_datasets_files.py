@@ -265,3 +265,48 @@ def test_rig_name_clash_after_joining_refused(tmp_path, scene):
     write_colmap_text(str(tmp_path / "sparse" / "0"), [(1, PINHOLE, 32, 32, params)], images, pts)
     with pytest.raises(ValueError, match=r"'a/b_c.png' and 'a_b/c.png' would both be named 'a_b_c'"):
         load_colmap(str(tmp_path), test_every=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Through the real CLI
+# ------------------------------------------------------------------------------------------------
+
+
+def _write_rig(root, scene):
+    views = scene.train + scene.test
+    v0 = views[0]
+    params = [float(v0.K[0, 0]), float(v0.K[1, 1]), float(v0.K[0, 2]), float(v0.K[1, 2])]
+    images = []
+    for k, v in enumerate(views):
+        name = f"cam{k // 3}/frame_{k % 3:04d}.png"  # two cameras, three frames each
+        M = v.viewmat.double().numpy()
+        images.append((k + 1, rotmat_to_qvec(M[:3, :3]), M[:3, 3].tolist(), 1, name))
+        write_png(str(root / "images" / name), v.image.numpy())
+    pts = [(p, (c * 255).round().astype(np.uint8)) for p, c in zip(scene.points.numpy(), scene.colors.numpy())]
+    write_colmap_binary(str(root / "sparse" / "0"), [(1, PINHOLE, 32, 32, params)], images, pts)
+
+
+@pytest.mark.slow
+def test_rig_and_masked_scenes_train_through_the_cli(tmp_path, scene):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _write_rig(tmp_path / "rig", scene)
+    written = scene_to_nerfstudio(scene, str(tmp_path / "ns"))
+    _masks(str(tmp_path / "ns"), written)
+    _add_mask_paths(str(tmp_path / "ns"), set(written))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    runs = {
+        # Sorted by name, every 3rd held out: cam0/frame_0000.png and cam1/frame_0000.png.
+        "rig": ["data=colmap", f"data.path={tmp_path}/rig", "data.scene.test_every=3"],
+        "ns": ["data=nerfstudio", f"data.path={tmp_path}/ns"],
+    }
+    for name, overrides in runs.items():
+        cmd = [sys.executable, os.path.join(root, "scripts", "train.py"), *overrides, "trainer.max_steps=2"]
+        cmd += [f"hydra.run.dir={tmp_path / name}", "~logger", "export_ply=false"]
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    finals = sorted(os.listdir(tmp_path / "rig" / "renders" / "final"))
+    assert finals == ["cam0_frame_0000.png", "cam1_frame_0000.png"]
+    assert json.loads((tmp_path / "ns" / "metrics.json").read_text())["steps"] == 2
