@@ -85,7 +85,7 @@ def train(cfg) -> Dict[str, Any]:
     import lightning as L
     from omegaconf import open_dict
 
-    from .lightning import HeldOutMetrics, SceneDataModule, StopOnSignal, check_scene, runs
+    from .lightning import HeldOutMetrics, RunInterrupted, SceneDataModule, StopOnSignal, check_scene, runs
     from .lightning.checkpoint_io import AtomicCheckpointIO, check_state_shapes, read_checkpoint
     from .splat.trajectory import render_trajectory
 
@@ -174,6 +174,8 @@ def train(cfg) -> Dict[str, Any]:
         dm = SceneDataModule(scene, seed=int(cfg.seed))
 
         stopper.install()  # from here a signal stops the run with the shell's status (130, 143)
+        last = os.path.join(ckpt_dir, "last.ckpt")  # the end of the run, whatever every_n_train_steps is
+        stage = "init"
         try:
             if init_saved is not None:  # a resume: the untrained model was evaluated (and logged) by the run
                 init = dict(init_saved)
@@ -185,16 +187,23 @@ def train(cfg) -> Dict[str, Any]:
                 "training %d Gaussians from step %d to step %d",
                 module.gaussians.num, resume_step or 0, int(cfg.trainer.max_steps),
             )  # fmt: skip
+            stage = "train"
             trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
             interrupted = stopper.signal_name
-            last = os.path.join(ckpt_dir, "last.ckpt")  # the end of the run, whatever every_n_train_steps is
+            stage = "save"
             if saves or interrupted:
                 trainer.save_checkpoint(last, weights_only=False)  # written elsewhere if it cannot be there
             rescued = list(checkpoint_io.rescued)
             last = next((got for wanted, got, _ in rescued if wanted == last), last)
+            stage = "final"
             if not interrupted:
                 log.info("evaluating the trained model on %d held-out views", len(scene.test))
             final = {} if interrupted else _evaluate(trainer, module, dm, evaluator, "final")
+        except RunInterrupted as e:
+            if trainer.is_global_zero:
+                saved = next((got for wanted, got, _ in checkpoint_io.rescued if wanted == last), last)
+                print(_stopped_message(e.signal_name, stage, saved, int(cfg.trainer.max_steps), out_dir), flush=True)
+            raise
         finally:
             stopper.restore()
 
@@ -229,6 +238,35 @@ def train(cfg) -> Dict[str, Any]:
     finally:
         if folder_lock is not None:
             folder_lock.release()
+
+
+_STOPPED_DURING = {
+    "init": "while the untrained model was evaluated, before training",
+    "train": "again during training",
+    "save": "again while the checkpoint was saved",
+    "final": "during the final evaluation, after training",
+}
+
+
+def _stopped_message(signal_name: str, stage: str, last: str, max_steps: int, out_dir: str) -> str:
+    """What a run stopped at once (a signal outside training, or a second one) saved, and the
+    command that goes on from there."""
+    from .lightning import runs
+
+    try:  # mmap: the step without reading the tensors
+        step = int(torch.load(last, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+    except Exception:  # absent, or not a checkpoint: nothing to resume from
+        step = None
+    head = f"Stopped by {signal_name} {_STOPPED_DURING[stage]}"
+    if step is None:
+        return f"{head}: no checkpoint was saved. Start again with:\n  {runs.resume_command(out_dir, resume=False)}"
+    unfinished = ""
+    if stage == "final":
+        unfinished = "; the held-out metrics, metrics.json and point_cloud.ply are not written yet"
+    return (
+        f"{head}: checkpoint {last} holds step {step} of {max_steps}{unfinished}. Resume with:\n  "
+        f"{runs.resume_command(out_dir)}"
+    )
 
 
 def _evaluate(trainer, module, dm, evaluator, tag: str) -> Dict[str, float]:

@@ -229,3 +229,81 @@ def test_the_help_examples_home_relative_path_reaches_the_dataset_reader(tmp_pat
     assert "LexerNoViableAltException" not in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == 2 and "splatloss-train: error: " in proc.stderr, proc.stderr[-3000:]
     assert str(folder) in proc.stderr, proc.stderr[-3000:]  # the path as the shell would have expanded it
+
+
+class SignalAt(L.Callback):
+    """Sends SIGINT to this process during the final evaluation (``stage="final"``), or at the end of
+    step ``step`` and again while the checkpoint after it is saved (``stage="save"``)."""
+
+    def __init__(self, stage: str, step: int = 0):
+        self.stage, self.step, self.first = stage, step, False
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if self.stage == "final" and trainer.global_step == trainer.max_steps and batch_idx == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.stage == "save" and trainer.global_step == self.step:
+            self.first = True
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        if self.stage == "save" and self.first and not trainer.training:
+            os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl+C, while the final checkpoint is written
+
+
+def _stopped(tmp_path, over, stage, step=0):
+    from splatloss.lightning import RunInterrupted
+
+    cfg = make_cfg(tmp_path, ["loss=l1", *over])
+    with open_dict(cfg):
+        cfg.callbacks.send = {"_target_": f"{__name__}.SignalAt", "stage": stage, "step": step}
+    with pytest.raises(RunInterrupted) as info:
+        train(cfg)
+    assert info.value.exit_code == 130
+    return cfg
+
+
+def test_a_stop_during_the_final_evaluation_prints_the_command_that_finishes_the_run(tmp_path, capsys):
+    _stopped(tmp_path, ["trainer.max_steps=3"], "final")
+    out = capsys.readouterr().out
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    said = re.search(
+        r"Stopped by SIGINT during the final evaluation, after training: checkpoint (\S+) holds step 3 of 3; the "
+        r"held-out metrics, metrics\.json and point_cloud\.ply are not written yet\. Resume with:\n  (.*)\n",
+        out,
+    )
+    assert said and said.group(1) == str(ckpt), out
+    assert said.group(2).endswith(f"hydra.run.dir={tmp_path} resume=true"), said.group(2)
+    assert not (tmp_path / "metrics.json").exists()
+    finished = train(make_cfg(tmp_path, ["loss=l1", "trainer.max_steps=3", "resume=true"]))
+    assert finished["steps"] == 3 and finished["steps_this_run"] == 0 and (tmp_path / "point_cloud.ply").exists()
+
+
+def test_a_second_ctrl_c_says_what_was_saved(tmp_path, capsys):
+    # The first Ctrl+C at step 2 stops training; the second comes while the checkpoint of step 2 is written.
+    over = ["trainer.max_steps=6", "callbacks.checkpoint.every_n_train_steps=1", "export_ply=false"]
+    _stopped(tmp_path, over, "save", step=2)
+    out = capsys.readouterr().out
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    assert torch.load(ckpt, weights_only=True)["global_step"] == 2  # saved at step 2 before the stop
+    said = re.search(
+        r"Stopped by SIGINT again while the checkpoint was saved: checkpoint (\S+) holds step 2 of 6\. Resume with:\n"
+        r"  (.*)\n",
+        out,
+    )
+    assert said and said.group(1) == str(ckpt), out
+    assert said.group(2).endswith(f"hydra.run.dir={tmp_path} resume=true"), said.group(2)
+
+
+def test_a_stop_before_any_checkpoint_says_nothing_was_saved(tmp_path, capsys):
+    # No checkpoint callback: the only checkpoint would be the one the stop writes, which the second signal stops.
+    _stopped(tmp_path, ["trainer.max_steps=6", "export_ply=false", "~callbacks.checkpoint"], "save", step=2)
+    out = capsys.readouterr().out
+    said = re.search(
+        r"Stopped by SIGINT again while the checkpoint was saved: no checkpoint was saved\. Start again with:\n"
+        r"  (.*)\n",
+        out,
+    )
+    assert said and said.group(1).endswith(f"hydra.run.dir={tmp_path}"), out
+    assert not (tmp_path / "checkpoints").exists()

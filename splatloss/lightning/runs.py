@@ -238,10 +238,11 @@ def hydra_value(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def resume_command(out_dir: str) -> str:
+def resume_command(out_dir: str, resume: bool = True) -> str:
     """The command line that continues the run in ``out_dir``: the interpreter or console script
     that started this process (``sys.executable``, never a bare ``python`` that may lack the
-    packages), its Hydra overrides, and ``hydra.run.dir=<out_dir> resume=true``."""
+    packages), its Hydra overrides, and ``hydra.run.dir=<out_dir> resume=true`` (without
+    ``resume=true`` when ``resume`` is false: the run starts again in its folder)."""
     overrides: List[str] = []
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -265,7 +266,8 @@ def resume_command(out_dir: str) -> str:
         prog = [name if found and os.path.samefile(found, argv0) else argv0]
     else:
         prog = [python, "-m", "splatloss.train"]
-    return shlex.join(prog + keep + [f"hydra.run.dir={hydra_value(os.path.abspath(out_dir))}", "resume=true"])
+    tail = [f"hydra.run.dir={hydra_value(os.path.abspath(out_dir))}"] + (["resume=true"] if resume else [])
+    return shlex.join(prog + keep + tail)
 
 
 def run_metrics(
