@@ -310,3 +310,12 @@ def test_rig_and_masked_scenes_train_through_the_cli(tmp_path, scene):
     finals = sorted(os.listdir(tmp_path / "rig" / "renders" / "final"))
     assert finals == ["cam0_frame_0000.png", "cam1_frame_0000.png"]
     assert json.loads((tmp_path / "ns" / "metrics.json").read_text())["steps"] == 2
+
+
+@pytest.mark.parametrize("key,value", [("w", 64), ("h", 31)])
+def test_blender_size_keys_must_match_the_images(tmp_path, scene, key, value):
+    scene_to_blender(scene, str(tmp_path), extra={"w": 32, "h": 32, key: value})
+    with pytest.raises(ValueError, match=rf"transforms_train.json.*'{key}' is {value} but the image .* is 32x32"):
+        load_blender(str(tmp_path), n_points=10)
+    scene_to_blender(scene, str(tmp_path), extra={"w": 32, "h": 32})
+    assert len(load_blender(str(tmp_path), n_points=10).test) == 2

@@ -36,10 +36,11 @@ def _number(value, key: str, where: str) -> float:
     return float(value)
 
 
-def _intrinsics(meta: dict, fr: dict, width: int, height: int, where: str):
+def _intrinsics(meta: dict, fr: dict, width: int, height: int, where: str, image: str):
     """``(fx, fy, cx, cy)`` in pixels of the full-size image: ``fl_x`` / ``fl_y`` / ``cx`` / ``cy``
     where given (in the frame or the file), else from ``camera_angle_x`` (and ``camera_angle_y``)
-    with the principal point at the centre. Non-zero distortion coefficients are refused."""
+    with the principal point at the centre. Non-zero distortion coefficients, and ``w`` / ``h``
+    other than the size of ``image``, are refused."""
     vals = {k: _number(fr.get(k, meta.get(k)), k, where) for k in _INTRINSICS + _DISTORTION if k in fr or k in meta}
     distorted = {k: vals[k] for k in _DISTORTION if vals.get(k, 0.0) != 0.0}
     if distorted:
@@ -48,6 +49,13 @@ def _intrinsics(meta: dict, fr: dict, width: int, height: int, where: str):
             "undistort the images first (e.g. `colmap image_undistorter`) and set the coefficients to 0 or "
             "remove them"
         )
+    for key, size in (("w", width), ("h", height)):
+        given = fr.get(key, meta.get(key))
+        if given is not None and _number(given, key, where) != size:
+            raise ValueError(
+                f"load_blender: {where}: {key!r} is {given!r} but the image {image!r} is {height}x{width} (h x w); "
+                f"the intrinsics are in pixels of that size: correct {key!r} or the image"
+            )
     fov_x = meta["camera_angle_x"]
     fx = vals["fl_x"] if "fl_x" in vals else 0.5 * width / math.tan(0.5 * fov_x)
     if "fl_y" in vals:
@@ -81,8 +89,9 @@ def load_blender(
     a split; :func:`~splatloss.splat.views.view_names`).
 
     The instant-ngp keys ``fl_x``, ``fl_y``, ``cx``, ``cy`` and ``camera_angle_y`` (in the file or a
-    frame; a frame's value wins) replace the intrinsics ``camera_angle_x`` implies; distortion
-    coefficients ``k1 k2 k3 k4 p1 p2`` must be 0 (this pipeline renders pinhole cameras). With
+    frame; a frame's value wins) replace the intrinsics ``camera_angle_x`` implies; ``w`` and ``h``,
+    when given, must be the image's size; distortion coefficients ``k1 k2 k3 k4 p1 p2`` must be 0
+    (this pipeline renders pinhole cameras). With
     ``downscale=N`` the images are box-filtered over N x N blocks and the intrinsics divided by N
     (pixel coordinate ``x`` becomes ``x / N``).
     """
@@ -140,7 +149,7 @@ def load_blender(
             img, alpha = read_image(img_path, background, keep_alpha=True)
             first = check_same_size(first, img_path, img, "load_blender")
             where = f"{fn!r} frame {k} ({fr['file_path']!r})"
-            fx, fy, cx, cy = _intrinsics(meta, fr, img.shape[1], img.shape[0], where)
+            fx, fy, cx, cy = _intrinsics(meta, fr, img.shape[1], img.shape[0], where, img_path)
             img = box_downscale(img, downscale)
             alpha = box_downscale(alpha, downscale) if alpha_as_mask else None
             c2w = c2w.copy()
