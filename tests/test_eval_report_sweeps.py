@@ -285,3 +285,14 @@ def test_train_eval_report(tmp_path):
     assert len(rows) == 1 and rows[0][2] == "2"
     assert header[-1] == "LPIPS (alex) ↓" and rows[0][-1] == f"{lpips:.4f} (1 of 2 runs)"
     assert "MS-SSIM (2 scales) ↑" in header  # 32 px views hold 2 scales of the 11-tap window
+
+
+def test_a_partial_quantity_says_so_in_the_metrics_figure(tmp_path):
+    root = _sweep(tmp_path)
+    write_eval(root / "0", 0.12)
+    write_eval(root / "1", 0.10)
+    rep = sweep_report.Report(str(root))
+    fig = figures.metrics_figure(rep.groups, rep.held)
+    lpips_ax = [ax for ax in fig.axes if ax.get_xlabel().startswith("LPIPS")][0]
+    assert [t.get_text() for t in lpips_ax.texts] == ["2 of 3 runs"]
+    assert all(not ax.texts for ax in fig.axes if ax is not lpips_ax)

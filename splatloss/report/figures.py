@@ -3,7 +3,8 @@
 Every figure is written as vector PDF and as PNG. No axis is cut under a bar: held-out metrics are
 points with interval whiskers (each seed a small dot on a row just below its group's mean, the
 mean with its 95 % confidence interval cut to the quantity's range), whose axis spans the values;
-the step-time bars start at 0. PDFs embed TrueType fonts (no Type 3).
+the step-time bars start at 0. A mean of fewer runs than its group has says "2 of 3 runs". PDFs
+embed TrueType fonts (no Type 3).
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ def metrics_figure(groups: Sequence[Group], held: Sequence[Quantity]) -> Optiona
                 ax.errorbar(s.mean, yi, xerr=[[s.mean - s.low], [s.high - s.mean]], fmt="none", ecolor=color,
                             capsize=3, lw=1.2, zorder=3)  # fmt: skip
             ax.plot([s.mean], [yi], "o", color=color, ms=5, zorder=4)
+            if 0 < s.n < len(g.runs):  # a mean of the runs that have the quantity, not of the group
+                ax.annotate(f"{s.n} of {len(g.runs)} runs", (s.mean, yi), xytext=(0, 5), textcoords="offset points",
+                            ha="center", va="bottom", fontsize=_FONT - 1, color="0.35")  # fmt: skip
         ax.set_xlabel(_axis_name(q), fontsize=_FONT)
         ax.tick_params(labelsize=_FONT)
         ax.grid(axis="x", color="0.9", lw=0.6)
