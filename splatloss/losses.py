@@ -438,11 +438,8 @@ class PhotometricLoss(nn.Module):
             check_size(x, cfg)
             scale = w["l1"] + w["dssim"]
             lam = w["dssim"] / scale
-            pair = scale * impl.dssim_l1(x, y, cfg, lam, mask)
-            with torch.no_grad():  # the separate values, for logging only
-                l1_val = _weighted_mean((x.to(acc) - y.to(acc)).abs(), mask, (1, 2, 3))
-                d_val = (pair.detach() / scale - (1 - lam) * l1_val) / lam
-            total = pair
+            pair, l1_val, d_val = impl.dssim_l1_terms(x, y, cfg, lam, mask)  # the terms as computed, logged
+            total = scale * pair
             logged = {"l1": l1_val, "dssim": d_val}
         else:
             total = None

@@ -43,3 +43,33 @@ def test_every_weight_set_to_zero_is_an_error_that_names_the_fix():
         loss(x, y)
     loss.set_weight("dssim", 1.0)
     assert loss(x, y).item() > 0
+
+
+def _backends():
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "backends"))
+    from conftest import backend_params
+
+    return backend_params(("reference", "torch", "cpu", "triton"))
+
+
+@pytest.mark.parametrize("name", _backends())
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "masked"])
+def test_3_logged_terms_are_the_terms_whatever_their_weights(name, masked):
+    """A term with a small weight is logged as itself, not recovered from the total."""
+    from conftest import device_for, photo_pair
+
+    dev = device_for(name)
+    x, y = photo_pair(21, 22, seed=6, dtype=torch.float32, device=dev)
+    mask = (torch.rand(21, 22, generator=torch.Generator().manual_seed(2)) > 0.3).float().to(dev) if masked else None
+    want_d = splatloss.dssim(x, y, padding="same", backend=name, mask=mask)
+    want_l1 = splatloss.dssim_l1(x, y, 0.0, padding="same", backend=name, mask=mask)
+    for l1_weight, dssim_weight in ((1.0, 1e-6), (1e-6, 1.0), (0.8, 0.2)):
+        loss = splatloss.PhotometricLoss(l1=l1_weight, dssim=dssim_weight, padding="same", backend=name)
+        total = loss(x, y, mask=mask)
+        d, l1 = loss.terms["dssim"], loss.terms["l1"]
+        assert abs(d.item() - want_d.item()) <= 1e-6 * want_d.item(), (l1_weight, dssim_weight)
+        assert abs(l1.item() - want_l1.item()) <= 1e-6 * want_l1.item(), (l1_weight, dssim_weight)
+        assert total.item() == pytest.approx(l1_weight * l1.item() + dssim_weight * d.item(), rel=1e-6)

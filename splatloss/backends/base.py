@@ -152,9 +152,24 @@ class Backend(abc.ABC):
         """``(1 - lam) * L1 + lam * (1 - SSIM)`` per image ``[B]`` (:func:`masked_l1` and the
         (masked) SSIM of :meth:`ssim_mean`). The images are cast to the accumulation dtype once,
         first, so the two terms' gradients add up in float32 and reach fp16 / bf16 inputs rounded once."""
+        return self.dssim_l1_terms(img1, img2, cfg, lam, mask)[0]
+
+    def dssim_l1_terms(
+        self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, lam: float, mask: Optional[Tensor] = None
+    ) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(loss, l1, dssim)``, each ``[B]``: :meth:`dssim_l1` and its two terms as computed, without
+        a graph (what a loss logs; a term recovered from the total loses the digits a small weight
+        scaled away). A backend whose fused :meth:`dssim_l1` does not return its terms gets them from
+        one more pass without a graph: its SSIM mean and :func:`masked_l1`."""
+        if type(self).dssim_l1 is not Backend.dssim_l1:
+            loss = self.dssim_l1(img1, img2, cfg, lam, mask)
+            with torch.no_grad():
+                x, y = to_accumulation_dtype(img1.detach()), to_accumulation_dtype(img2.detach())
+                m = None if mask is None else mask.detach()
+                return loss, masked_l1(x, y, m), 1 - self.ssim_mean(x, y, cfg, m).mean(dim=1)
         x, y = to_accumulation_dtype(img1), to_accumulation_dtype(img2)
-        s = self.ssim_mean(x, y, cfg, mask)
-        return (1 - lam) * masked_l1(x, y, mask) + lam * (1 - s.mean(dim=1))
+        l1, d = masked_l1(x, y, mask), 1 - self.ssim_mean(x, y, cfg, mask).mean(dim=1)
+        return (1 - lam) * l1 + lam * d, l1.detach(), d.detach()
 
     def ssim_mean_and_grad(
         self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, upstream: Tensor, mask: Optional[Tensor] = None

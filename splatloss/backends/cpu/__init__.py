@@ -104,13 +104,17 @@ class CPUBackend(Backend):
     def dssim_l1(self, img1, img2, cfg: SSIMConfig, lam, mask=None):
         """``(1 - lam) * L1 + lam * (1 - SSIM)`` per image ``[B]``, masked or not, fused in the kernel
         (masked: for "valid" and "same")."""
+        return self.dssim_l1_terms(img1, img2, cfg, lam, mask)[0]
+
+    def dssim_l1_terms(self, img1, img2, cfg: SSIMConfig, lam, mask=None):
+        """:meth:`dssim_l1` and its terms, the kernel's own L1 and SSIM sums."""
         if _torch_ops_only(img1, img2):  # the shared composition, as on the other backends
-            if mask is None:
-                return torch_fused.BACKEND.dssim_l1(img1, img2, cfg, lam)
-            return super().dssim_l1(img1, img2, cfg, lam, mask)
+            return super().dssim_l1_terms(img1, img2, cfg, lam, mask)
         if mask is None:
-            return functions.dssim_l1(img1, img2, cfg, lam)
-        return functions.masked_dssim_l1(img1, img2, mask, cfg, lam)
+            loss, terms = functions.dssim_l1(img1, img2, cfg, lam)
+        else:
+            loss, terms = functions.masked_dssim_l1(img1, img2, mask, cfg, lam)
+        return loss, terms[:, 0], terms[:, 1]
 
     def masked_ssim_stats(self, img1, img2, mask, cfg: SSIMConfig):
         if _torch_ops_only(img1, img2):

@@ -329,20 +329,27 @@ def ssim_stats(img1: Tensor, img2: Tensor, cfg: SSIMConfig) -> Tuple[Tensor, Ten
 # ----------------------------------------------------------------------------------------------
 
 
+def _combined(lam: float, l1: Tensor, d: Tensor) -> Tuple[Tensor, Tensor]:
+    """The loss ``(1 - lam) L1 + lam D`` per image ``[B]`` and its two terms ``[B, 2]`` (L1, D-SSIM),
+    which a loss logs as they are (a term recovered from the total loses the digits its small
+    weight scaled away)."""
+    return (1 - lam) * l1 + lam * d, torch.stack((l1, d), dim=1)
+
+
 def _dssim_l1_impl(x, y, w, c1, c2, pad, lam):
     x, y = x.contiguous(), y.contiguous()
     s, _, l1 = library.forward(library.require(x.dtype, w.numel()), x, y, w, c1, c2, pad, l1=True)  # [B, C] each
-    return (1 - lam) * l1.mean(dim=1) + lam * (1 - s.mean(dim=1))
+    return _combined(lam, l1.mean(dim=1), 1 - s.mean(dim=1))
 
 
 @torch.library.custom_op("splatloss::cpu_dssim_l1", mutates_args=())
-def _dssim_l1_op(x: Tensor, y: Tensor, w: Tensor, c1: float, c2: float, pad: int, lam: float) -> Tensor:
+def _dssim_l1_op(x: Tensor, y: Tensor, w: Tensor, c1: float, c2: float, pad: int, lam: float) -> Tuple[Tensor, Tensor]:
     return _dssim_l1_impl(x, y, w, c1, c2, pad, lam)
 
 
 @_dssim_l1_op.register_fake
 def _(x, y, w, c1, c2, pad, lam):
-    return x.new_empty(x.shape[:1])
+    return x.new_empty(x.shape[:1]), x.new_empty((x.shape[0], 2))
 
 
 def _dssim_l1_setup(ctx, inputs, output):
@@ -351,7 +358,7 @@ def _dssim_l1_setup(ctx, inputs, output):
     ctx.save_for_backward(x, y, w)
 
 
-def _dssim_l1_backward(ctx, g):
+def _dssim_l1_backward(ctx, g, _g_terms=None):
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     unit = _take_unit(ctx, g is not None and (need_x or need_y) and not _torch_ops(g))
     x, y, w = ctx.saved_tensors
@@ -388,26 +395,30 @@ def _dssim_l1_fused(ctx, x, y, w, c1, c2, pad, lam):
         lib, x, y, w, c1, c2, g_s, g_s * 0, need_x, need_y, pad, g_l1, with_forward=True, l1=True
     )  # the L1 sums too, as the gradient rows pass
     ctx.unit = (gx, gy)
-    return (1 - lam) * l1.mean(dim=1) + lam * (1 - s.mean(dim=1))
+    return _combined(lam, l1.mean(dim=1), 1 - s.mean(dim=1))
 
 
 _DSSIML1FusedFn = _fused_function("_DSSIML1FusedFn", _dssim_l1_fused, _dssim_l1_setup, _dssim_l1_backward)
 
 
-def dssim_l1(img1: Tensor, img2: Tensor, cfg: SSIMConfig, lam: float) -> Tensor:
-    """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)`` ``[B]``. "valid" and "same" run
-    fused; "reflect" adds a torch L1 to the kernel's SSIM (its padded copy must not enter the L1)."""
+def dssim_l1(img1: Tensor, img2: Tensor, cfg: SSIMConfig, lam: float) -> Tuple[Tensor, Tensor]:
+    """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)`` ``[B]``, and its two terms
+    ``[B, 2]`` (L1, D-SSIM; no gradient flows through them). "valid" and "same" run fused; "reflect"
+    adds a torch L1 to the kernel's SSIM (its padded copy must not enter the L1)."""
     if cfg.padding == "reflect":  # one cast first: the two terms' gradients add up in float32
         img1, img2 = to_accumulation_dtype(img1), to_accumulation_dtype(img2)
         l1 = (img1 - img2).abs().mean(dim=(1, 2, 3))
         s, _ = ssim_stats(img1, img2, cfg)
-        return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
+        loss, terms = _combined(lam, l1, 1 - s.mean(dim=1))
+        return loss, terms.detach()
     x, y, pad = padded(img1, img2, cfg)
     w = cfg.window_1d(x.dtype, "cpu")
     args = (x, y, w, cfg.C1, cfg.C2, pad, float(lam))
     if _tracing(x, y):
-        return _dssim_l1_op(*args)
-    return (_DSSIML1FusedFn if _wants_fused(x, y) else _DSSIML1Fn).apply(*args)
+        loss, terms = _dssim_l1_op(*args)
+    else:
+        loss, terms = (_DSSIML1FusedFn if _wants_fused(x, y) else _DSSIML1Fn).apply(*args)
+    return loss, terms.detach()
 
 
 def ssim_mean_and_grad(img1: Tensor, img2: Tensor, cfg: SSIMConfig, upstream: Tensor):
@@ -895,19 +906,20 @@ def _mdssim_l1_impl(x, y, m, w, c1, c2, pad, lam):
     s, _ = _masked_means(ss, ss, z, x.dtype)
     num, den = num.sum(dim=1), den.sum(dim=1)  # per image, over channels and pixels
     l1 = (num * _safe_inv(den)).to(x.dtype)
-    return (1 - lam) * l1 + lam * (1 - s.mean(dim=1)), z.to(x.dtype), den.to(x.dtype)
+    return (*_combined(lam, l1, 1 - s.mean(dim=1)), z.to(x.dtype), den.to(x.dtype))
 
 
 @torch.library.custom_op("splatloss::cpu_masked_dssim_l1", mutates_args=())
 def _mdssim_l1_op(
     x: Tensor, y: Tensor, m: Tensor, w: Tensor, c1: float, c2: float, pad: int, lam: float
-) -> Tuple[Tensor, Tensor, Tensor]:
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     return _mdssim_l1_impl(x, y, m, w, c1, c2, pad, lam)
 
 
 @_mdssim_l1_op.register_fake
 def _(x, y, m, w, c1, c2, pad, lam):
-    return x.new_empty(x.shape[:1]), x.new_empty(x.shape[:2]), x.new_empty(x.shape[:1])
+    b = x.shape[0]
+    return x.new_empty((b,)), x.new_empty((b, 2)), x.new_empty(x.shape[:2]), x.new_empty((b,))
 
 
 def _mdssim_l1_setup(ctx, inputs, output):
@@ -916,10 +928,10 @@ def _mdssim_l1_setup(ctx, inputs, output):
     if output is None:  # the fused pass: it leaves z and den on ctx.weights
         ctx.save_for_backward(x, y, m, w)
     else:
-        ctx.save_for_backward(x, y, m, w, output[1], output[2])
+        ctx.save_for_backward(x, y, m, w, output[2], output[3])
 
 
-def _mdssim_l1_backward(ctx, g, _g_z, _g_den):
+def _mdssim_l1_backward(ctx, g, _g_terms, _g_z, _g_den):
     need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     unit = _take_unit(ctx, g is not None and (need_x or need_y) and not _torch_ops(g))
     saved = ctx.saved_tensors
@@ -984,15 +996,16 @@ def _mdssim_l1_fused(ctx, x, y, m, w, c1, c2, pad, lam):
     ctx.weights = (z.to(x.dtype), dent)
     s, _ = _masked_means(ss, ss, z, x.dtype)
     l1 = (num.sum(dim=1) * _safe_inv(den)).to(x.dtype)
-    return (1 - lam) * l1 + lam * (1 - s.mean(dim=1)), z.to(x.dtype), dent
+    return (*_combined(lam, l1, 1 - s.mean(dim=1)), z.to(x.dtype), dent)
 
 
 _MDSSIML1FusedFn = _fused_function("_MDSSIML1FusedFn", _mdssim_l1_fused, _mdssim_l1_setup, _mdssim_l1_backward, saved=4)
 
 
-def masked_dssim_l1(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig, lam: float) -> Tensor:
+def masked_dssim_l1(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig, lam: float) -> Tuple[Tensor, Tensor]:
     """Per image ``(1 - lam) * L1 + lam * (1 - SSIM)`` ``[B]`` under the masked semantics, ``L1 =
-    sum m |x - y| / sum m`` over channels and pixels (0 for an empty mask). "valid" and "same" run
+    sum m |x - y| / sum m`` over channels and pixels (0 for an empty mask), and its two terms ``[B, 2]``
+    (L1, D-SSIM; no gradient flows through them). "valid" and "same" run
     fused: eagerly with an input that needs a gradient, the value and the unit gradient in one sweep
     (:func:`_mdssim_l1_fused`), else one kernel pass each way; "reflect" adds a torch masked L1 to
     the kernel's SSIM (its mirrored copy must not enter the L1)."""
@@ -1002,15 +1015,16 @@ def masked_dssim_l1(img1: Tensor, img2: Tensor, mask: Tensor, cfg: SSIMConfig, l
         num = (mf * (img1 - img2).abs()).sum(dim=(1, 2, 3))
         l1 = num * _safe_inv(mf.sum(dim=(1, 2, 3)))
         s, _ = masked_ssim_stats(img1, img2, mask, cfg, fused=True)
-        return (1 - lam) * l1 + lam * (1 - s.mean(dim=1))
+        loss, terms = _combined(lam, l1, 1 - s.mean(dim=1))
+        return loss, terms.detach()
     x, y, m, pad = masked_padded(img1, img2, mask, cfg)
     w = cfg.window_1d(x.dtype, "cpu")
     args = (x, y, m, w, cfg.C1, cfg.C2, pad, float(lam))
     if _tracing(x, y):
-        out, _, _ = _mdssim_l1_op(*args)
+        out, terms, _, _ = _mdssim_l1_op(*args)
     else:
-        out, _, _ = (_MDSSIML1FusedFn if _wants_fused(x, y) else _MDSSIML1Fn).apply(*args)
-    return out
+        out, terms, _, _ = (_MDSSIML1FusedFn if _wants_fused(x, y) else _MDSSIML1Fn).apply(*args)
+    return out, terms.detach()
 
 
 # ----------------------------------------------------------------------------------------------
