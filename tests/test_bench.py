@@ -1,7 +1,6 @@
 """tools/bench.py runs end to end at tiny sizes and writes its JSON and plot (no timing asserts:
 speed is measured by the script itself, never by a unit test)."""
 
-import importlib
 import io
 import json
 import os
@@ -12,17 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tools import bench
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "tools" / "bench.py"
-
-
-def _tool(name):
-    """A module of tools/ (bench), imported in this process."""
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
 
 
 @pytest.mark.slow
@@ -122,7 +114,6 @@ def test_dtypes_are_one_more_axis_and_the_gpu_table_is_one_command(tmp_path):
     bad = subprocess.run(cmd[:-2] + ["--dtype", "float8"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert bad.returncode != 0 and "--dtype must be a subset of" in bad.stderr
 
-    bench = _tool("bench")
     args = bench.parse_args(["--gpu-table"])
     assert (args.sizes, args.batch, args.dtype) == ("1080x1920,2160x3840", "1,5", "float32,bfloat16")
     assert set(args.ops.split(",")) == {"ssim", "dssim_l1", "ms_ssim", "dssim_l1_masked"}
@@ -133,7 +124,6 @@ def test_rows_timed_after_a_library_failed_on_cuda_are_marked(monkeypatch, capsy
     # A call that fails on CUDA can leave later work silently not running (one run timed fused-ssim
     # 2 to 4 times too fast after a failed graph capture): every later CUDA row says so. The device
     # is played by the CPU here (the harness's CUDA-only calls replaced); the libraries are real.
-    bench = _tool("bench")
     import triton.testing
 
     real_make_loss, real_inputs = bench.make_loss, bench.make_inputs
@@ -168,7 +158,6 @@ def test_a_library_whose_loss_value_differs_is_marked():
     # Every library's first-call value against splatloss's, where both compute the same loss: the
     # real peers on CPU (pytorch-msssim's SSIM: the same "valid" Gaussian SSIM), and a copy of one
     # record given a value 1 % off. Peers with other conventions (kornia's SSIM pads) are not compared.
-    bench = _tool("bench")
     libs = ["splatloss-torch", "splatloss-reference", "pytorch_msssim", "kornia"]
     recs = bench.time_config(libs, "ssim", "fwd", (1, 3, 48, 64), torch.float32, "cpu", 1, 0, "splatloss-torch")
     values = {r["lib"]: r["value"] for r in recs}
@@ -209,7 +198,6 @@ def test_a_library_whose_loss_value_differs_is_marked():
     ),
 )
 def test_bad_arguments_and_unwritable_outputs_are_refused_before_anything_runs(tmp_path, args, message):
-    bench = _tool("bench")
     a_file = tmp_path / "a_file"
     a_file.write_text("")
     args = [a.format(tmp=tmp_path, file=a_file) for a in args]
@@ -222,9 +210,9 @@ def test_bad_arguments_and_unwritable_outputs_are_refused_before_anything_runs(t
 def test_the_benchmark_needs_no_training_extra(tmp_path):
     """The benchmark imports the core package only: refusing an unwritable --json loads no Lightning."""
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import bench\n"
+        "import sys; from tools import bench\n"
         "try:\n"
-        "    bench.main(['--json', sys.argv[2], '--libs', 'splatloss-torch', '--no-floor'])\n"
+        "    bench.main(['--json', sys.argv[1], '--libs', 'splatloss-torch', '--no-floor'])\n"
         "except SystemExit as e:\n"
         "    print(e)\n"
         "print(sorted(m for m in ('lightning', 'hydra', 'gsplat') if m in sys.modules))\n"
@@ -232,7 +220,7 @@ def test_the_benchmark_needs_no_training_extra(tmp_path):
     blocked = tmp_path / "a_file"
     blocked.write_text("")
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(ROOT / "tools"), str(blocked / "bench.json")],
+        [sys.executable, "-c", code, str(blocked / "bench.json")],
         capture_output=True,
         text=True,
         timeout=120,

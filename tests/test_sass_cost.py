@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+from tools import kernel_analysis, sass_cost
 
-import sass_cost  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # A kernel in cuobjdump's format: a prologue, an early exit, a loop of two blocks (a conditional
 # skip inside) with one bar.sync, an epilogue, and the trap loop after EXIT that is never reached.
@@ -42,7 +41,7 @@ LISTING = """
 
 
 def test_parser_blocks_loop_and_counts():
-    (f,) = sass_cost.parse_sass(LISTING)
+    (f,) = kernel_analysis.parse_sass(LISTING)
     assert f.name == "toy_kernel"
     assert len(f.instrs) == 16
     # leaders: entry, after @P0 EXIT, loop header 0x50 (back-edge target), after @P1 BRA, its
@@ -55,11 +54,11 @@ def test_parser_blocks_loop_and_counts():
     (lp,) = f.loops
     assert (lp.header, lp.latch, lp.blocks, lp.depth) == (0x50, 0xA0, [0x50, 0x90, 0xA0], 1)
     # 8 iterations in each of 3 programs: 4 + 1 + 2 instructions outside the loop per program, 4 + 1 + 3 inside
-    c = sass_cost.warp_counts(f, [8 * 3], programs=3)
+    c = kernel_analysis.warp_counts(f, [8 * 3], programs=3)
     assert c.instructions == 3 * (4 + 1 + 2) + 24 * (4 + 1 + 3)
     assert c.bar_sync == 24
     with pytest.raises(ValueError, match="1 SASS loops, got 2 trip counts"):
-        sass_cost.warp_counts(f, [1, 2])
+        kernel_analysis.warp_counts(f, [1, 2])
 
 
 def test_parser_reads_nvdisasm_labels_and_lines():
@@ -75,7 +74,7 @@ def test_parser_reads_nvdisasm_labels_and_lines():
         /*0040*/               @P2 BRA `(.L_x_0) ;
         /*0050*/                   EXIT ;
 """
-    (f,) = sass_cost.parse_sass(text)
+    (f,) = kernel_analysis.parse_sass(text)
     assert f.name == "k"
     assert [(lp.header, lp.latch) for lp in f.loops] == [(0x10, 0x10)]
     assert f.instrs[1].line == ("/a/k.py", 9)  # the kernel-level line of inlined code
@@ -108,17 +107,17 @@ TTGIR = (
 
 
 def test_ir_trip_counts_per_program():
-    ir = sass_cost.ttgir_loops(TTGIR)
+    ir = kernel_analysis.ttgir_loops(TTGIR)
     names, _, loops = ir
     assert names == ["x_ptr", "n", "m"]
     assert [lp.depth for lp in loops] == [1, 2]
-    counts, entries = sass_cost.loop_iterations(ir, {"x_ptr": 0, "n": 7, "m": 9}, (3,))
+    counts, entries = kernel_analysis.loop_iterations(ir, {"x_ptr": 0, "n": 7, "m": 9}, (3,))
     # program p runs i = 2p .. 6, the inner loop ceil(i / 2) times
     outer = sum(max(0, 7 - 2 * p) for p in range(3))
     inner = sum((i + 1) // 2 for p in range(3) for i in range(2 * p, 7))
     assert counts == [outer, inner]
     assert entries == [3, outer]
-    assert sass_cost.pointer_access(TTGIR) == {"x_ptr": "rw"}
+    assert kernel_analysis.pointer_access(TTGIR) == {"x_ptr": "rw"}
 
 
 def test_pointer_access_scopes_sibling_regions_and_follows_yields():
@@ -159,7 +158,7 @@ def test_pointer_access_scopes_sibling_regions_and_follows_yields():
 } loc(#loc)
 """
     )
-    access = sass_cost.pointer_access(text)
+    access = kernel_analysis.pointer_access(text)
     assert {k: access.get(k) for k in ("x_ptr", "y_ptr", "z_ptr", "w_ptr")} == {
         "x_ptr": "r",
         "y_ptr": "w",
@@ -169,10 +168,10 @@ def test_pointer_access_scopes_sibling_regions_and_follows_yields():
 
 
 def test_loop_matching_refuses_different_nesting():
-    (f,) = sass_cost.parse_sass(LISTING)
-    ir = sass_cost.ttgir_loops(TTGIR)
+    (f,) = kernel_analysis.parse_sass(LISTING)
+    ir = kernel_analysis.ttgir_loops(TTGIR)
     with pytest.raises(ValueError, match="differs from the Triton IR"):
-        sass_cost.match_loops(f.loops, ir[2], "toy")
+        kernel_analysis.match_loops(f.loops, ir[2], "toy")
 
 
 UNROLLED = """
@@ -217,14 +216,14 @@ UNROLLED_IR = (
 def test_unrolled_loop_matched_by_line():
     """ptxas unrolled the loop twice (main loop of 2 bodies + remainder): the SASS has two loops
     where the IR has one; both carry the ``for`` line on their back edge."""
-    (f,) = sass_cost.parse_sass(UNROLLED)
-    ir = sass_cost.ttgir_loops(UNROLLED_IR)
+    (f,) = kernel_analysis.parse_sass(UNROLLED)
+    ir = kernel_analysis.ttgir_loops(UNROLLED_IR)
     assert [lp.src_line for lp in ir[2]] == [10]
     with pytest.raises(ValueError, match="differs from the Triton IR"):
-        sass_cost.match_loops(f.loops, ir[2], "k")
-    counts, entries = sass_cost.loop_iterations(ir, {"x_ptr": 0, "n": 7}, (3,))
+        kernel_analysis.match_loops(f.loops, ir[2], "k")
+    counts, entries = kernel_analysis.loop_iterations(ir, {"x_ptr": 0, "n": 7}, (3,))
     assert (counts, entries) == ([21.0], [3.0])
-    trips, how = sass_cost.loop_trips(f, ir[2], counts, entries)
+    trips, how = kernel_analysis.loop_trips(f, ir[2], counts, entries)
     # unroll factor 2 from the bodies (4 against 2 instructions, loop control left out): the main
     # loop runs (21 - 3 * 1 / 2) / 2 times, the remainder the expected 3 * 1 / 2
     assert how == "lines"
@@ -233,26 +232,26 @@ def test_unrolled_loop_matched_by_line():
 
 def test_resident_warps():
     # 32 registers, 8 warps: 8 CTAs by the 64-warp limit; 128 registers: 2 CTAs by registers
-    assert sass_cost.resident_warps(90, 32, 8, 0) == (8, 64)
-    assert sass_cost.resident_warps(90, 128, 8, 0) == (2, 16)
-    assert sass_cost.resident_warps(80, 255, 8, 0) == (1, 8)
+    assert kernel_analysis.resident_warps(90, 32, 8, 0) == (8, 64)
+    assert kernel_analysis.resident_warps(90, 128, 8, 0) == (2, 16)
+    assert kernel_analysis.resident_warps(80, 255, 8, 0) == (1, 8)
     # shared memory: 100 KB per CTA fits twice on sm_90 (228 KB), once on sm_80 (164 KB)
-    assert sass_cost.resident_warps(90, 32, 4, 100 * 1024)[0] == 2
-    assert sass_cost.resident_warps(80, 32, 4, 100 * 1024)[0] == 1
+    assert kernel_analysis.resident_warps(90, 32, 4, 100 * 1024)[0] == 2
+    assert kernel_analysis.resident_warps(80, 32, 4, 100 * 1024)[0] == 1
 
 
 def test_occupancy_from_registers_and_its_limiter():
     # 64 registers x 32 threads = 2048 per warp: 32 warps of 65536 registers, four 8-warp CTAs
-    assert sass_cost.occupancy(90, 64, 8, 0) == (4, 32, "registers")
+    assert kernel_analysis.occupancy(90, 64, 8, 0) == (4, 32, "registers")
     # 65 registers are allocated as 72 (multiples of 8): 2304 per warp, 28 warps, three 8-warp CTAs
-    assert sass_cost.occupancy(90, 65, 8, 0) == (3, 24, "registers")
-    assert sass_cost.occupancy(90, 65, 1, 0) == (28, 28, "registers")
+    assert kernel_analysis.occupancy(90, 65, 8, 0) == (3, 24, "registers")
+    assert kernel_analysis.occupancy(90, 65, 1, 0) == (28, 28, "registers")
     # fused-ssim's kernels: 32 registers, 8 warps, 13.7 KB of shared memory: registers and the
     # 64-warp limit bind together
-    assert sass_cost.occupancy(90, 32, 8, 13728) == (8, 64, "registers+warps")
-    assert sass_cost.occupancy(90, 32, 4, 100 * 1024) == (2, 8, "shared memory")
-    assert sass_cost.occupancy(90, 16, 1, 0) == (32, 32, "ctas")
-    assert sass_cost.resident_warps(90, 64, 8, 0) == (4, 32)
+    assert kernel_analysis.occupancy(90, 32, 8, 13728) == (8, 64, "registers+warps")
+    assert kernel_analysis.occupancy(90, 32, 4, 100 * 1024) == (2, 8, "shared memory")
+    assert kernel_analysis.occupancy(90, 16, 1, 0) == (32, 32, "ctas")
+    assert kernel_analysis.resident_warps(90, 64, 8, 0) == (4, 32)
 
 
 def test_issue_fraction_from_resident_warps():
@@ -497,8 +496,7 @@ def test_cost_json_structure_no_spills(tmp_path):
 
 RECORD = """
 import json, sys
-sys.path.insert(0, "tools")
-import check_kernels as ck
+from tools import check_kernels as ck
 import splatloss
 
 calls = {
@@ -562,13 +560,11 @@ def test_launches_recorded_with_tritons_specialisation():
 NESTED = """
 import json
 import re
-import sys
-sys.path.insert(0, "tools")
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import check_kernels as ck
-import sass_cost
+from tools import check_kernels as ck
+from tools import kernel_analysis
 
 
 @triton.jit
@@ -583,10 +579,10 @@ def nested(x_ptr, n, m, B: tl.constexpr):
 
 sig = {"x_ptr": "*fp32", "n": "i32", "m": "i32", "B": "constexpr"}
 k = triton.compile(ASTSource(nested, sig, {"B": 128}), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-f = sass_cost.parse_sass(ck.disasm(k.asm["cubin"]))[0]
-ir = sass_cost.ttgir_loops(k.asm["ttgir"])
-counts, entries = sass_cost.loop_iterations(ir, {"x_ptr": 0, "n": 10, "m": 20}, (2,))
-trips, how = sass_cost.loop_trips(f, ir[2], counts, entries)
+f = kernel_analysis.parse_sass(ck.disasm(k.asm["cubin"]))[0]
+ir = kernel_analysis.ttgir_loops(k.asm["ttgir"])
+counts, entries = kernel_analysis.loop_iterations(ir, {"x_ptr": 0, "n": 10, "m": 20}, (2,))
+trips, how = kernel_analysis.loop_trips(f, ir[2], counts, entries)
 lines = [f.blocks[lp.latch].instrs[-1].line[1] for lp in f.loops]
 print(json.dumps([counts, entries, trips, how, lines, [lp.src_line for lp in ir[2]]]))
 """
@@ -603,6 +599,9 @@ def test_trip_counts_on_real_ptxas_output(tmp_path):
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     env["OMP_NUM_THREADS"] = "1"
+    # a script outside the checkout (Triton reads the kernel's source from its file): the
+    # repository root on its path, for ``tools``
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     counts, entries, trips, how, lines, ir_lines = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -690,26 +689,25 @@ REFUSALS = [
 
 @pytest.mark.slow  # a fresh Python process
 def test_bad_arguments_are_refused_before_anything_is_compiled(tmp_path):
-    # In a fresh process: importing check_kernels (sass_cost does) turns the Triton interpreter off
+    # In a fresh process: importing check_kernels (sass_cost.main does) turns the Triton interpreter off
     # for the process, which a test worker must keep on.
     (tmp_path / "a_file").write_text("")
     cases = [(tool, [a.format(tmp=tmp_path, file=tmp_path / "a_file") for a in args]) for tool, args, _ in REFUSALS]
     code = (
         "import contextlib, importlib, io, json, sys\n"
-        "sys.path.insert(0, sys.argv[1])\n"
         "out = []\n"
-        "for tool, args in json.loads(sys.argv[2]):\n"
+        "for tool, args in json.loads(sys.argv[1]):\n"
         "    err = io.StringIO()\n"
         "    try:\n"
         "        with contextlib.redirect_stderr(err):\n"
-        "            importlib.import_module(tool).main(args)\n"
+        "            importlib.import_module('tools.' + tool).main(args)\n"
         "        out.append([None, err.getvalue()])\n"
         "    except SystemExit as e:\n"
         "        out.append([e.code, err.getvalue()])\n"
         "print(json.dumps(out))\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(ROOT / "tools"), json.dumps(cases)],
+        [sys.executable, "-c", code, json.dumps(cases)],
         capture_output=True,
         text=True,
         timeout=300,

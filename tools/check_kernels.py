@@ -17,7 +17,8 @@ non-zero when any kernel fails to compile, spills (stack or local bytes > 0), or
 memory per block than the architecture allows.
 
 ``--cost [--json FILE]`` counts what the loss calls' kernels issue instead (docs/triton.md, "The
-static cost model"; the SASS analysis is ``tools/sass_cost.py``).
+static cost model"; the SASS and IR analysis is ``tools/kernel_analysis.py``, the launch model
+``tools/sass_cost.py``).
 
 The interpreter (``TRITON_INTERPRET=1``, the correctness tests) accepts things the compiler
 rejects; this script is the other half of the proof. Run: ``python tools/check_kernels.py``.
@@ -41,9 +42,13 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+if not __package__:
+    # run as ``python tools/check_kernels.py``: Python puts tools/, not the repository root, on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import importlib  # noqa: E402
+
+from tools import kernel_analysis  # noqa: E402
 
 # the package re-exports functions named like its modules: import the module by name. The module
 # that plans launch geometry (``FORCE_CUDA_GEOMETRY``, ``CUDA_ROWS``...): the one place to re-point
@@ -55,8 +60,6 @@ tri_launch = importlib.import_module(GEOMETRY_MODULE)
 SHARED_LIMIT = {80: 166912, 90: 232448}
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def resource_usage(cubin: bytes) -> Dict[str, int]:
@@ -490,12 +493,10 @@ def compile_key(launch: Launch, arch: int) -> str:
 def compile_variant(launch: Launch, arch: int, cache: Optional[Dict[str, dict]] = None, maxnreg: Optional[int] = None):
     """Compile a recorded launch for ``arch`` as the launch would (``maxnreg``: another register
     ceiling, the cost model's geometry search) and analyse it: ``k`` (the compiled kernel),
-    ``use`` (registers, stack, local, shared bytes), ``func`` (its SASS, :mod:`sass_cost`),
+    ``use`` (registers, stack, local, shared bytes), ``func`` (its SASS, :mod:`tools.kernel_analysis`),
     ``ir`` (its TTGIR loops), ``access`` (which pointer arguments it reads / writes), ``seconds``.
     ``cache``: a dict of earlier results by :func:`compile_key`."""
     import dataclasses
-
-    import sass_cost
 
     sig, const, attrs, opts = launch.compile[arch]
     if maxnreg is not None:
@@ -510,9 +511,9 @@ def compile_variant(launch: Launch, arch: int, cache: Optional[Dict[str, dict]] 
     out = dict(
         k=k,
         use=resource_usage(k.asm["cubin"]),
-        func=sass_cost.parse_sass(disasm(k.asm["cubin"]))[0],
-        ir=sass_cost.ttgir_loops(k.asm["ttgir"]),
-        access=sass_cost.pointer_access(k.asm["ttgir"]),
+        func=kernel_analysis.parse_sass(disasm(k.asm["cubin"]))[0],
+        ir=kernel_analysis.ttgir_loops(k.asm["ttgir"]),
+        access=kernel_analysis.pointer_access(k.asm["ttgir"]),
         seconds=time.perf_counter() - t0,
     )
     if cache is not None:
@@ -526,17 +527,15 @@ def count_launch(launch: Launch, arch: int, variant: dict) -> dict:
     the grid (SASS counts at the IR's trip counts), DRAM ``read`` / ``written`` bytes and
     ``scratch`` bytes (arguments both written and read, assumed cached), ``trips`` and how the
     loops were ``matched``."""
-    import sass_cost
-
     k, use, func, ir = variant["k"], variant["use"], variant["func"], variant["ir"]
     warps = k.metadata.num_warps
     programs = 1
     for g in launch.grid:
         programs *= g
     ints = {n: int(v) for n, v in launch.args.items() if isinstance(v, (int, bool)) and not isinstance(v, float)}
-    iters, entries = sass_cost.loop_iterations(ir, {n: ints.get(n) for n in ir[0]}, launch.grid)
-    trips, matched = sass_cost.loop_trips(func, ir[2], iters, entries)
-    counts = sass_cost.warp_counts(func, trips, programs)
+    iters, entries = kernel_analysis.loop_iterations(ir, {n: ints.get(n) for n in ir[0]}, launch.grid)
+    trips, matched = kernel_analysis.loop_trips(func, ir[2], iters, entries)
+    counts = kernel_analysis.warp_counts(func, trips, programs)
     read = written = scratch = 0
     rescale = RESCALE_SKIP in launch.args
     for n, mode in variant["access"].items():
@@ -574,8 +573,6 @@ def count_launch(launch: Launch, arch: int, variant: dict) -> dict:
 def cost_main(archs, json_path=None) -> int:
     import json
 
-    import sass_cost
-
     recorded = record_calls(archs, cost_calls())
     compiled: Dict[str, dict] = {}
     failures: List[str] = []
@@ -608,7 +605,7 @@ def cost_main(archs, json_path=None) -> int:
                 warps, spill, smem, programs = c["warps"], c["spill"], c["smem"], c["programs"]
                 wi, trips, matched, counts = c["warp_instructions"], c["trips"], c["matched"], c["counts"]
                 read, written, scratch = c["read"], c["written"], c["scratch"]
-                ctas, res_warps = sass_cost.resident_warps(arch, use["REG"], warps, smem)
+                ctas, res_warps = kernel_analysis.resident_warps(arch, use["REG"], warps, smem)
                 min_warps = res_warps if min_warps is None else min(min_warps, res_warps)
                 t_issue, t_dram = wi / issue_rate, (read + written) / mach["dram"]
                 tot["warp_instructions"] += wi
