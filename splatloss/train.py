@@ -91,7 +91,9 @@ def train(cfg) -> Dict[str, Any]:
 
     runs.check_config(cfg)
     _quiet_lightning()
-    ckpt_path = runs.resolve_checkpoint(cfg)
+    sweep = runs.sweep_folder()  # None outside a Hydra multirun
+    # A resumed sweep (resume=true with -m) starts its runs that never started.
+    ckpt_path = runs.resolve_checkpoint(cfg, missing_ok=sweep is not None)
     if ckpt_path is not None and cfg.get("resume") == "latest" and runs.run_folder_of(ckpt_path):
         # The newest run continues in its own folder: its checkpoints, logs and metrics.json.
         cfg = cfg.copy()
@@ -106,6 +108,10 @@ def train(cfg) -> Dict[str, Any]:
         if changes:
             log.warning("resuming %s under a changed configuration (resume_allow_changes=true): %s", ckpt_path,
                         "; ".join(changes))  # fmt: skip
+        done = runs.finished_metrics(out_dir, checkpoint, int(cfg.trainer.max_steps)) if sweep else None
+        if done is not None and runs.run_folder_of(ckpt_path) == out_dir:
+            log.info("%s finished already (%d steps): kept as it is", out_dir, done["steps"])
+            return done
     resume_step = None if checkpoint is None else int(checkpoint["global_step"])
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
 
@@ -202,7 +208,8 @@ def train(cfg) -> Dict[str, Any]:
         except RunInterrupted as e:
             if trainer.is_global_zero:
                 saved = next((got for wanted, got, _ in checkpoint_io.rescued if wanted == last), last)
-                print(_stopped_message(e.signal_name, stage, saved, int(cfg.trainer.max_steps), out_dir), flush=True)
+                steps = int(cfg.trainer.max_steps)
+                print(_stopped_message(e.signal_name, stage, saved, steps, out_dir, sweep), flush=True)
             raise
         finally:
             stopper.restore()
@@ -221,7 +228,7 @@ def train(cfg) -> Dict[str, Any]:
             if interrupted:
                 print(
                     f"Stopped by {interrupted} at step {metrics['steps']} of {int(cfg.trainer.max_steps)}; checkpoint "
-                    f"{last}. Resume with:\n  {runs.resume_command(out_dir)}",
+                    f"{last}. {_go_on(out_dir, sweep)}",
                     flush=True,
                 )
             else:
@@ -248,25 +255,33 @@ _STOPPED_DURING = {
 }
 
 
-def _stopped_message(signal_name: str, stage: str, last: str, max_steps: int, out_dir: str) -> str:
-    """What a run stopped at once (a signal outside training, or a second one) saved, and the
-    command that goes on from there."""
+def _go_on(out_dir: str, sweep: Optional[str], resume: bool = True) -> str:
+    """``Resume with:`` and the command that continues this run, or the whole sweep it is part of."""
     from .lightning import runs
 
+    if sweep is not None:
+        return f"Resume the sweep with:\n  {runs.sweep_resume_command(sweep)}"
+    if not resume:
+        return f"Start again with:\n  {runs.resume_command(out_dir, resume=False)}"
+    return f"Resume with:\n  {runs.resume_command(out_dir)}"
+
+
+def _stopped_message(
+    signal_name: str, stage: str, last: str, max_steps: int, out_dir: str, sweep: Optional[str] = None
+) -> str:
+    """What a run stopped at once (a signal outside training, or a second one) saved, and the
+    command that goes on from there."""
     try:  # mmap: the step without reading the tensors
         step = int(torch.load(last, map_location="cpu", weights_only=True, mmap=True)["global_step"])
     except Exception:  # absent, or not a checkpoint: nothing to resume from
         step = None
     head = f"Stopped by {signal_name} {_STOPPED_DURING[stage]}"
     if step is None:
-        return f"{head}: no checkpoint was saved. Start again with:\n  {runs.resume_command(out_dir, resume=False)}"
+        return f"{head}: no checkpoint was saved. {_go_on(out_dir, sweep, resume=False)}"
     unfinished = ""
     if stage == "final":
         unfinished = "; the held-out metrics, metrics.json and point_cloud.ply are not written yet"
-    return (
-        f"{head}: checkpoint {last} holds step {step} of {max_steps}{unfinished}. Resume with:\n  "
-        f"{runs.resume_command(out_dir)}"
-    )
+    return f"{head}: checkpoint {last} holds step {step} of {max_steps}{unfinished}. {_go_on(out_dir, sweep)}"
 
 
 def _evaluate(trainer, module, dm, evaluator, tag: str) -> Dict[str, float]:

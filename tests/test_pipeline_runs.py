@@ -307,3 +307,42 @@ def test_a_stop_before_any_checkpoint_says_nothing_was_saved(tmp_path, capsys):
     )
     assert said and said.group(1).endswith(f"hydra.run.dir={tmp_path}"), out
     assert not (tmp_path / "checkpoints").exists()
+
+
+class SignalInJob(L.Callback):
+    """Sends SIGINT to this process at step ``step`` of the sweep's job ``job``, in its first attempt."""
+
+    def __init__(self, job: int, step: int):
+        self.job, self.step = job, step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.get().job.num == self.job and trainer.global_step == self.step and pl_module.start_step == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def _finished(folder):
+    metrics = json.loads((folder / "metrics.json").read_text())
+    return None if metrics.get("interrupted") else (metrics["steps"], metrics["steps_this_run"])
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumes_as_printed_and_runs_only_what_is_missing(tmp_path):
+    sweep = tmp_path / "sweep"
+    send = [f"+callbacks.send._target_={__name__}.SignalInJob", "+callbacks.send.job=1", "+callbacks.send.step=3"]
+    args = ["-m", "loss=l1,dssim_l1,ssim", *DATA, "trainer.max_steps=6", "export_ply=false", *send]
+    proc = _cli([sys.executable, SCRIPT, *args, f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert _finished(sweep / "0") == (6, 6) and _finished(sweep / "1") is None and not (sweep / "2").exists()
+    first = (sweep / "0" / "metrics.json").stat().st_mtime_ns
+    said = re.search(
+        r"Stopped by SIGINT at step 3 of 6; checkpoint (\S+)\. Resume the sweep with:\n  (.*)\n", proc.stdout
+    )
+    assert said and said.group(1) == str(sweep / "1" / "checkpoints" / "last.ckpt"), proc.stdout[-3000:]
+    resumed = _cli(shlex.split(said.group(2)), tmp_path)  # exactly as printed
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (sweep / "0" / "metrics.json").stat().st_mtime_ns == first  # finished: kept, not run again
+    assert _finished(sweep / "1") == (6, 3)  # continued from its checkpoint
+    assert _finished(sweep / "2") == (6, 6)  # never started: run now
+    assert sorted(os.listdir(tmp_path)) == ["sweep"]  # no other multirun folder

@@ -54,6 +54,9 @@ __all__ = [
     "latest_checkpoint",
     "resolve_checkpoint",
     "resume_command",
+    "sweep_folder",
+    "sweep_resume_command",
+    "finished_metrics",
     "root_message",
     "run_metrics",
     "write_json_atomic",
@@ -202,9 +205,11 @@ def latest_checkpoint(output_dir: str) -> str:
     return max(found, key=os.path.getmtime)
 
 
-def resolve_checkpoint(cfg) -> Optional[str]:
+def resolve_checkpoint(cfg, missing_ok: bool = False) -> Optional[str]:
     """The checkpoint a run continues from (``ckpt_path``, ``resume=true`` or ``resume=latest``),
-    or ``None`` for a fresh run; a checkpoint asked for and absent is a ``ValueError``."""
+    or ``None`` for a fresh run; a checkpoint asked for and absent is a ``ValueError``, except
+    that with ``missing_ok`` (a resumed sweep's run that never started) ``resume=true`` without
+    ``checkpoints/last.ckpt`` starts the run."""
     ckpt = cfg.get("ckpt_path")
     resume = cfg.get("resume", False)
     if isinstance(resume, str) and resume != "latest":
@@ -216,6 +221,8 @@ def resolve_checkpoint(cfg) -> Optional[str]:
     if resume:
         last = os.path.join(cfg.output_dir, "checkpoints", "last.ckpt")
         if ckpt is None:
+            if not os.path.isfile(last) and missing_ok:
+                return None
             if not os.path.isfile(last):
                 raise ValueError(
                     f"resume=true but there is no checkpoint to resume from: expected {last!r}. "
@@ -252,6 +259,13 @@ def resume_command(out_dir: str, resume: bool = True) -> str:
         pass
     drop = ("resume", "ckpt_path", "hydra.run.dir")
     keep = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in drop]
+    tail = [f"hydra.run.dir={hydra_value(os.path.abspath(out_dir))}"] + (["resume=true"] if resume else [])
+    return shlex.join(_program() + keep + tail)
+
+
+def _program() -> List[str]:
+    """How this process was started: ``python <script>``, ``python -m splatloss.train`` or the
+    console script (by name when the shell finds this very file by it)."""
     argv0 = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     module_file = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train.py")
     python = sys.executable or "python"
@@ -266,8 +280,50 @@ def resume_command(out_dir: str, resume: bool = True) -> str:
         prog = [name if found and os.path.samefile(found, argv0) else argv0]
     else:
         prog = [python, "-m", "splatloss.train"]
-    tail = [f"hydra.run.dir={hydra_value(os.path.abspath(out_dir))}"] + (["resume=true"] if resume else [])
-    return shlex.join(prog + keep + tail)
+    return prog
+
+
+def sweep_folder() -> Optional[str]:
+    """The sweep folder (``hydra.sweep.dir``) of the run this process is in, or ``None`` outside a
+    Hydra multirun (a single run, ``train(cfg)`` called directly)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+    except (ImportError, ValueError):
+        return None
+    return os.path.abspath(str(hc.sweep.dir)) if hc.mode == RunMode.MULTIRUN else None
+
+
+def sweep_resume_command(sweep_dir: str) -> str:
+    """The command that resumes the sweep in ``sweep_dir``: the sweep's own arguments as Hydra
+    recorded them at its start (``multirun.yaml``, whatever launcher ran the runs), ``-m``, and
+    ``hydra.sweep.dir=<sweep_dir> resume=true``. Each run of the sweep then keeps its folder (the
+    same job number): a finished one is kept, an interrupted one continues from its checkpoint,
+    one that never started starts."""
+    from omegaconf import OmegaConf
+
+    recorded = OmegaConf.load(os.path.join(sweep_dir, "multirun.yaml")).hydra.overrides
+    drop = ("resume", "ckpt_path", "hydra.sweep.dir", "hydra.mode")
+    keep = [str(o) for o in [*recorded.hydra, *recorded.task] if str(o).split("=", 1)[0].lstrip("+~") not in drop]
+    return shlex.join([*_program(), "-m", *keep, f"hydra.sweep.dir={hydra_value(sweep_dir)}", "resume=true"])
+
+
+def finished_metrics(out_dir: str, checkpoint: Dict[str, Any], max_steps: int) -> Optional[Dict[str, Any]]:
+    """The ``metrics.json`` of the finished run in ``out_dir`` whose last checkpoint is ``checkpoint``,
+    or ``None`` when the run is not finished there (interrupted, shorter than ``max_steps``, no
+    record of that checkpoint's step)."""
+    path = os.path.join(out_dir, "metrics.json")
+    try:
+        with open(path) as f:
+            metrics = json.load(f)
+    except (OSError, ValueError):
+        return None
+    step = int(checkpoint.get("global_step", -1))
+    if not isinstance(metrics, dict) or metrics.get("interrupted") or metrics.get("steps") != step:
+        return None
+    return metrics if step >= max_steps else None
 
 
 def run_metrics(
