@@ -319,3 +319,13 @@ def test_blender_size_keys_must_match_the_images(tmp_path, scene, key, value):
         load_blender(str(tmp_path), n_points=10)
     scene_to_blender(scene, str(tmp_path), extra={"w": 32, "h": 32})
     assert len(load_blender(str(tmp_path), n_points=10).test) == 2
+
+
+def test_truncated_16bit_png_is_named(tmp_path):
+    path = tmp_path / "x.png"
+    write_png16(str(path), np.full((6, 5, 3), 40000, dtype=np.uint16))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 30])  # the IDAT's end and IEND cut off
+    message = r"x.png' cannot be read as a 16-bit PNG \(OSError: image file is truncated; Pillow .*\): .*replace it"
+    with pytest.raises(ValueError, match=message):
+        read_image(str(path), (0.0, 0.0, 0.0))

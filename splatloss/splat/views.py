@@ -126,7 +126,8 @@ def _read_png16(path: str, color_type: int) -> np.ndarray:
         with Image.open(path) as im:
             if im.mode != mode or len(im.tile) != 1:
                 raise ValueError(f"Pillow opens it as mode {im.mode!r} in {len(im.tile)} tiles, expected {mode!r} in 1")
-            im.tile = [im.tile[0]._replace(args=rawmode)]
+            t = im.tile[0]  # (codec, extents, offset, raw mode): a named tuple from Pillow 11, a tuple before
+            im.tile = [t._replace(args=rawmode) if hasattr(t, "_replace") else (t[0], t[1], t[2], rawmode)]
             im.load()
             planes.append(np.asarray(im, dtype=np.uint16))
     if raw:
@@ -144,9 +145,20 @@ def _decode(path: str) -> np.ndarray:
         raise ValueError(f"image file {path!r} cannot be read (it is empty: 0 bytes); replace it")
     import skimage.io
 
+    color_type = _png16_color_type(path)
+    if color_type is not None:
+        try:
+            return _read_png16(path, color_type)
+        except Exception as e:
+            import PIL
+
+            raise ValueError(
+                f"image file {path!r} cannot be read as a 16-bit PNG ({type(e).__name__}: {e}; Pillow "
+                f"{PIL.__version__}): the file is corrupt or truncated (replace it), or this Pillow decodes it "
+                "otherwise (convert it to a 16-bit TIFF)"
+            ) from None
     try:
-        color_type = _png16_color_type(path)
-        img = _read_png16(path, color_type) if color_type is not None else np.asarray(skimage.io.imread(path))
+        img = np.asarray(skimage.io.imread(path))
     except Exception as e:  # each decoder raises its own type (OSError, ValueError, SyntaxError, ...)
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(
