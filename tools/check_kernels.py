@@ -364,6 +364,7 @@ def record_calls(archs, calls: Dict[str, Call], geometry: Optional[Dict[str, obj
     exist there."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
+    from triton import knobs
     from triton.compiler import make_backend
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
@@ -428,6 +429,19 @@ def record_calls(archs, calls: Dict[str, Call], geometry: Optional[Dict[str, obj
     recorded = {}
     saved = (JITFunction.run, tri_launch.FORCE_CUDA_GEOMETRY, os.environ.get("TRITON_INTERPRET"))
     saved_geometry = {name: getattr(tri_launch, name) for name in overrides}
+    # While a launch hook is set the package launches every kernel through ``kernel[grid]``
+    # (JITFunction.run, replaced here), as it does for profilers; its cached path would first ask
+    # the CUDA driver for the current device, and there is no GPU here. The hook itself never runs.
+    hooks = knobs.runtime.launch_enter_hook
+    saved_hook = None if hasattr(hooks, "add") else hooks  # a chain of calls (Triton 3.7) or a callable
+
+    def recording_hook(*args, **kwargs):
+        return None
+
+    if hasattr(hooks, "add"):
+        hooks.add(recording_hook)
+    else:
+        knobs.runtime.launch_enter_hook = recording_hook
     JITFunction.run = run
     tri_launch.FORCE_CUDA_GEOMETRY = True
     for name, value in overrides.items():
@@ -447,6 +461,10 @@ def record_calls(archs, calls: Dict[str, Call], geometry: Optional[Dict[str, obj
             recorded[name] = list(current)
     finally:
         JITFunction.run = saved[0]
+        if hasattr(hooks, "remove"):
+            hooks.remove(recording_hook)
+        else:
+            knobs.runtime.launch_enter_hook = saved_hook
         tri_launch.FORCE_CUDA_GEOMETRY = saved[1]
         for name, value in saved_geometry.items():
             setattr(tri_launch, name, value)
