@@ -15,71 +15,43 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Set
+from typing import Dict, List, Set, Tuple
 
 import pytest
-from test_import_graph import cycles
+from test_import_graph import cycles, imports
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools"
 
 
-class Edge(NamedTuple):
-    source: str  # the importing module's name in tools/
-    target: str  # the imported module's name in tools/
-    line: int
-    bare: bool  # spelled without the package (``import sass_cost``)
-
-
-def _target(name: str, mods: Set[str]):
-    """(tools module, spelled bare) that an absolute module name ``name`` imports, or None."""
-    parts = name.split(".")
-    if parts[0] == "tools":
-        return (parts[1], False) if len(parts) > 1 and parts[1] in mods else None
-    return (parts[0], True) if parts[0] in mods else None
-
-
-def tool_edges(folder: Path) -> List[Edge]:
-    """The imports of tools modules by the modules of ``folder`` (a tools/ folder)."""
-    mods = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
-    edges: List[Edge] = []
+def bare_imports(folder: Path) -> List[Tuple[str, str, int]]:
+    """(module, tools module, line) of every import of a tools module by its bare name
+    (``import sass_cost``, ``from check_kernels import Call``), function-level ones included."""
+    stems = {p.stem for p in folder.glob("*.py")} - {"__init__"}
+    found = []
     for path in sorted(folder.glob("*.py")):
-        source = path.stem
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            found = []
             if isinstance(node, ast.Import):
-                found = [_target(a.name, mods) for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level > 0:  # ``from . import x`` / ``from .x import y``
-                    names = [node.module] if node.module else [a.name for a in node.names]
-                    found = [(n.split(".")[0], False) if n.split(".")[0] in mods else None for n in names]
-                elif node.module == "tools":  # ``from tools import x``
-                    found = [(a.name, False) if a.name in mods else None for a in node.names]
-                else:
-                    found = [_target(node.module or "", mods)]
-            elif (
-                isinstance(node, ast.Call)
-                and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-                and isinstance(node.args[0].value, str)
-            ):
-                found = [_target(node.args[0].value, mods)]
-            for hit in found:
-                if hit is not None and hit[0] != source:
-                    edges.append(Edge(source, hit[0], node.lineno, hit[1]))
-    return edges
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            found += [(path.stem, n.split(".")[0], node.lineno) for n in names if n.split(".")[0] in stems]
+    return found
 
 
-def graph_of(edges: List[Edge]) -> Dict[str, Set[str]]:
-    graph: Dict[str, Set[str]] = {}
-    for e in edges:
-        graph.setdefault(e.source, set()).add(e.target)
+def tools_graph(folder: Path) -> Dict[str, Set[str]]:
+    """``tools.<module>`` -> the tools modules it imports, through the package or by bare name."""
+    graph = imports(folder)
+    for source, target, _ in bare_imports(folder):
+        if source != target:
+            graph.setdefault(f"tools.{source}", set()).add(f"tools.{target}")
     return graph
 
 
 def test_tools_imports_form_no_cycle():
-    found = cycles(graph_of(tool_edges(TOOLS)))
+    found = cycles(tools_graph(TOOLS))
     assert not found, (
         f"import cycles among tools/ (function-level imports included): {found}; move what both sides need "
         "into a leaf module that imports neither"
@@ -87,11 +59,11 @@ def test_tools_imports_form_no_cycle():
 
 
 def test_tools_import_one_another_through_the_package():
-    bare = [e for e in tool_edges(TOOLS) if e.bare]
+    bare = bare_imports(TOOLS)
     assert not bare, "\n".join(
-        f"tools/{e.source}.py:{e.line} imports {e.target} by its bare name, which resolves only with tools/ on "
-        f"sys.path; write `from tools import {e.target}`"
-        for e in bare
+        f"tools/{source}.py:{line} imports {target} by its bare name, which resolves only with tools/ on "
+        f"sys.path; write `from tools import {target}`"
+        for source, target, line in bare
     )
 
 
@@ -109,17 +81,17 @@ def test_the_checker_sees_lazy_bare_and_package_imports(tmp_path):
     (tools / "c.py").write_text("import importlib\nfrom . import d\nimportlib.import_module('tools.e')\n")
     (tools / "d.py").write_text("import os, tools.c\nfrom .e import g\n")
     (tools / "e.py").write_text("import numpy\nfrom tools import missing\n\ndef g():\n    pass\n")
-    edges = tool_edges(tools)
-    assert {(e.source, e.target, e.bare) for e in edges} == {
-        ("a", "b", False),
-        ("a", "c", False),
-        ("b", "a", True),
-        ("c", "d", False),
-        ("c", "e", False),
-        ("d", "c", False),
-        ("d", "e", False),
+    assert bare_imports(tools) == [("b", "a", 2)]
+    graph = tools_graph(tools)
+    assert graph == {
+        "tools": set(),
+        "tools.a": {"tools.b", "tools.c"},
+        "tools.b": {"tools.a"},
+        "tools.c": {"tools.d", "tools.e"},
+        "tools.d": {"tools.c", "tools.e"},
+        "tools.e": {"tools"},
     }
-    assert sorted(cycles(graph_of(edges))) == [["a", "b"], ["c", "d"]]
+    assert sorted(cycles(graph)) == [["tools.a", "tools.b"], ["tools.c", "tools.d"]]
 
 
 @pytest.mark.slow  # four fresh Python processes, two of them importing torch and Triton
