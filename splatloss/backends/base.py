@@ -167,6 +167,13 @@ class Backend(abc.ABC):
                 x, y = to_accumulation_dtype(img1.detach()), to_accumulation_dtype(img2.detach())
                 m = None if mask is None else mask.detach()
                 return loss, masked_l1(x, y, m), 1 - self.ssim_mean(x, y, cfg, m).mean(dim=1)
+        return self.composed_dssim_l1_terms(img1, img2, cfg, lam, mask)
+
+    def composed_dssim_l1_terms(
+        self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, lam: float, mask: Optional[Tensor] = None
+    ) -> Tuple[Tensor, Tensor, Tensor]:
+        """:meth:`dssim_l1_terms` as the shared composition: :func:`masked_l1` and the (masked) SSIM of
+        :meth:`ssim_mean`, the images cast to the accumulation dtype once, first."""
         x, y = to_accumulation_dtype(img1), to_accumulation_dtype(img2)
         l1, d = masked_l1(x, y, mask), 1 - self.ssim_mean(x, y, cfg, mask).mean(dim=1)
         return (1 - lam) * l1 + lam * d, l1.detach(), d.detach()

@@ -109,7 +109,7 @@ class CPUBackend(Backend):
     def dssim_l1_terms(self, img1, img2, cfg: SSIMConfig, lam, mask=None):
         """:meth:`dssim_l1` and its terms, the kernel's own L1 and SSIM sums."""
         if _torch_ops_only(img1, img2):  # the shared composition, as on the other backends
-            return super().dssim_l1_terms(img1, img2, cfg, lam, mask)
+            return self.composed_dssim_l1_terms(img1, img2, cfg, lam, mask)
         if mask is None:
             loss, terms = functions.dssim_l1(img1, img2, cfg, lam)
         else:
