@@ -150,7 +150,8 @@ def check_mask(mask, img: torch.Tensor) -> Optional[torch.Tensor]:
 
     The values are read to the host once per mask and version (``tensor._version`` moves on every
     in-place change): a mask used again unchanged is neither read (no GPU -> CPU synchronisation)
-    nor scaled again.
+    nor scaled again. A mask whose weights are all the same positive number (a mask of ones) is no
+    mask: None comes back, and the call computes the unmasked value, bit for bit.
     """
     if mask is None:
         return None
@@ -175,20 +176,18 @@ def check_mask(mask, img: torch.Tensor) -> Optional[torch.Tensor]:
             "(B, H, W) alpha"
         )
     acc = accumulation_dtype(img.dtype)
-    if m.dtype == torch.bool:  # weights 0 and 1: nothing to check or scale
-        return m.to(acc)
     if torch.compiler.is_compiling() or (m.is_cuda and torch.cuda.is_current_stream_capturing()):
         # No Python branch on a tensor inside a traced graph or a CUDA graph being captured (reading
         # the answer would synchronise): the check runs as an assertion op on the device.
-        _assert_mask_values(m)
-        return _normalised(m, acc)
-    if mask.is_inference():  # an inference tensor has no version counter: checked at every use
-        _check_mask_values(m)
+        if m.dtype != torch.bool:
+            _assert_mask_values(m)
         return _normalised(m, acc)
     if m.requires_grad and torch.is_grad_enabled():
         # the scaling is part of the graph (each call builds its own); the values are checked once
         _check_mask_once(mask, m)
         return _normalised(m, acc)
+    if mask.is_inference():  # an inference tensor has no version counter: checked at every use
+        return _prepared(m, acc)
     return _check_mask_once(mask, m, acc)
 
 
@@ -209,15 +208,32 @@ def _check_mask_once(mask: torch.Tensor, m: torch.Tensor, acc: Optional[torch.dt
     hit = None if seen is None else seen.get(key)
     if hit is not None and hit[0] == version:
         return hit[1]
-    _check_mask_values(m)
-    out = None
-    if acc is not None:
-        with torch.no_grad():
-            out = _normalised(m, acc)
+    if acc is None:
+        _check_mask_values(m)
+        out = None
+    else:
+        out = _prepared(m, acc)
     if seen is None:
         seen = _checked.setdefault(root, {})
     seen[key] = (version, out)
     return out
+
+
+def _prepared(m: torch.Tensor, acc: torch.dtype) -> Optional[torch.Tensor]:
+    """``m`` checked and scaled (:func:`_normalised`), or None where every weight is the same
+    positive number: such a mask means no mask, and the call then computes the unmasked value
+    itself, bit for bit."""
+    if m.numel() == 0:
+        return m.to(acc)
+    if m.dtype == torch.bool:
+        uniform = bool(m.all())
+    else:
+        lo, hi = _check_mask_values(m)
+        uniform = lo == hi > 0
+    if uniform:
+        return None
+    with torch.no_grad():
+        return _normalised(m, acc)
 
 
 def _normalised(m: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
@@ -243,9 +259,11 @@ def _assert_mask_values(m: torch.Tensor) -> None:
     torch._assert_async((lo >= 0) & (hi <= top), "mask weights must be finite and >= 0")
 
 
-def _check_mask_values(m: torch.Tensor) -> None:
-    if m.numel() == 0:
-        return
+def _check_mask_values(m: torch.Tensor) -> Tuple[float, float]:
+    """The smallest and largest weight of ``m``, read once; a ValueError counting the NaN, infinite
+    and negative weights where there are any."""
+    if m.numel() == 0 or m.dtype == torch.bool:
+        return 0.0, 1.0
     # One pass over the mask: the smallest and largest weight (both NaN where any weight is NaN);
     # ``hi <= max`` is False for NaN and +inf, ``lo >= 0`` for negatives and NaN.
     lo, hi = torch.aminmax(m.detach())
@@ -264,6 +282,7 @@ def _check_mask_values(m: torch.Tensor) -> None:
             f"mask weights must be finite and >= 0 (bool, or float weights in [0, 1]), got {what} "
             f"weight{'s' if bad.numel() > 1 else ''}; replace them, e.g. mask.nan_to_num(0.0).clamp(0, 1)"
         )
+    return lo, hi
 
 
 def check_reduction(reduction) -> str:

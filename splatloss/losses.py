@@ -420,6 +420,7 @@ class PhotometricLoss(nn.Module):
                 f"PhotometricLoss has no term with a weight > 0 to compute, got weights {w}; give at least one term "
                 "a weight > 0 with set_weight(name, value) before calling the loss"
             )
+        given_mask = mask
         cfg, x, y, mask, unbatched, impl = functional.prepare(pred, target, self.cfg, None, mask, self.backend)
         acc = accumulation_dtype(x.dtype)
         per_term: Dict[str, torch.Tensor] = {}  # name -> [B]
@@ -461,7 +462,7 @@ class PhotometricLoss(nn.Module):
         if w["l1_gaussian"] > 0:
             per_term["l1_gaussian"] = self._l1_gaussian(diff, mask)
         if w["s3im"] > 0:
-            per_term["s3im"] = self._s3im(x, y, mask)
+            per_term["s3im"] = self._s3im(x, y, given_mask)  # any mask, a mask of ones too, is refused
 
         for name, value in per_term.items():
             term = w[name] * value

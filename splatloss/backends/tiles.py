@@ -168,7 +168,7 @@ class Tiles:
             wtx, wty = self.w[k] * tx, self.w[k] * ty
             a, b = h1x[..., k : k + self.ho, :, :], h1y[..., k : k + self.ho, :, :]
             if acc is None:
-                acc = [wtx, wty, wtx * tx, wty * ty, wtx * ty, wtx * a, wty * b, torch.addcmul(wtx * b, wty, a)]
+                acc = [wtx, wty, wtx * tx, wty * ty, wtx * ty, wtx * a, wty * b, wtx * b + wty * a]
                 continue
             m_x, m_y, q_xx, q_yy, q_xy, c_xx, c_yy, c_xy = acc
             # the map-sized sums in place (fresh products that no backward saves), the small ones not
@@ -178,9 +178,12 @@ class Tiles:
                 torch.addcmul(q_xx, wtx, tx),
                 torch.addcmul(q_yy, wty, ty),
                 torch.addcmul(q_xy, wtx, ty),
-                c_xx.addcmul_(wtx, a),
-                c_yy.addcmul_(wty, b),
-                c_xy.addcmul_(wtx, b).addcmul_(wty, a),
+                # each product rounded apart (no fused multiply-add) and the cross sum gaining both at
+                # once: for identical images that is 2 (w tau_x a) exactly, so c_xy stays bitwise
+                # 2 c_xx, E[x'y'] bitwise E[x'^2], and the SSIM map exactly 1
+                c_xx.add_(wtx * a),
+                c_yy.add_(wty * b),
+                c_xy.add_(wtx * b + wty * a),
             ]
         return acc
 

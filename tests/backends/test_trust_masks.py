@@ -253,3 +253,45 @@ def test_8_torch_func_grad_with_a_mask(backend):
         gx, gm = torch.autograd.grad(fn(xr, mr), (xr, mr))
         assert rel(torch.func.grad(fn, argnums=0)(x, m), gx) <= 1e-12
         assert rel(torch.func.grad(fn, argnums=1)(x, m), gm) <= 1e-12
+
+
+@pytest.mark.parametrize("name", backend_params(NAMES, slow_triton=True))
+@pytest.mark.parametrize("padding", ["same", "valid", "reflect"])
+def test_5_a_mask_of_one_weight_is_the_unmasked_value_bit_for_bit(name, padding):
+    dev = device_for(name)
+    x, y = photo_pair(17, 19, seed=5, dtype=torch.float32, device=dev)
+    masks = (
+        torch.ones(17, 19, device=dev),
+        torch.ones(1, 1, 17, 19, dtype=torch.bool, device=dev),
+        torch.full((1, 3, 17, 19), 0.25, device=dev),
+    )
+    for fn in (
+        lambda p, q, mm: splatloss.ssim(p, q, mask=mm, padding=padding, backend=name),
+        lambda p, q, mm: splatloss.dssim_l1(p, q, mask=mm, padding=padding, backend=name),
+        lambda p, q, mm: splatloss.PhotometricLoss(l1=0.7, l2=0.1, dssim=0.2, padding=padding, backend=name)(
+            p, q, mask=mm
+        ),
+    ):
+        want = _value_and_grads(lambda p, q: fn(p, q, None), x, y)
+        for m in masks:
+            got = _value_and_grads(lambda p, q: fn(p, q, m), x, y)
+            for a, b in zip(got, want):
+                assert torch.equal(a, b), (m.dtype, tuple(m.shape))
+
+
+def test_5_a_mask_of_ones_still_refuses_the_s3im_term():
+    loss = splatloss.PhotometricLoss(l1=1.0, s3im=0.5, s3im_patch_height=16)
+    x, y = torch.rand(1, 3, 16, 16), torch.rand(1, 3, 16, 16)
+    with pytest.raises(ValueError, match="the s3im term takes no mask"):
+        loss(x, y, mask=torch.ones(16, 16))
+
+
+@pytest.mark.parametrize("name", ["torch", "cpu"])
+@pytest.mark.parametrize("padding", ["same", "valid", "reflect"])
+def test_5_an_image_against_itself_is_exactly_one(name, padding):
+    """Every pixel of the SSIM and cs maps, the mean and the loss: exactly 1, 1 and 0 for identical images."""
+    x = torch.rand(2, 3, 37, 41, generator=torch.Generator().manual_seed(8))
+    smap, cmap = splatloss.ssim_map(x, x, padding=padding, backend=name, return_cs=True)
+    assert bool((smap == 1).all()) and bool((cmap == 1).all())
+    assert splatloss.ssim(x, x, padding=padding, backend=name).item() == 1.0
+    assert splatloss.dssim_l1(x, x, padding=padding, backend=name).item() == 0.0
