@@ -522,9 +522,12 @@ def _lock_named_run_folder(argv: List[str]):
         return None
     if any(os.environ.get(k, "0") != "0" for k in ("LOCAL_RANK", "RANK", "NODE_RANK", "SLURM_PROCID")):
         return None
-    from hydra import compose, initialize_config_dir
-
     from .lightning.runs import RunFolderLock
+
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")][-1]
+    if re.fullmatch(r"[\w./+-]+", given):  # a plain path: no quotes or interpolations to resolve
+        return RunFolderLock(os.path.abspath(given)).acquire()
+    from hydra import compose, initialize_config_dir
 
     overrides = [a for a in argv if not a.startswith("-")]
     try:

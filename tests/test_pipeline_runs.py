@@ -91,13 +91,15 @@ def test_a_second_run_in_a_folder_in_use_is_refused_and_the_first_finishes(tmp_p
 
 
 @pytest.mark.slow
-def test_the_entry_point_refuses_a_folder_in_use_before_hydra_writes_there(tmp_path):
-    from splatloss.lightning.runs import RunFolderLock
+@pytest.mark.parametrize("name", ["run", "my run"])  # a plain path, and one Hydra's grammar needs quoted
+def test_the_entry_point_refuses_a_folder_in_use_before_hydra_writes_there(tmp_path, name):
+    from splatloss.lightning.runs import RunFolderLock, hydra_value
 
-    run = tmp_path / "run"
+    run = tmp_path / name
     held = RunFolderLock(str(run)).acquire()  # another process's run, holding the folder
     try:
-        proc = _cli([sys.executable, SCRIPT, *DATA, "loss=l1", "trainer.max_steps=1", f"hydra.run.dir={run}"], tmp_path)
+        args = [*DATA, "loss=l1", "trainer.max_steps=1", f"hydra.run.dir={hydra_value(str(run))}"]
+        proc = _cli([sys.executable, SCRIPT, *args], tmp_path)
     finally:
         held.release()
     assert proc.returncode == 2, proc.stderr[-3000:]
