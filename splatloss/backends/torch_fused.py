@@ -118,9 +118,12 @@ def _ssim_terms(mx, my, exx, eyy, exy, sx, sy, c1: float, c2: float):
 
     The denominators are formed as numerator + a non-negative difference,
     ``B1 = A1 + (ux - uy)^2`` with ``ux - uy = (sx - sy) + (mx - my)``, and
-    ``B2 = A2 + max(0, (exx + eyy - 2 exy) - (mx - my)^2)`` (the local variance of ``x - y``), so
-    luminance and cs never exceed 1 through rounding and are exactly 1 for identical images; both are
-    kept >= -1 too.
+    ``B2 = A2 + max(0, var_x + var_y - 2 cov)`` (the local variance of ``x - y``), so luminance and cs
+    never exceed 1 through rounding and are exactly 1 for identical images; both are kept >= -1 too.
+    The variance of ``x - y`` is formed from the three (co)variances, each its moment less its means'
+    product: where one tap carries the window (a sigma of 0.1) those cancel exactly, while
+    ``(exx + eyy - 2 exy) - (mx - my)^2`` cancels O(1) terms (the shifts are a tile's, not the
+    pixel's) and put cs 7e-5 below 1.
     """
     ux, uy = sx + mx, sy + my
     dm = mx - my
@@ -128,7 +131,8 @@ def _ssim_terms(mx, my, exx, eyy, exy, sx, sy, c1: float, c2: float):
     a1 = 2 * ux * uy + c1
     b1 = a1 + du * du
     a2 = 2 * (exy - mx * my) + c2
-    b2 = a2 + ((exx + eyy - 2 * exy) - dm * dm).clamp_min(0)
+    vx, vy, cov = exx - mx * mx, eyy - my * my, exy - mx * my
+    b2 = a2 + ((vx + vy) - 2 * cov).clamp_min(0)
     lum = (a1 / b1).clamp_min(-1)
     cs = (a2 / b2).clamp_min(-1)
     return ux, uy, b1, b2, lum, cs, lum * cs
