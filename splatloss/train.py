@@ -248,6 +248,7 @@ def train(cfg) -> Dict[str, Any]:
 
 
 _STOPPED_DURING = {
+    "start": "while the run was starting, before training",
     "init": "while the untrained model was evaluated, before training",
     "train": "again during training",
     "save": "again while the checkpoint was saved",
@@ -580,6 +581,14 @@ def main() -> Optional[float]:
             torch.set_num_threads(int(cfg.num_threads))
         try:
             metrics = train(cfg)
+        except KeyboardInterrupt:  # Ctrl+C while the run was built, before train() held the signals
+            from .lightning.runs import sweep_folder
+
+            out_dir = os.path.abspath(str(cfg.output_dir))
+            last = os.path.join(out_dir, "checkpoints", "last.ckpt")
+            steps = int(cfg.trainer.max_steps)
+            print(_stopped_message("SIGINT", "start", last, steps, out_dir, sweep_folder()), flush=True)
+            sys.exit(130)
         except RunInterrupted as e:
             print(f"splatloss-train: stopped by {e.signal_name}", file=sys.stderr, flush=True)
             sys.exit(e.exit_code)

@@ -348,3 +348,38 @@ def test_an_interrupted_sweep_resumes_as_printed_and_runs_only_what_is_missing(t
     assert _finished(sweep / "1") == (6, 3)  # continued from its checkpoint
     assert _finished(sweep / "2") == (6, 6)  # never started: run now
     assert sorted(os.listdir(tmp_path)) == ["sweep"]  # no other multirun folder
+
+
+class SignalWhileBuilt(L.Callback):
+    """Sends SIGINT to this process while the sweep's job ``job`` is being built (before training),
+    once: ``flag`` records that it did."""
+
+    def __init__(self, job: int, flag: str):
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.get().job.num == job and not os.path.exists(flag):
+            open(flag, "w").close()
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.slow
+def test_a_sweep_stopped_while_a_run_starts_prints_the_command_that_resumes_the_sweep(tmp_path):
+    sweep = tmp_path / "sweep"
+    flag = tmp_path / "signalled"
+    send = [
+        f"+callbacks.send._target_={__name__}.SignalWhileBuilt",
+        "+callbacks.send.job=1",
+        f"+callbacks.send.flag={flag}",
+    ]
+    args = ["-m", "loss=l1,ssim", *DATA, "trainer.max_steps=2", "export_ply=false", *send]
+    proc = _cli([sys.executable, SCRIPT, *args, f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert proc.returncode == 130 and flag.exists(), proc.stderr[-3000:]
+    said = re.search(
+        r"Stopped by SIGINT while the run was starting, before training: no checkpoint was saved\. Resume the sweep "
+        r"with:\n  (.*)\n",
+        proc.stdout,
+    )
+    assert said, proc.stdout[-3000:]
+    resumed = _cli(shlex.split(said.group(1)), tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _finished(sweep / "0") == (2, 2) and _finished(sweep / "1") == (2, 2)
