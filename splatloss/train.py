@@ -18,8 +18,17 @@ views or device (one dry call), a GPU trainer without a GPU, a missing, unreadab
 checkpoint, a resume under another seed / data / model / loss (``resume_allow_changes=true``
 allows it), a fresh run in a folder holding a trained run, an output folder that cannot be written.
 
+One run holds its folder at a time (``.splatloss-run.lock``, an operating-system lock released when
+the process ends): a second run there is refused naming the one that holds it. Gaussians that stop
+being finite (a learning rate too large) stop the run with
+:class:`~splatloss.lightning.TrainingDiverged`, naming the step and the parameters; :func:`main`
+exits 1.
+
 SIGINT / SIGTERM save ``checkpoints/last.ckpt``, print the command that resumes, and make
-:func:`main` exit 130 / 143. A resume continues the run's own folder, CSV and TensorBoard logs.
+:func:`main` exit 130 / 143; a signal while the run starts or evaluates, or a second one, stops at
+once and says which checkpoint holds which step. In a sweep the printed command resumes the sweep
+(``-m ... hydra.sweep.dir=<sweep> resume=true``): its finished runs are kept, the interrupted one
+continues, the others start. A resume continues the run's own folder, CSV and TensorBoard logs.
 ``--help`` lists the config groups' choices (:func:`help_text`).
 """
 
