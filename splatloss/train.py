@@ -403,6 +403,7 @@ _HELP_KEYS = (
     ("logger=tensorboard / ~logger", "TensorBoard events instead of the CSV file / no log"),
     ("hydra.run.dir=<folder>", "the run folder (default outputs/<date>/<time>)"),
     ("resume=true", "continue the run in hydra.run.dir from its checkpoints/last.ckpt"),
+    ("-m ... resume=true", "resume the sweep in hydra.sweep.dir: keep its finished runs, run the rest"),
     ("resume=latest", "continue the newest run under outputs/ in its own folder"),
     ("ckpt_path=<file.ckpt>", "continue from that checkpoint"),
     ("resume_allow_changes=false", "true: continue a checkpoint under another loss/data/model/seed"),
