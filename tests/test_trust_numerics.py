@@ -19,11 +19,13 @@ def _autocast_cases():
     g = torch.Generator().manual_seed(0)
     y = photo_pair(161, 163, seed=1, dtype=torch.float32)[1]
     rays_t = torch.rand(4096, 3, generator=g)
+    mask = torch.rand(161, 163, generator=g)
     return {
         "ssim_map": lambda p: splatloss.ssim_map(p, y).mean(),
         "ssim_map-torch": lambda p: splatloss.ssim_map(p, y, backend="torch").mean(),
         "ms_ssim-torch": lambda p: splatloss.ms_ssim(p, y, backend="torch"),
         "ms_ssim": lambda p: splatloss.ms_ssim(p, y),
+        "ssim-masked-torch": lambda p: splatloss.ssim(p, y, mask=mask, backend="torch"),
         "zhao_mix": lambda p: splatloss.PhotometricLoss.zhao_mix()(p, y),
         "s3im": lambda p: splatloss.s3im(p.flatten(2)[0].T[:4096], rays_t, generator=torch.Generator().manual_seed(0)),
         "S3IMLoss": lambda p: splatloss.S3IMLoss()(p.flatten(2)[0].T[:4096], rays_t),
@@ -31,10 +33,11 @@ def _autocast_cases():
     }
 
 
+@pytest.mark.parametrize("backward_inside", [False, True], ids=["backward-after", "backward-inside"])
 @pytest.mark.parametrize("name", list(_autocast_cases()))
-def test_4_autocast_computes_what_it_computes_without(name):
+def test_4_autocast_computes_what_it_computes_without(name, backward_inside):
     """Inside torch.autocast (bf16) every entry point computes in float32 as without it: the same
-    value and gradient, bit for bit."""
+    value and gradient, bit for bit, also where the backward runs inside the region."""
     fn = _autocast_cases()[name]
     x = photo_pair(161, 163, seed=1, dtype=torch.float32)[0]
     torch.manual_seed(0)
@@ -45,7 +48,10 @@ def test_4_autocast_computes_what_it_computes_without(name):
     p1 = x.clone().requires_grad_(True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         v1 = fn(p1)
-    v1.backward()
+        if backward_inside:
+            v1.backward()
+    if not backward_inside:
+        v1.backward()
     assert v1.dtype == v0.dtype == torch.float32
     assert torch.equal(v1, v0)
     assert torch.equal(p1.grad, p0.grad)

@@ -29,7 +29,7 @@ from typing import Tuple
 
 import torch
 
-from ..config import SSIMConfig, accumulation_dtype
+from ..config import SSIMConfig, accumulation_dtype, without_autocast
 from ..filtering import pad
 from .tiles import Tiles, pad_adjoint, tile_adjoint
 
@@ -222,6 +222,7 @@ class _MaskedStats(torch.autograd.Function):
         ctx.cfg = cfg
 
     @staticmethod
+    @without_autocast  # a backward run inside an autocast region computes in float32 too
     def backward(ctx, g_s, g_c):
         img1, img2, mask = ctx.saved_tensors
         cfg = ctx.cfg

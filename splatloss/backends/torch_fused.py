@@ -77,7 +77,7 @@ from typing import Optional
 
 import torch
 
-from ..config import SSIMConfig, accumulation_dtype
+from ..config import SSIMConfig, accumulation_dtype, without_autocast
 from ..filtering import pad
 from .base import Backend
 from .tiles import Tiles, pad_adjoint, tile_adjoint
@@ -262,6 +262,7 @@ class _SSIMMapCore(torch.autograd.Function):
         _save_inputs(ctx, inputs)
 
     @staticmethod
+    @without_autocast  # a backward run inside an autocast region computes in float32 too
     def backward(ctx, g_s, g_c):
         img1, img2, w = ctx.saved_tensors
         need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -275,6 +276,7 @@ class _SSIMMapFn(_SSIMMapCore):
     """:class:`_SSIMMapCore` with forward-mode AD (jvp), run eagerly."""
 
     @staticmethod
+    @without_autocast
     def jvp(ctx, t1, t2, *_):
         img1, img2, w = ctx.saved_tensors
         return _tangent(_to_acc(img1), _to_acc(img2), t1, t2, w, ctx.padding, ctx.c1, ctx.c2)
@@ -303,6 +305,7 @@ class _SSIMStatsCore(torch.autograd.Function):
         return h * wd
 
     @staticmethod
+    @without_autocast  # a backward run inside an autocast region computes in float32 too
     def backward(ctx, g_s, g_c):
         img1, img2, w = ctx.saved_tensors
         n = _SSIMStatsCore._map_numel(img1, w, ctx.padding)
@@ -320,6 +323,7 @@ class _SSIMStatsFn(_SSIMStatsCore):
     """:class:`_SSIMStatsCore` with forward-mode AD (jvp), run eagerly."""
 
     @staticmethod
+    @without_autocast
     def jvp(ctx, t1, t2, *_):
         img1, img2, w = ctx.saved_tensors
         t_s, t_c = _tangent(_to_acc(img1), _to_acc(img2), t1, t2, w, ctx.padding, ctx.c1, ctx.c2)
