@@ -137,7 +137,10 @@ def ssim(
         backend: ``"auto" | "reference" | "torch" | "cpu" | "triton"`` (:mod:`splatloss.backends`).
         mask: optional per-pixel weights, bool or finite and >= 0, shaped ``(B, 1, H, W)``,
             ``(1, 1, H, W)``, ``(H, W)`` or ``(B, C, H, W)``: the masked statistics of
-            ``docs/conventions.md`` ("Masks"); a mask of ones gives exactly the unmasked value.
+            ``docs/conventions.md`` ("Masks"). Weights are relative: each image's are divided by
+            its largest (so ``"same"``'s padding weighs as much as the largest weight), and a mask
+            of one weight (ones, any constant) gives exactly the unmasked value. A mask that
+            requires grad gets its gradient (by the torch-ops composition on every backend).
         config: an :class:`~splatloss.config.SSIMConfig` holding the options below, validated once
             (what the loss modules pass); options given beside it replace its fields.
         data_range, window_size, sigma, window, k1, k2, c1, c2, padding: the SSIM options, the fields
