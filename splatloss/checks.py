@@ -150,8 +150,10 @@ def check_mask(mask, img: torch.Tensor) -> Optional[torch.Tensor]:
 
     The values are read to the host once per mask and version (``tensor._version`` moves on every
     in-place change): a mask used again unchanged is neither read (no GPU -> CPU synchronisation)
-    nor scaled again. A mask whose weights are all the same positive number (a mask of ones) is no
-    mask: None comes back, and the call computes the unmasked value, bit for bit.
+    nor scaled again. A write the version counter does not see (through a NumPy array sharing the
+    mask's memory, or through ``mask.data``) is not seen here either: pass such a mask as a new
+    tensor (``mask.clone()``). A mask whose weights are all the same positive number (a mask of
+    ones) is no mask: None comes back, and the call computes the unmasked value, bit for bit.
     """
     if mask is None:
         return None
