@@ -52,7 +52,7 @@ def _backends():
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "backends"))
     from conftest import backend_params
 
-    return backend_params(("reference", "torch", "cpu", "triton"))
+    return backend_params(("reference", "torch", "cpu", "triton"), slow_triton=True)
 
 
 @pytest.mark.parametrize("name", _backends())
