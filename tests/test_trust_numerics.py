@@ -118,3 +118,12 @@ def test_6_sigma_a_tenth_on_the_torch_backend(kind, padding):
     smap = splatloss.ssim_map(x, y, sigma=0.1, padding=padding, backend="torch")
     tmap = splatloss.ssim_map(x.double(), y.double(), sigma=0.1, padding=padding, backend="reference")
     assert float((smap.double() - tmap).abs().max()) <= 1e-5
+
+
+def test_6_the_sigma_error_suggests_no_sigma_float32_cannot_hold():
+    with pytest.raises(
+        ValueError,
+        match=r"sigma must be at least 1e-150 .* got 1e-200; a sigma below 0.3 makes a window of nearly one tap, "
+        r"where float32 gradients lose digits \(up to 1e-4 off float64\): pass float64 images",
+    ):
+        splatloss.SSIMConfig(sigma=1e-200)
