@@ -158,3 +158,26 @@ def test_a_fresh_run_refuses_a_folder_holding_a_trained_run(finished, tmp_path):
     ):
         train(make_cfg(run, COMMON))
     assert _state(run) == before
+
+
+def test_a_checkpoint_without_the_losss_state_resumes_with_the_weights_it_recorded(finished, tmp_path):
+    # Checkpoints of splatloss versions whose PhotometricLoss kept no state: the weights are in
+    # checkpoint["splatloss"]["loss_weights"] only.
+    run = _copy(finished, tmp_path)
+    ckpt = run / "checkpoints" / "last.ckpt"
+    state = torch.load(ckpt, weights_only=True)
+    removed = [k for k in list(state["state_dict"]) if k.startswith("loss.")]
+    for k in removed:
+        del state["state_dict"][k]
+    assert removed
+    state["splatloss"]["loss_weights"]["l1"] = 0.5  # as a schedule or callback had set it
+    torch.save(state, ckpt)
+    cfg = make_cfg(run, COMMON + ["trainer.max_steps=5", "trainer.log_every_n_steps=1", "resume=true"])
+    with open_dict(cfg):
+        cfg.logger = {"_target_": "lightning.pytorch.loggers.CSVLogger", "save_dir": str(run), "name": "csv"}
+    metrics = train(cfg)
+    assert metrics["steps"] == 5 and metrics["steps_this_run"] == 1
+    (log,) = list(run.glob("csv/version_*/metrics.csv"))
+    with open(log) as f:
+        (row,) = [r for r in csv.DictReader(f) if r.get("train/loss")]
+    assert float(row["weight/l1"]) == 0.5, row

@@ -136,6 +136,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 # Parameters whose first dimension is the number of Gaussians, which densification changes: a
 # checkpoint may hold any count (SplatModule.on_load_checkpoint resizes before loading).
 _RESIZABLE_PREFIX = "gaussians."
+_LOSS_PREFIX = "loss."
 
 
 def require_file(path: Union[str, os.PathLike], what: str = "checkpoint") -> str:
@@ -188,7 +189,9 @@ def check_state_shapes(checkpoint: Dict[str, Any], module: torch.nn.Module, path
     ours = module.state_dict()
     theirs = checkpoint["state_dict"]
     problems = []
-    for key in sorted(set(ours) - set(theirs)):
+    # The loss's own state (PhotometricLoss's weights) may be absent: checkpoints of versions whose
+    # loss kept none record the weights beside it (SplatModule.on_load_checkpoint takes them from there).
+    for key in sorted(set(ours) - set(theirs) - {k for k in ours if k.startswith(_LOSS_PREFIX)}):
         problems.append(f"{key} {tuple(ours[key].shape)} is missing from the checkpoint")
     for key in sorted(set(theirs) - set(ours)):
         problems.append(f"{key} {tuple(theirs[key].shape)} is in the checkpoint but not in the model")

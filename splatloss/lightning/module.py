@@ -514,14 +514,14 @@ class SplatModule(L.LightningModule):
             self._warmup_timing = dict(extra["warmup_timing"])
         if extra.get("warmup_times") is not None:
             self._warmup_times = [float(t) for t in extra["warmup_times"]]
-        if not self.loss_weights_from_checkpoint:
-            # The loss's own state (weights held as buffers) is the configured one, not the checkpoint's.
-            ours = self.loss.state_dict(prefix="loss.") if isinstance(self.loss, nn.Module) else {}
-            for key in [k for k in sd if k.startswith("loss.")]:
-                if key in ours:
-                    sd[key] = ours[key]
-            return
         weights = extra.get("loss_weights") or {}
-        if weights and hasattr(self.loss, "set_weight"):
+        if self.loss_weights_from_checkpoint and weights and hasattr(self.loss, "set_weight"):
             for name, w in weights.items():
                 self.loss.set_weight(name, w)
+        # The loss's own state (PhotometricLoss keeps its weights there), which Lightning loads after
+        # this hook: the configured one where the loss was allowed to change, and the one just set
+        # from "loss_weights" where the checkpoint has none (a version whose loss kept no state).
+        ours = self.loss.state_dict(prefix="loss.") if isinstance(self.loss, nn.Module) else {}
+        for key, value in ours.items():
+            if key not in sd or not self.loss_weights_from_checkpoint:
+                sd[key] = value
