@@ -201,6 +201,7 @@ class SplatModule(L.LightningModule):
         self._strategy_factory = strategy if factory else None
         self.means_lr_times_extent = bool(means_lr_times_extent)
         self.scene_bound = False
+        self._device_masks: Dict[tuple, torch.Tensor] = {}  # (view index, device) -> mask there
         self.render_backend = render_backend
         self.render_options = dict(render_options or {})
         self.background = None if background is None else tuple(float(c) for c in background)
@@ -279,6 +280,25 @@ class SplatModule(L.LightningModule):
             )
         else:
             self.scene_bound = True
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        """Lightning's transfer, except a view's mask: moved once per view and device, and the same
+        device tensor handed to the loss step after step, so that the loss checks it once (a mask
+        is checked per tensor and version; a tensor moved anew each step would be read back to the
+        host on every step). The view is known from ``batch["index"]``, read before the transfer
+        (a CPU tensor then: no device synchronisation)."""
+        mask = batch.get("mask") if isinstance(batch, dict) else None
+        index = batch.get("index") if mask is not None else None
+        if index is None or not isinstance(mask, torch.Tensor) or index.device.type != "cpu":
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        rest = {k: v for k, v in batch.items() if k != "mask"}
+        moved = super().transfer_batch_to_device(rest, device, dataloader_idx)
+        key = (int(index), str(device))
+        kept = self._device_masks.get(key)
+        if kept is None or kept.shape != mask.shape or kept.dtype != mask.dtype:
+            kept = self._device_masks[key] = mask.to(device)
+        moved["mask"] = kept
+        return moved
 
     # -- rendering ---------------------------------------------------------------------------------
     def _background(self, device) -> Optional[torch.Tensor]:
