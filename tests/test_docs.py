@@ -101,3 +101,53 @@ def test_contributing_timing_paragraph_is_short():
     timed = [p for p in paragraphs if re.search(r"\d+ min \d+ s", p)]
     assert len(timed) == 1, f"CONTRIBUTING.md: {len(timed)} paragraphs give suite timings; keep one"
     assert len(timed[0].splitlines()) <= 5, timed[0]
+
+
+def test_architecture_change_table_names_every_tool():
+    table = _section(DOCS / "architecture.md", "## To change")
+    tools = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tools").glob("*.py") if p.name != "__init__.py")
+    missing = [t for t in tools if f"`{t}`" not in table]
+    assert not missing, f"docs/architecture.md's 'To change' table: no row names {missing}; add one per tool"
+
+
+# A path the docs name, in prose or in a command; a glob (tests/test_triton_*.py) or a placeholder is no path.
+REPO_PATH = re.compile(r"(?<![\w./-])((?:tools|tests|scripts|configs|splatloss)/[\w./-]*\w)(?![\w*<{])")
+
+
+def test_named_repository_paths_exist():
+    missing = [
+        f"{page.relative_to(ROOT)}: {path}"
+        for page in PAGES
+        for path in sorted(set(REPO_PATH.findall(page.read_text())))
+        if not (ROOT / path).exists()
+    ]
+    assert not missing, f"the docs name files that do not exist: {missing}; name the file that holds it now"
+
+
+def _dev_commands():
+    """``./dev <command>`` and each option a command branches on (``./dev bench --host``), from the
+    usage lines at the top of ``dev``."""
+    head = [line for line in (ROOT / "dev").read_text().splitlines() if line.startswith("#   ./dev ")]
+    found = []
+    for line in head:
+        command = line.split()[2]
+        found.append(f"./dev {command}")
+        found += [f"./dev {command} {option}" for option in re.findall(r"(--[\w-]+): ", line)]
+    return found
+
+
+def test_contributing_command_table_names_every_dev_command():
+    table = _section(ROOT / "CONTRIBUTING.md", "## Set-up and the commands")
+    rows = re.findall(r"^\| `([^`]+)`", table, flags=re.M)
+    commands = _dev_commands()
+    assert "./dev test" in commands and "./dev bench" in commands, commands
+    missing = [c for c in commands if not any(r == c or r.startswith(c + " ") for r in rows)]
+    assert not missing, f"CONTRIBUTING.md's command table has no row for {missing} (the commands dev's usage lists)"
+
+
+def test_named_environment_variables_are_read():
+    """Every ``SPLATLOSS_*`` variable a page names is one the package or a tool reads."""
+    code = "\n".join(p.read_text() for d in ("splatloss", "tools") for p in (ROOT / d).rglob("*.py"))
+    named = sorted(set(re.findall(r"\bSPLATLOSS_[A-Z0-9_]+\b", _all_text())))
+    unread = [v for v in named if v not in code]
+    assert not unread, f"the docs name environment variables nothing reads: {unread}; name the switch that exists"
