@@ -7,7 +7,7 @@ autograd. Inputs are already validated ``(B, C, H, W)`` tensors of one float dty
 in the accumulation dtype (float32 for fp16 / bf16 / fp32, float64 for fp64), and the gradients
 autograd returns are in the input's dtype.
 
-Conventions (see README "Conventions"):
+Conventions (see docs/conventions.md):
 
 * population (co)variances: ``sigma_xy = E_w[x y] - E_w[x] E_w[y]``;
 * ``SSIM = (2 mu_x mu_y + C1)(2 sigma_xy + C2) / ((mu_x^2 + mu_y^2 + C1)(sigma_x^2 + sigma_y^2 + C2))``,

@@ -151,3 +151,39 @@ def test_named_environment_variables_are_read():
     named = sorted(set(re.findall(r"\bSPLATLOSS_[A-Z0-9_]+\b", _all_text())))
     unread = [v for v in named if v not in code]
     assert not unread, f"the docs name environment variables nothing reads: {unread}; name the switch that exists"
+
+
+# What the code cites: ``README "Section"`` and ``docs/page.md ("Section")`` / ``docs/page.md, "Section"``
+# (a bare docs/page.md may be a file a tool writes, such as tools/gpu_check.py's table).
+CITED_README = re.compile(r"\bREADME \"([^\"]+)\"")
+CITED_SECTION = re.compile(r"\bdocs/(\w+\.md)`*(?:'s)?,? \(?[\"']([^\"']+)[\"']")
+
+
+def _headings(page):
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return [h.replace("`", "") for h in re.findall(r"^#{1,6} (.+)$", text, flags=re.M)]
+
+
+def _sources():
+    for folder in ("splatloss", "tools", "configs", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".yaml", ".c"):
+                yield path
+
+
+def test_the_code_cites_sections_that_exist():
+    """A docstring or comment that sends the reader to a section of a page sends them somewhere real
+    (a section by the start of its heading: "Evaluation" for "Evaluation, loggers and sweep reports")."""
+    broken = []
+    for path in _sources():
+        text = path.read_text()
+        cites = [("README.md", s) for s in CITED_README.findall(text)]
+        cites += [(f"docs/{page}", s) for page, s in CITED_SECTION.findall(text)]
+        for page, section in cites:
+            section = " ".join(re.sub(r"\n\s*#?", " ", section).split())  # a citation wrapped over two lines
+            dest = ROOT / page
+            if not dest.exists():
+                broken.append(f"{path.relative_to(ROOT)}: {page} does not exist")
+            elif not any(h.startswith(section) for h in _headings(dest)):
+                broken.append(f"{path.relative_to(ROOT)}: {page} has no section {section!r}")
+    assert not broken, "; ".join(sorted(set(broken)))
