@@ -159,8 +159,8 @@ def ssim(
     check_reduction(reduction)
     cfg, x, y, m, unbatched, impl = prepare(img1, img2, config, options, mask, backend)
     check_size(x, cfg)
-    s = impl.ssim_mean(x, y, cfg, m)  # [B, C]
-    return reduce(s.mean(dim=1), reduction, unbatched)
+    out = impl.ssim_reduced(x, y, cfg, reduction, m)
+    return out[0] if unbatched and reduction == "none" else out
 
 
 @without_autocast
@@ -187,7 +187,8 @@ def dssim(
     check_reduction(reduction)
     cfg, x, y, m, unbatched, impl = prepare(img1, img2, config, options, mask, backend)
     check_size(x, cfg)
-    return reduce(1 - impl.ssim_mean(x, y, cfg, m).mean(dim=1), reduction, unbatched)
+    out = impl.ssim_reduced(x, y, cfg, reduction, m, dssim=True)
+    return out[0] if unbatched and reduction == "none" else out
 
 
 @without_autocast
@@ -274,7 +275,8 @@ def dssim_l1(
     lam = check_fraction("lam", lam)
     cfg, x, y, m, unbatched, impl = prepare(img1, img2, config, options, mask, backend)
     check_size(x, cfg)
-    return reduce(impl.dssim_l1(x, y, cfg, lam, m), reduction, unbatched)
+    out = impl.dssim_l1_reduced(x, y, cfg, lam, reduction, m)
+    return out[0] if unbatched and reduction == "none" else out
 
 
 @without_autocast

@@ -290,7 +290,7 @@ def test_rows_per_program_step_down_until_the_grid_makes_full_waves(monkeypatch)
     assert rows(1, 2160, 3840, True) == 99
     wide, maxnreg = masked_kernels.BWD_LAUNCH["light"]
     masked = launch.geometry(1930, 1080, 11, 3, cpu, halo=True, maxnreg=maxnreg, wide_halo=wide)
-    assert (masked.bw, masked.rows, maxnreg) == (128, 108, 128)
+    assert (masked.bw, masked.rows, maxnreg) == (128, 72, 168)  # 8 B of spills at 128 on sm_90
     wide, maxnreg = masked_kernels.BWD_LAUNCH["light_other"]
     masked = launch.geometry(1930, 1080, 11, 3, cpu, halo=True, maxnreg=maxnreg, wide_halo=wide)
     assert (masked.bw, masked.rows) == (128, 72)

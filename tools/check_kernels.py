@@ -234,9 +234,10 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
         out[f"ssim same no grad {dtype}"] = Call(loss(), small, dtype, grads=(False, False))
         out[f"dssim_l1 same no grad {dtype}"] = Call(fused(), small, dtype, grads=(False, False))
         out[f"ssim valid no grad {dtype}"] = Call(loss("valid"), small, dtype, grads=(False, False))
-    # the backward's two lean launches (split.ssim_moments_kernel, split.ssim_adjoint_kernel; one
-    # gradient, zero padding): the smallest windows, half precision, the fused L1 term, a map-sized
-    # upstream with cs (ssim_map), the second image's gradient (the default window: the calls above)
+    # one gradient, zero padding (the one-launch kernel; with the two lean launches,
+    # split.ssim_moments_kernel and split.ssim_adjoint_kernel, as a variant below): the smallest
+    # windows, half precision, the fused L1 term, a map-sized upstream with cs (ssim_map), the second
+    # image's gradient (the default window: the calls above)
     out["ssim same grad x K=3"] = Call(loss(K=3), small)
     out["ssim valid grad x K=5"] = Call(loss("valid", 5), small)
     out["dssim_l1 same grad x K=7"] = Call(
@@ -303,10 +304,10 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
     # the masked forward of an image narrower than a program (several channels each: 128 registers;
     # the wide ones' 64-register launch is the per-channel call above)
     out["masked dssim_l1 same no grad, narrow"] = Call(masked(masked_loss), (2, 3, 48, 40), grads=(False, False))
-    # one gradient ("same" / "valid"): the two lean launches (masked_split.masked_moments_kernel,
-    # masked_split.masked_adjoint_kernel at 64 registers, 72 on sm_80) where the images' columns are
-    # contiguous or share their stride, else the one-launch kernel's light launch at 168
-    # (masked_kernels.BWD_LAUNCH; images whose strides differ, below)
+    # one gradient ("same" / "valid"): the one-launch kernel's light launch at 168
+    # (masked_kernels.BWD_LAUNCH), and as a variant (below) the two lean launches
+    # (masked_split.masked_moments_kernel, masked_split.masked_adjoint_kernel at 64 registers, 72 on
+    # sm_80) where the images' columns are contiguous or share their stride
     for padding, K in (("valid", 11), ("valid", 3)):
         out[f"masked dssim_l1 {padding} K={K} grad x"] = Call(masked(masked_loss, padding, K), small)
     out["masked dssim_l1 same K=11 grad y, per channel bf16"] = Call(
@@ -337,7 +338,26 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
         backward.launch_bwd_scales(fx, fy, b, c, dims, taps, "valid", *consts, True, False, wide=False)
 
     out["ms_ssim coarse scales, 128 lanes"] = Call(coarse_narrow, (1, 3, 540, 960), grads=(False, False))
+
+    def two_launches(fn):
+        # the backward's two lean launches (splatloss.backends.triton.split.ENABLED), a variant the
+        # GPU check times against the one-launch kernels: compiled and checked beside them
+        def run(x, y):
+            split = importlib.import_module("splatloss.backends.triton.split")
+            split.ENABLED = True
+            try:
+                return fn(x, y)
+            finally:
+                split.ENABLED = False
+
+        return run
+
+    lean = [k for k in out if " grad x" in k or " grad y" in k or k.startswith("ms_ssim loss ")]
+    lean += ["1080p ssim_loss_fwd_bwd", "1080p dssim_l1_masked_fwd_bwd"]
     out.update({f"1080p {k}": v for k, v in cost_calls().items()})
+    for k in lean:
+        c = out[k]
+        out[f"{k} (two launches)"] = c._replace(run=two_launches(c.run))
     return out
 
 

@@ -101,6 +101,24 @@ ALLOCATING = (
 )
 
 
+#: aten ops that make a view (no work on a GPU, whatever the tensor's size).
+VIEWS = (
+    "detach.default",
+    "view.default",
+    "expand.default",
+    "select.int",
+    "slice.Tensor",
+    "as_strided.default",
+    "alias.default",
+    "_reshape_alias.default",
+    "unsqueeze.default",
+    "squeeze.dim",
+    "permute.default",
+    "t.default",
+    "transpose.int",
+)
+
+
 def build_stub(directory: Path) -> Path:
     """Compile the stub driver into ``directory/libcuda.so.1`` (against the ``cuda.h`` that Triton
     ships) unless it is there from an earlier run of the same source."""
@@ -219,11 +237,26 @@ def make_cases(shape, dtype):
     return cases
 
 
-def counts(call, launches) -> dict:
-    """Triton launches, aten allocations, aten ops and host synchronisations of one ``call()``."""
+def counts(call, launches, image: int) -> dict:
+    """Triton launches, aten allocations, aten ops and host synchronisations of one ``call()``. A
+    host synchronisation is a read of a tensor's values on the host: ``aten._local_scalar_dense``
+    (``.item()``, ``bool(t)``, ``float(t)``) or ``Tensor.tolist()`` (which on CPU tensors reads memory
+    without dispatching; on CUDA it copies to the host and waits). "image ops": the aten ops (not
+    allocations) that touch a tensor of at least ``image`` elements, work a kernel would do on a GPU
+    (and that here runs on the CPU, inside the measured time)."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    seen = {"allocations": 0, "aten ops": 0, "host syncs": 0}
+    seen = {"allocations": 0, "aten ops": 0, "image ops": 0, "host syncs": 0}
+
+    def large(values) -> bool:
+        return any(isinstance(v, torch.Tensor) and v.numel() >= image for v in values)
+
+    tolist = torch.Tensor.tolist
+
+    def counted_tolist(self, *a, **k):
+        seen["host syncs"] += 1
+        return tolist(self, *a, **k)
 
     class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -234,12 +267,62 @@ def counts(call, launches) -> dict:
                 seen["allocations"] += 1
             else:
                 seen["aten ops"] += 1
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            if name not in ALLOCATING and name not in VIEWS:
+                flat = [*args, *(kwargs or {}).values(), *(out if isinstance(out, (tuple, list)) else (out,))]
+                seen["image ops"] += large(flat)
+            return out
 
     before = launches.value
-    with Count():
-        call()
+    torch.Tensor.tolist = counted_tolist
+    try:
+        with Count():
+            call()
+    finally:
+        torch.Tensor.tolist = tolist
     return {"launches": launches.value - before, **seen}
+
+
+def verify(cases: dict) -> dict:
+    """Per case, whether each launch through the cached compiled kernel hands Triton's launcher what
+    ``kernel[grid]`` hands it (grid, compiled function, metadata, every argument: tensors by dtype,
+    shape and strides, the rest by value), one call each way; a list of mismatches, empty when equal."""
+    import torch
+    from triton.backends.nvidia import driver as nvidia
+
+    from splatloss.backends.triton import launch
+
+    seen = []
+    real = nvidia.CudaLauncher.__call__
+
+    def describe(a):
+        if isinstance(a, torch.Tensor):
+            return ("tensor", a.dtype, tuple(a.shape), a.stride())
+        return a
+
+    def recording(self, gx, gy, gz, stream, function, metadata, launch_metadata, enter, exit_, *args):
+        seen.append(((gx, gy, gz), stream, function, metadata, tuple(describe(a) for a in args)))
+        return real(self, gx, gy, gz, stream, function, metadata, launch_metadata, enter, exit_, *args)
+
+    out = {}
+    nvidia.CudaLauncher.__call__ = recording
+    try:
+        for name, call in cases.items():
+            runs = []
+            for cached in (False, True):
+                launch.CACHED = cached
+                seen.clear()
+                call()
+                runs.append(list(seen))
+            plain, fast = runs
+            bad = [] if plain == fast else [f"{len(plain)} launches through kernel[grid], {len(fast)} cached"]
+            if len(plain) == len(fast):
+                bad = [f"launch {i}: {p} != {f}" for i, (p, f) in enumerate(zip(plain, fast)) if p != f]
+            out[name] = bad
+    finally:
+        nvidia.CudaLauncher.__call__ = real
+        launch.CACHED = True
+    return out
 
 
 def measure(cases: dict, rounds: int, calls: int) -> dict:
@@ -263,6 +346,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=15, help="alternated rounds (default 15)")
     parser.add_argument("--calls", type=int, default=20, help="calls per case and round (default 20)")
     parser.add_argument("--counts-only", action="store_true", help="print the counts, skip the timing")
+    parser.add_argument(
+        "--verify", action="store_true", help="check that cached launches pass what kernel[grid] passes (exit 1 if not)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--stub-dir", type=Path, default=None, help="where to build the stub driver")
     args = parser.parse_args(argv)
@@ -287,7 +373,8 @@ def main(argv=None) -> int:
     for name, call in cases.items():  # compile (ptxas, cached by Triton on disk) and warm every path
         for _ in range(3):
             call()
-    table = {name: counts(call, launches) for name, call in cases.items()}
+    table = {name: counts(call, launches, args.shape[2] * args.shape[3]) for name, call in cases.items()}
+    mismatches = verify(cases) if args.verify else {}
     if not args.counts_only:
         times = measure(cases, args.rounds, args.calls)
         for name in cases:
@@ -301,20 +388,25 @@ def main(argv=None) -> int:
     shape = "x".join(map(str, args.shape))
     print(f"host time per eager call, {shape} {args.dtype}, Triton {_version('triton')}, torch {torch.__version__}")
     print(f"machine: {_cpu()}; {args.rounds} rounds x {args.calls} calls, thread-CPU medians")
-    head = f"{'case':42s} {'host us':>8s} {'x l1':>6s} {'launches':>8s} {'allocs':>6s} {'aten ops':>8s} {'syncs':>5s}"
-    print(head)
+    head = f"{'case':42s} {'host us':>8s} {'x l1':>6s} {'launches':>8s} {'allocs':>6s} {'aten ops':>8s}"
+    print(head + f" {'image ops':>9s} {'syncs':>5s}")
     for name, row in table.items():
         us = f"{row['host us']:8.1f} {row['x l1']:6.2f}" if "host us" in row else f"{'-':>8s} {'-':>6s}"
-        print(
-            f"{name:42s} {us} {row['launches']:8d} {row['allocations']:6d} {row['aten ops']:8d} {row['host syncs']:5d}"
-        )
+        counted = f"{row['launches']:8d} {row['allocations']:6d} {row['aten ops']:8d} {row['image ops']:9d}"
+        print(f"{name:42s} {us} {counted} {row['host syncs']:5d}")
+    for name, bad in mismatches.items():
+        print(f"verify {name}: {'the same launches' if not bad else 'MISMATCH'}")
+        for line in bad:
+            print(f"  {line}")
     if args.json is not None:
         out = {"shape": shape, "dtype": args.dtype, "machine": _cpu(), "rounds": args.rounds, "calls": args.calls}
         out["triton"], out["torch"], out["cases"] = _version("triton"), torch.__version__, table
+        if args.verify:
+            out["verify"] = mismatches
         tmp = args.json.with_name(args.json.name + ".tmp")
-        tmp.write_text(json.dumps(out, indent=1) + "\n")
+        tmp.write_text(json.dumps(out, indent=1, default=str) + "\n")
         os.replace(tmp, args.json)
-    return 0
+    return 1 if any(mismatches.values()) else 0
 
 
 def _version(dist: str) -> str:

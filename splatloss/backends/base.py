@@ -29,7 +29,7 @@ from .. import multiscale
 from ..config import SSIMConfig, accumulation_dtype, to_accumulation_dtype
 from . import masked
 
-__all__ = ["Backend", "compile_time_constant", "masked_l1", "stepwise_quotient"]
+__all__ = ["Backend", "compile_time_constant", "masked_l1", "reduce_batch", "stepwise_quotient"]
 
 Tensor = torch.Tensor
 
@@ -61,6 +61,15 @@ def compile_time_constant(fn: Callable) -> Callable:
 
     constant._dynamo_marked_constant = True
     return constant
+
+
+def reduce_batch(per_image: Tensor, reduction: str) -> Tensor:
+    """Per-image values ``[B]`` reduced over the batch: "mean", "sum", or "none" (as they are)."""
+    if reduction == "mean":
+        return per_image.mean()
+    if reduction == "sum":
+        return per_image.sum()
+    return per_image
 
 
 def masked_l1(img1: Tensor, img2: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -153,6 +162,33 @@ class Backend(abc.ABC):
         (masked) SSIM of :meth:`ssim_mean`). The images are cast to the accumulation dtype once,
         first, so the two terms' gradients add up in float32 and reach fp16 / bf16 inputs rounded once."""
         return self.dssim_l1_terms(img1, img2, cfg, lam, mask)[0]
+
+    def ssim_reduced(
+        self,
+        img1: Tensor,
+        img2: Tensor,
+        cfg: SSIMConfig,
+        reduction: str,
+        mask: Optional[Tensor] = None,
+        dssim: bool = False,
+    ) -> Tensor:
+        """SSIM (``dssim``: ``1 - SSIM``) per image, reduced over the batch by ``reduction`` ("mean",
+        "sum", "none": ``[B]``): what :func:`splatloss.ssim` / :func:`splatloss.dssim` return. A
+        backend that forms the reduction in its own kernels (one op, one autograd node) overrides it."""
+        s = self.ssim_mean(img1, img2, cfg, mask).mean(dim=1)
+        return reduce_batch(1 - s if dssim else s, reduction)
+
+    def dssim_l1_reduced(
+        self,
+        img1: Tensor,
+        img2: Tensor,
+        cfg: SSIMConfig,
+        lam: float,
+        reduction: str,
+        mask: Optional[Tensor] = None,
+    ) -> Tensor:
+        """:meth:`dssim_l1` reduced over the batch by ``reduction`` (as :meth:`ssim_reduced`)."""
+        return reduce_batch(self.dssim_l1(img1, img2, cfg, lam, mask), reduction)
 
     def dssim_l1_terms(
         self, img1: Tensor, img2: Tensor, cfg: SSIMConfig, lam: float, mask: Optional[Tensor] = None

@@ -53,6 +53,21 @@ class TritonBackend(Backend):
             return _masked_ssim.masked_ssim_term(img1, img2, mask, cfg)
         return _ssim.ssim_term(img1, img2, cfg)
 
+    # The losses' means over the batch in the op that forms them (one autograd node, no reduction
+    # launched after the kernels): what a training loop calls once a step.
+    def ssim_reduced(self, img1, img2, cfg, reduction, mask=None, dssim=False):
+        if mask is None and reduction == "mean":
+            return _ssim.ssim_loss(img1, img2, cfg, dssim)
+        return super().ssim_reduced(img1, img2, cfg, reduction, mask, dssim)
+
+    def dssim_l1_reduced(self, img1, img2, cfg, lam, reduction, mask=None):
+        if reduction == "mean":
+            if mask is None:
+                return _dssim_l1.dssim_l1(img1, img2, cfg, lam, mean=True)
+            if _masked_ssim.fits_fused_loss(cfg):
+                return _masked_ssim.masked_dssim_l1(img1, img2, mask, cfg, lam, mean=True)
+        return super().dssim_l1_reduced(img1, img2, cfg, lam, reduction, mask)
+
     def ms_ssim(self, img1, img2, cfg, weights, tau=None, mask=None):
         if mask is not None:
             return super().ms_ssim(img1, img2, cfg, weights, tau, mask)
@@ -72,6 +87,14 @@ class TritonBackend(Backend):
                 return super().dssim_l1(img1, img2, cfg, lam, mask)
             return _masked_ssim.masked_dssim_l1(img1, img2, mask, cfg, lam)
         return _dssim_l1.dssim_l1(img1, img2, cfg, lam)
+
+    def dssim_l1_terms(self, img1, img2, cfg, lam, mask=None):
+        # the terms from the partial sums the fused loss is formed of, in its launch (no second pass)
+        if mask is None:
+            return _dssim_l1.dssim_l1_terms(img1, img2, cfg, lam)
+        if _masked_ssim.fits_fused_loss(cfg):
+            return _masked_ssim.masked_dssim_l1_terms(img1, img2, mask, cfg, lam)
+        return self.composed_dssim_l1_terms(img1, img2, cfg, lam, mask)  # what dssim_l1 composes there
 
     def ssim_mean_and_grad(self, img1, img2, cfg, upstream, mask=None):
         if mask is not None:

@@ -21,7 +21,8 @@ arithmetic; in torch nine launches).
 
 from __future__ import annotations
 
-from typing import Tuple
+import functools
+from typing import Optional, Tuple
 
 import torch
 
@@ -42,7 +43,7 @@ from .glue import (
 from .launch import out_size
 from .partials import dssim_l1_loss
 
-__all__ = ["dssim_l1"]
+__all__ = ["dssim_l1", "dssim_l1_terms"]
 
 Tensor = torch.Tensor
 
@@ -51,6 +52,25 @@ def _sizes(img: Tensor, window: Tensor, padding: str) -> Tuple[int, int]:
     B, C, H, W = img.shape
     K = window.shape[0]
     return C * out_size(H, K, padding) * out_size(W, K, padding), C * H * W
+
+
+def _losses(
+    img1: Tensor, img2: Tensor, window: Tensor, padding: str, c1: float, c2: float, lam: float, need1: bool,
+    need2: bool, expect: float, mean: bool, terms: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    n_map, n_img = _sizes(img1, window, padding)
+    B, C = img1.shape[:2]
+    empty = img1.new_empty(0, dtype=torch.float32)
+    if not (need1 or need2):
+        s, _, l1 = launch_fwd(img1, img2, window, padding, c1, c2, "stats_l1", raw=True)
+        return dssim_l1_loss(s, l1, B, C, lam, n_map, n_img, mean=mean, terms=terms), empty, empty.clone()
+    g_s, w_l1 = _weights(B, C, lam, expect, n_map, n_img, img1.device)
+    gx, gy, parts, _ = launch_bwd(
+        img1, img2, window, padding, c1, c2, g_s, None, need1, need2, l1=w_l1, sums=True, grad_dtype=torch.float32,
+        raw_sums=True,
+    )  # fmt: skip
+    loss = dssim_l1_loss(parts, parts[:, :, 1], B, C, lam, n_map, n_img, width=2, mean=mean, terms=terms)
+    return loss, (gx if need1 else empty), (gy if need2 else empty.clone())
 
 
 def _dssim_l1_impl(
@@ -67,21 +87,53 @@ def _dssim_l1_impl(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The loss per image ``[B]``, and for each image that needs one its gradient for an upstream
     gradient of ``expect`` per image (float32; empty where not asked)."""
-    n_map, n_img = _sizes(img1, window, padding)
-    empty = img1.new_empty(0, dtype=torch.float32)
-    if not (need1 or need2):
-        s, _, l1 = launch_fwd(img1, img2, window, padding, c1, c2, "stats_l1", raw=True)
-        B, C = img1.shape[:2]
-        return dssim_l1_loss(s, l1, B, C, lam, n_map, n_img), empty, empty.clone()
-    shape = img1.shape[:2]
-    g_s = torch.full(shape, -lam * expect / n_map, dtype=torch.float32, device=img1.device)
-    w_l1 = torch.full(shape, (1.0 - lam) * expect / n_img, dtype=torch.float32, device=img1.device)
-    gx, gy, parts, _ = launch_bwd(
-        img1, img2, window, padding, c1, c2, g_s, None, need1, need2, l1=w_l1, sums=True, grad_dtype=torch.float32,
-        raw_sums=True,
-    )  # fmt: skip
-    loss = dssim_l1_loss(parts, parts[:, :, 1], shape[0], shape[1], lam, n_map, n_img, width=2)
-    return loss, (gx if need1 else empty), (gy if need2 else empty.clone())
+    return _losses(img1, img2, window, padding, c1, c2, lam, need1, need2, expect, False)
+
+
+def _dssim_l1_mean_impl(
+    img1: Tensor,
+    img2: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    lam: float,
+    need1: bool,
+    need2: bool,
+    expect: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`_dssim_l1_impl` with the loss's mean over the batch (a 0-dim tensor) taken in the launch
+    that forms the loss: no reduction launched after it, one autograd node."""
+    return _losses(img1, img2, window, padding, c1, c2, lam, need1, need2, expect, True)
+
+
+@functools.lru_cache(maxsize=64)
+def _weights(B: int, C: int, lam: float, expect: float, n_map: int, n_img: int, device) -> Tuple[Tensor, Tensor]:
+    """The ``[B, C]`` upstreams of the SSIM sums and of the L1 term for an upstream of ``expect`` per
+    image, built once per (shape, weights, device) and shared: the kernel only reads them, and a
+    training loop then launches no fills for them."""
+    g_s = torch.full((B, C), -lam * expect / n_map, dtype=torch.float32, device=device)
+    w_l1 = torch.full((B, C), (1.0 - lam) * expect / n_img, dtype=torch.float32, device=device)
+    return g_s, w_l1
+
+
+def _dssim_l1_terms_impl(
+    img1: Tensor,
+    img2: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    lam: float,
+    need1: bool,
+    need2: bool,
+    expect: float,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_dssim_l1_impl` with the loss's two terms per image as they enter it, ``[2, B]`` (the
+    L1 term, the D-SSIM term; no gradient), written by the launch that forms the loss."""
+    terms = torch.empty((2, img1.shape[0]), dtype=torch.float32, device=img1.device)
+    loss, gx, gy = _losses(img1, img2, window, padding, c1, c2, lam, need1, need2, expect, False, terms)
+    return loss, terms, gx, gy
 
 
 _dssim_l1_op = torch.library.custom_op("splatloss::triton_dssim_l1", _dssim_l1_impl, mutates_args=())
@@ -136,14 +188,81 @@ def _backward(ctx, g, _gx, _gy):
 
 _dssim_l1_call = with_autograd(_dssim_l1_op, _dssim_l1_impl, _save, _backward)
 
+_dssim_l1_mean_op = torch.library.custom_op("splatloss::triton_dssim_l1_mean", _dssim_l1_mean_impl, mutates_args=())
 
-def dssim_l1(img1: Tensor, img2: Tensor, cfg, lam: float) -> Tensor:
-    """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)``, shape ``[B]`` float32. Its
-    gradient is computed for the upstream of the mean over the batch, so a ``loss.backward()`` hands
-    it on untouched (:mod:`.rescale`)."""
+
+@_dssim_l1_mean_op.register_fake
+def _(img1, img2, window, padding, c1, c2, lam, need1, need2, expect):
+    gx, gy = fake_unit_grads(img1, img2, need1, need2)
+    return img1.new_empty((), dtype=torch.float32), gx, gy
+
+
+def _mean_save(ctx, inputs, output):
+    _save(ctx, inputs, output)
+    ctx.batch = inputs[0].shape[0]
+
+
+def _mean_backward(ctx, g, _gx, _gy):
+    B = ctx.batch
+
+    def recompute(img1, img2, window, need1, need2):
+        # each image's upstream as autograd's mean backward forms it: ``g / B``
+        return _dssim_l1_bwd_op(g.expand(B) / B, img1, img2, window, *ctx.cfg, need1, need2)
+
+    if g is None or B == 1 or ctx.expect == 1.0:
+        # each image's loss's upstream, ``g / B``, the kept gradients' factor (see the forward)
+        u = None if g is None else g.expand(B) / B
+    else:  # kept for the mean's upstream 1 of ``loss.backward()``: scaled by the mean's upstream
+        u = g.reshape(1).expand(B)
+    return backward_from_unit_grads(ctx, u, 1, recompute, "dssim_l1", n_inputs=10, expect=1.0)
+
+
+_dssim_l1_mean_call = with_autograd(_dssim_l1_mean_op, _dssim_l1_mean_impl, _mean_save, _mean_backward)
+
+
+_dssim_l1_terms_op = torch.library.custom_op("splatloss::triton_dssim_l1_terms", _dssim_l1_terms_impl, mutates_args=())
+
+
+@_dssim_l1_terms_op.register_fake
+def _(img1, img2, window, padding, c1, c2, lam, need1, need2, expect):
+    gx, gy = fake_unit_grads(img1, img2, need1, need2)
+    B = img1.shape[0]
+    return img1.new_empty((B,), dtype=torch.float32), img1.new_empty((2, B), dtype=torch.float32), gx, gy
+
+
+def _terms_save(ctx, inputs, output):
+    loss, terms, gx, gy = output
+    _save(ctx, inputs, (loss, gx, gy))
+    ctx.mark_non_differentiable(terms, gx, gy)
+
+
+def _terms_backward(ctx, g, _terms, _gx, _gy):
+    return _backward(ctx, g, _gx, _gy)
+
+
+_dssim_l1_terms_call = with_autograd(_dssim_l1_terms_op, _dssim_l1_terms_impl, _terms_save, _terms_backward)
+
+
+def dssim_l1_terms(img1: Tensor, img2: Tensor, cfg, lam: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`dssim_l1` and its L1 and D-SSIM terms per image as they enter it (no graph), ``[B]``
+    each: the terms from the partial sums the loss is formed of, in the same launch."""
     check_inputs(img1, img2, cfg)
     with functorch_guard():
-        loss, _, _ = _dssim_l1_call(
+        loss, terms, _, _ = _dssim_l1_terms_call(
+            img1, img2, window_taps(cfg, img1.device), cfg.padding, float(cfg.C1), float(cfg.C2), float(lam),
+            wants_grad(img1), wants_grad(img2), batch_mean_upstream(img1),
+        )  # fmt: skip
+    return loss, terms[0], terms[1]
+
+
+def dssim_l1(img1: Tensor, img2: Tensor, cfg, lam: float, mean: bool = False) -> Tensor:
+    """Per image ``(1 - lam) * mean|x - y| + lam * (1 - mean SSIM)``, shape ``[B]`` float32 (``mean``:
+    their mean over the batch, a 0-dim tensor, in the same launches). Its gradient is computed for
+    the upstream of the mean over the batch, so a ``loss.backward()`` hands it on untouched
+    (:mod:`.rescale`)."""
+    check_inputs(img1, img2, cfg)
+    with functorch_guard():
+        loss, _, _ = (_dssim_l1_mean_call if mean else _dssim_l1_call)(
             img1,
             img2,
             window_taps(cfg, img1.device),
@@ -153,6 +272,8 @@ def dssim_l1(img1: Tensor, img2: Tensor, cfg, lam: float) -> Tensor:
             float(lam),
             wants_grad(img1),
             wants_grad(img2),
+            # each image's loss's gradient for the upstream of the mean over the batch, ``1 / B``
+            # (:func:`.glue.batch_mean_upstream`: eager, float32 images; elsewhere 1)
             batch_mean_upstream(img1),
         )
     return loss

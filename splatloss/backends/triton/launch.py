@@ -497,7 +497,9 @@ def problem(img1: torch.Tensor, window: torch.Tensor, padding: str) -> Problem:
 #: Compiled kernels by launch key, per kernel; a kernel past this many keys launches through
 #: ``kernel[grid]`` for new keys (a loop over ever new shapes would otherwise grow the table).
 MAX_KEYS = 256
-_COMPILED: dict = {}
+#: False: every launch through ``kernel[grid]`` (``tools/host_time.py --verify`` launches each call
+#: both ways and compares what reaches Triton's launcher).
+CACHED = True
 _TAILS: dict = {}
 
 
@@ -530,12 +532,12 @@ def launch_kernel(fn, grid: tuple, *args, **kw):
     """``fn[grid](*args, **kw)``, through the compiled kernel where the same launch key was seen
     before (see above). ``kw``: the kernel's constexpr arguments and launch options, given the same
     way at each call site."""
-    table = _COMPILED.get(fn)
+    table = fn.__dict__.get("_launch_keys")  # on the kernel object: a JITFunction hashes slowly
     if table is None:
         if not isinstance(fn, JITFunction):  # the interpreter
             return fn[grid](*args, **kw)
-        table = _COMPILED[fn] = {}
-    if _plain_launch() or (args[0].is_cuda and torch.cuda.is_current_stream_capturing()):  # args[0]: a tensor
+        table = fn._launch_keys = {}
+    if not CACHED or _plain_launch() or (args[0].is_cuda and torch.cuda.is_current_stream_capturing()):
         return fn[grid](*args, **kw)
     active = driver.active
     device = active.get_current_device()

@@ -339,12 +339,11 @@ def masked_bwd_kernel(
 #: per lane beside x's, in half precision, or other column strides), and the heavy ones (both
 #: gradients, or "reflect" with its mirrored taps). The light kernel keeps its last ``K // 2``
 #: rows' sums and centre masks in scratch (:func:`.columns.vmoments_masked_kept`) and, with shared
-#: strides, one offset per lane for both images: within 128 registers without spilling, four 4-warp
-#: programs (16 warps) per SM, as the unmasked backward. The others spill 8 B at 128 (strides
-#: apart, sm_90; bfloat16 with a mask per channel and the second image's gradient, sm_80), so they
-#: take 168: three 4-warp programs (12 warps). The heavy variants spill 88 to 160 B at 168 and take
-#: 255: one 8-warp program. tools/check_kernels.py checks each.
-BWD_LAUNCH = {"light": (False, 128), "light_other": (False, 168), "heavy": (True, MAXNREG)}
+#: strides, one offset per lane for both images. At 128 registers the light kernels spill 8 B
+#: (sm_90, the 1080p loss), so both take 168: three 4-warp programs (12 warps) per SM. The heavy
+#: variants spill 88 to 160 B at 168 and take 255: one 8-warp program. tools/check_kernels.py
+#: checks each.
+BWD_LAUNCH = {"light": (False, 168), "light_other": (False, 168), "heavy": (True, MAXNREG)}
 
 
 def launch_masked_fwd(img1, img2, mask, window, padding: str, c1: float, c2: float, l1: bool = False):

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Tuple
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..base import masked_l1
 from . import partials
@@ -47,7 +48,15 @@ from .glue import (
 from .launch import COLUMN_TAPS
 from .masked_kernels import launch_masked_bwd, launch_masked_fwd
 
-__all__ = ["centre_weights", "fits", "fits_fused_loss", "masked_dssim_l1", "masked_ssim_stats", "masked_ssim_term"]
+__all__ = [
+    "centre_weights",
+    "fits",
+    "fits_fused_loss",
+    "masked_dssim_l1",
+    "masked_dssim_l1_terms",
+    "masked_ssim_stats",
+    "masked_ssim_term",
+]
 
 Tensor = torch.Tensor
 
@@ -80,9 +89,40 @@ def _float_mask(mask: Tensor, img: Tensor) -> Tensor:
     return mask.to(device=img.device, dtype=torch.float32).expand(img.shape)
 
 
+#: The masks' sums computed so far, by mask (weakly: an entry lives as long as the mask), for each
+#: (images' B and C, window size, padding): the mask's version and the sums. A training loop passes
+#: the same mask tensor step after step (the validated, scaled mask of :func:`splatloss.checks.check_mask`
+#: is itself kept per version of the user's mask), so its sums are taken once, not once a call.
+_SUMS = WeakIdKeyDictionary()
+
+
+def _cached_sums(mask: Tensor, key: tuple, compute):
+    """``compute()`` once per ``mask`` version and ``key`` (every call where ``mask`` is not a plain
+    tensor with a version counter: a traced fake tensor, an inference tensor, one that needs a
+    gradient)."""
+    if type(mask) is not torch.Tensor or mask.is_inference() or mask.requires_grad:
+        return compute()
+    seen = _SUMS.get(mask)
+    version = mask._version
+    hit = None if seen is None else seen.get(key)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    out = compute()
+    if seen is None:
+        seen = _SUMS.setdefault(mask, {})
+    seen[key] = (version, out)
+    return out
+
+
 def centre_weights(mask: Tensor, img: Tensor, window: Tensor, padding: str) -> Tensor:
     """``[B, C]`` sums of the mask at the map positions' centres (the means' denominators), summed
-    over the mask as given (a mask shared by the channels: once per image) and broadcast."""
+    over the mask as given (a mask shared by the channels: once per image) and broadcast; taken
+    once per mask version (:func:`_cached_sums`)."""
+    key = ("centre", tuple(img.shape[:2]), window.shape[0], padding)
+    return _cached_sums(mask, key, lambda: _centre_weights(mask, img, window, padding))
+
+
+def _centre_weights(mask: Tensor, img: Tensor, window: Tensor, padding: str) -> Tensor:
     K = window.shape[0]
     mask = mask.to(torch.float32)
     if padding == "valid":
@@ -99,7 +139,8 @@ def plane_sums(mask: Tensor, img: Tensor, window: Tensor, padding: str) -> Tuple
     z = centre_weights(mask, img, window, padding)
     if padding != "valid":
         return z, z
-    return z, mask.to(torch.float32).sum(dim=(-2, -1)).expand(img.shape[:2])
+    key = ("planes", tuple(img.shape[:2]))
+    return z, _cached_sums(mask, key, lambda: mask.to(torch.float32).sum(dim=(-2, -1)).expand(img.shape[:2]))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,22 +287,68 @@ def _masked_dssim_l1_impl(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The masked loss per image ``[B]`` and, for each image that needs one, its gradient for an
     upstream gradient of ``expect`` per image (float32; empty where not asked)."""
+    return _masked_losses(img1, img2, mask, window, padding, c1, c2, lam, need1, need2, expect, False)
+
+
+def _masked_dssim_l1_mean_impl(
+    img1: Tensor,
+    img2: Tensor,
+    mask: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    lam: float,
+    need1: bool,
+    need2: bool,
+    expect: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`_masked_dssim_l1_impl` with the loss's mean over the batch (a 0-dim tensor) taken in the
+    launch that forms the loss."""
+    return _masked_losses(img1, img2, mask, window, padding, c1, c2, lam, need1, need2, expect, True)
+
+
+def _masked_dssim_l1_terms_impl(
+    img1: Tensor,
+    img2: Tensor,
+    mask: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    lam: float,
+    need1: bool,
+    need2: bool,
+    expect: float,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_masked_dssim_l1_impl` with the loss's two terms per image as they enter it, ``[2, B]``
+    (the masked L1 term, the D-SSIM term; no gradient), written by the launch that forms the loss."""
+    terms = torch.empty((2, img1.shape[0]), dtype=torch.float32, device=img1.device)
+    loss, gx, gy = _masked_losses(img1, img2, mask, window, padding, c1, c2, lam, need1, need2, expect, False, terms)
+    return loss, terms, gx, gy
+
+
+def _masked_losses(img1, img2, mask, window, padding, c1, c2, lam, need1, need2, expect, mean, terms=None):
     m = _float_mask(mask, img1)
     z, planes = plane_sums(mask, img1, window, padding)
     empty = img1.new_empty(0, dtype=torch.float32)
     if not (need1 or need2):
         if padding != "same":  # "valid": the map's centres do not cover the image; the L1 term in torch ops
             s, _ = launch_masked_fwd(img1, img2, m, window, padding, c1, c2)
-            ssim_part = partials.masked_dssim_l1_loss(s, None, z, None, lam)
-            return (1.0 - lam) * masked_l1(img1, img2, mask) + ssim_part, empty, empty.clone()
+            ssim_part = partials.masked_dssim_l1_loss(s, None, z, None, lam, terms=terms)
+            l1_term = masked_l1(img1, img2, mask)
+            loss = (1.0 - lam) * l1_term + ssim_part
+            if terms is not None:
+                terms[0].copy_(l1_term)
+            return (loss.mean() if mean else loss), empty, empty.clone()
         # every pixel is one map position's centre: the forward kernel sums the masked |x - y| too
         s, _, l1 = launch_masked_fwd(img1, img2, m, window, padding, c1, c2, l1=True)
-        return partials.masked_dssim_l1_loss(s, l1, z, planes, lam), empty, empty.clone()
+        return partials.masked_dssim_l1_loss(s, l1, z, planes, lam, mean=mean, terms=terms), empty, empty.clone()
     g_s, w_l1 = _loss_weights(z, planes, lam, expect)
     gx, gy, parts = launch_masked_bwd(
         img1, img2, m, window, padding, c1, c2, g_s, None, need1, need2, True, torch.float32, l1=w_l1
     )
-    loss = partials.masked_dssim_l1_loss(parts, parts[:, :, 1], z, planes, lam, width=2)
+    loss = partials.masked_dssim_l1_loss(parts, parts[:, :, 1], z, planes, lam, width=2, mean=mean, terms=terms)
     return loss, (gx if need1 else empty), (gy if need2 else empty.clone())
 
 
@@ -316,6 +403,68 @@ def _dssim_l1_backward(ctx, g, _gx, _gy):
 
 _dssim_l1_call = with_autograd(_dssim_l1_op, _masked_dssim_l1_impl, _dssim_l1_save, _dssim_l1_backward)
 
+_dssim_l1_mean_op = torch.library.custom_op(
+    "splatloss::triton_masked_dssim_l1_mean", _masked_dssim_l1_mean_impl, mutates_args=()
+)
+
+
+@_dssim_l1_mean_op.register_fake
+def _(img1, img2, mask, window, padding, c1, c2, lam, need1, need2, expect):
+    gx, gy = fake_unit_grads(img1, img2, need1, need2)
+    return img1.new_empty((), dtype=torch.float32), gx, gy
+
+
+def _dssim_l1_mean_save(ctx, inputs, output):
+    _dssim_l1_save(ctx, inputs, output)
+    ctx.batch = inputs[0].shape[0]
+
+
+def _dssim_l1_mean_backward(ctx, g, _gx, _gy):
+    B = ctx.batch
+
+    def recompute(img1, img2, window, need1, need2, mask):
+        # each image's upstream as autograd's mean backward forms it: ``g / B``
+        return _dssim_l1_bwd_op(g.expand(B) / B, img1, img2, mask, window, *ctx.cfg, need1, need2)
+
+    if g is None or B == 1 or ctx.expect == 1.0:
+        # each image's loss's upstream, ``g / B``, the kept gradients' factor (see the forward)
+        u = None if g is None else g.expand(B) / B
+    else:  # kept for the mean's upstream 1 of ``loss.backward()``: scaled by the mean's upstream
+        u = g.reshape(1).expand(B)
+    return backward_from_unit_grads(ctx, u, 1, recompute, "masked dssim_l1", n_inputs=11, expect=1.0)
+
+
+_dssim_l1_mean_call = with_autograd(
+    _dssim_l1_mean_op, _masked_dssim_l1_mean_impl, _dssim_l1_mean_save, _dssim_l1_mean_backward
+)
+
+
+_dssim_l1_terms_op = torch.library.custom_op(
+    "splatloss::triton_masked_dssim_l1_terms", _masked_dssim_l1_terms_impl, mutates_args=()
+)
+
+
+@_dssim_l1_terms_op.register_fake
+def _(img1, img2, mask, window, padding, c1, c2, lam, need1, need2, expect):
+    gx, gy = fake_unit_grads(img1, img2, need1, need2)
+    B = img1.shape[0]
+    return img1.new_empty((B,), dtype=torch.float32), img1.new_empty((2, B), dtype=torch.float32), gx, gy
+
+
+def _dssim_l1_terms_save(ctx, inputs, output):
+    loss, terms, gx, gy = output
+    _dssim_l1_save(ctx, inputs, (loss, gx, gy))
+    ctx.mark_non_differentiable(terms, gx, gy)
+
+
+def _dssim_l1_terms_backward(ctx, g, _terms, _gx, _gy):
+    return _dssim_l1_backward(ctx, g, _gx, _gy)
+
+
+_dssim_l1_terms_call = with_autograd(
+    _dssim_l1_terms_op, _masked_dssim_l1_terms_impl, _dssim_l1_terms_save, _dssim_l1_terms_backward
+)
+
 
 # ------------------------------------------------------------------------------------------------
 # Backend entry points
@@ -324,7 +473,9 @@ _dssim_l1_call = with_autograd(_dssim_l1_op, _masked_dssim_l1_impl, _dssim_l1_sa
 
 def _args(img1: Tensor, img2: Tensor, mask: Tensor, cfg):
     check_inputs(img1, img2, cfg)
-    return mask.detach(), window_taps(cfg, img1.device), cfg.padding, float(cfg.C1), float(cfg.C2)
+    # the mask itself where it needs no gradient (its sums are then kept per version: _cached_sums)
+    m = mask.detach() if mask.requires_grad else mask
+    return m, window_taps(cfg, img1.device), cfg.padding, float(cfg.C1), float(cfg.C2)
 
 
 def masked_ssim_stats(img1: Tensor, img2: Tensor, mask: Tensor, cfg) -> Tuple[Tensor, Tensor]:
@@ -343,16 +494,30 @@ def masked_ssim_term(img1: Tensor, img2: Tensor, mask: Tensor, cfg) -> Tensor:
     return s
 
 
-def masked_dssim_l1(img1: Tensor, img2: Tensor, mask: Tensor, cfg, lam: float) -> Tensor:
-    """Per image ``(1 - lam) * sum M |x - y| / sum M + lam * (1 - masked SSIM)``, ``[B]`` float32."""
+def masked_dssim_l1(img1: Tensor, img2: Tensor, mask: Tensor, cfg, lam: float, mean: bool = False) -> Tensor:
+    """Per image ``(1 - lam) * sum M |x - y| / sum M + lam * (1 - masked SSIM)``, ``[B]`` float32
+    (``mean``: their mean over the batch, a 0-dim tensor, in the same launches)."""
     with functorch_guard():
-        loss, _, _ = _dssim_l1_call(
+        loss, _, _ = (_dssim_l1_mean_call if mean else _dssim_l1_call)(
             img1,
             img2,
             *_args(img1, img2, mask, cfg),
             float(lam),
             wants_grad(img1),
             wants_grad(img2),
+            # each image's loss's gradient for the upstream of the mean over the batch, ``1 / B``
+            # (:func:`.glue.batch_mean_upstream`: eager, float32 images; elsewhere 1)
             batch_mean_upstream(img1),
         )
     return loss
+
+
+def masked_dssim_l1_terms(img1: Tensor, img2: Tensor, mask: Tensor, cfg, lam: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`masked_dssim_l1` and its masked L1 and D-SSIM terms per image as they enter it (no
+    graph), ``[B]`` each, from the partial sums the loss is formed of, in the same launch."""
+    with functorch_guard():
+        loss, terms, _, _ = _dssim_l1_terms_call(
+            img1, img2, *_args(img1, img2, mask, cfg), float(lam), wants_grad(img1), wants_grad(img2),
+            batch_mean_upstream(img1),
+        )  # fmt: skip
+    return loss, terms[0], terms[1]

@@ -101,12 +101,11 @@ def means(
     return out
 
 
-@triton.jit(do_not_specialize=("C", "P"))
-def _dssim_l1_kernel(
-    s_ptr, l1_ptr, out_ptr, C, P, lam, n_map, n_img, WIDTH: tl.constexpr, BLOCK: tl.constexpr
-):  # fmt: skip
-    # image b: its channels' partial sums of SSIM and |x - y|, P per channel, WIDTH apart
-    b = tl.program_id(0).to(tl.int64)
+@triton.jit
+def _image_loss(
+    s_ptr, l1_ptr, b, C, P, lam, n_map, n_img, KIND: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr
+):
+    # image b: its channels' partial sums of SSIM (and |x - y|), P per channel, WIDTH apart
     acc_s = tl.zeros([BLOCK], dtype=tl.float32)
     acc_l1 = tl.zeros([BLOCK], dtype=tl.float32)
     for c in range(0, C):
@@ -115,25 +114,63 @@ def _dssim_l1_kernel(
             i = s0 + tl.arange(0, BLOCK)
             at = (row + i) * WIDTH
             acc_s += tl.load(s_ptr + at, mask=i < P, other=0.0)
-            acc_l1 += tl.load(l1_ptr + at, mask=i < P, other=0.0)
-    s = tl.sum(acc_s, axis=0)
+            if KIND == 0:
+                acc_l1 += tl.load(l1_ptr + at, mask=i < P, other=0.0)
+    s = tl.math.div_rn(tl.sum(acc_s, axis=0), n_map)
     l1 = tl.sum(acc_l1, axis=0)
-    loss = tl.math.div_rn(l1 * (1.0 - lam), n_img) + lam * (1.0 - tl.math.div_rn(s, n_map))
-    tl.store(out_ptr + b, loss)
+    if KIND == 0:  # the 3DGS loss, and its two terms as they enter it
+        return tl.math.div_rn(l1 * (1.0 - lam), n_img) + lam * (1.0 - s), tl.math.div_rn(l1, n_img), 1.0 - s
+    elif KIND == 1:  # SSIM
+        return s, l1, s
+    else:  # D-SSIM
+        return 1.0 - s, l1, s
 
 
-def dssim_l1_loss(s: Tensor, l1: Tensor, B: int, C: int, lam: float, n_map: int, n_img: int, width: int = 1) -> Tensor:
+@triton.jit(do_not_specialize=("B", "C", "P"))
+def _dssim_l1_kernel(
+    s_ptr, l1_ptr, out_ptr, t_ptr, B, C, P, lam, n_map, n_img,
+    KIND: tl.constexpr, MEAN: tl.constexpr, TERMS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    if MEAN:  # one program: the batch's mean, the images added in order
+        total = 0.0
+        first = tl.program_id(0).to(tl.int64)  # 0: the image index as an int64 tensor
+        for b in range(0, B):
+            loss, _, _ = _image_loss(s_ptr, l1_ptr, first + b, C, P, lam, n_map, n_img, KIND, WIDTH, BLOCK)
+            total += loss
+        tl.store(out_ptr, tl.math.div_rn(total, B.to(tl.float32)))
+    else:  # a program per image
+        b = tl.program_id(0).to(tl.int64)
+        loss, l1, d = _image_loss(s_ptr, l1_ptr, b, C, P, lam, n_map, n_img, KIND, WIDTH, BLOCK)
+        tl.store(out_ptr + b, loss)
+        if TERMS:  # the 3DGS loss's L1 and D-SSIM terms
+            tl.store(t_ptr + b, l1)
+            tl.store(t_ptr + B + b, d)
+
+
+#: The losses :func:`dssim_l1_loss` forms from the partial sums: the 3DGS loss, SSIM, D-SSIM.
+LOSS_KINDS = {"dssim_l1": 0, "ssim": 1, "dssim": 2}
+
+
+def dssim_l1_loss(
+    s: Tensor, l1: Optional[Tensor], B: int, C: int, lam: float, n_map: int, n_img: int, width: int = 1,
+    mean: bool = False, kind: str = "dssim_l1", terms: Optional[Tensor] = None,
+) -> Tensor:  # fmt: skip
     """The 3DGS loss per image ``[B]``, ``(1 - lam) L1 + lam (1 - SSIM)``, from the kernels'
     partial sums: ``s`` of the SSIM map and ``l1`` of ``|x - y|``, ``P`` per (image, channel) row,
     ``width`` values apart (``s`` and ``l1`` may be one buffer's two interleaved components);
-    ``n_map``, ``n_img``: the map's and the image's pixel-channels per image. One launch."""
+    ``n_map``, ``n_img``: the map's and the image's pixel-channels per image. ``kind`` "ssim" or
+    "dssim": the image's SSIM or ``1 - SSIM`` instead (``l1`` and ``lam`` unused). ``mean``: their
+    mean over the batch instead, a 0-dim tensor (one program adds the images in order). ``terms``
+    (the 3DGS loss per image): a float32 ``[2, B]`` tensor to write the losses' L1 and D-SSIM terms
+    into, as they enter them. One launch."""
     P = s.numel() // (B * C * width)
-    out = torch.empty(B, dtype=torch.float32, device=s.device)
+    out = torch.empty(() if mean else (B,), dtype=torch.float32, device=s.device)
     block = max(16, min(1024, next_power_of_2(P)))
     with device_guard(s):
-        launch_kernel(_dssim_l1_kernel, (B,),
-            s, l1, out, C, P, float(lam), float(n_map), float(n_img), WIDTH=width, BLOCK=block,
-            **launch_options(1 if block <= 128 else 4),
+        launch_kernel(_dssim_l1_kernel, (1 if mean else B,),
+            s, l1 if l1 is not None else s, out, terms if terms is not None else out, B, C, P, float(lam),
+            float(n_map), float(n_img), KIND=LOSS_KINDS[kind], MEAN=mean, TERMS=terms is not None, WIDTH=width,
+            BLOCK=block, **launch_options(1 if block <= 128 else 4),
         )  # fmt: skip
     return out
 
@@ -189,14 +226,13 @@ def masked_weights(z: Tensor, scale_s: float, zl: Optional[Tensor] = None, scale
     return out
 
 
-@triton.jit(do_not_specialize=("C", "P", "sz_b", "sz_c", "sl_b", "sl_c"))
-def _masked_reduce_kernel(
-    s_ptr, l1_ptr, z_ptr, zl_ptr, out_ptr, C, P, sz_b, sz_c, sl_b, sl_c, lam,
+@triton.jit
+def _masked_image(
+    s_ptr, l1_ptr, z_ptr, zl_ptr, out_ptr, b, C, P, sz_b, sz_c, sl_b, sl_c, lam,
     LOSS: tl.constexpr, HAS_L1: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     # image b: its channels' partial sums of the centre-weighted deficit (and of the masked |x - y|),
-    # P per channel, WIDTH apart
-    b = tl.program_id(0).to(tl.int64)
+    # P per channel, WIDTH apart; the means stored, or the loss returned (LOSS)
     sum_means = 0.0
     sum_l1 = 0.0
     den = 0.0
@@ -222,23 +258,55 @@ def _masked_reduce_kernel(
                 den += tl.load(zl_ptr + b * sl_b + c * sl_c)
         else:
             tl.store(out_ptr + b * C + c, mean)
-    if LOSS:
-        loss = lam * (1.0 - tl.math.div_rn(sum_means, C.to(tl.float32)))
-        if HAS_L1:
-            w = _inverse(den)
-            loss += (1.0 - lam) * w * sum_l1
-        tl.store(out_ptr + b, loss)
+    d = 1.0 - tl.math.div_rn(sum_means, C.to(tl.float32))
+    loss = lam * d
+    l1 = 0.0
+    if HAS_L1:
+        w = _inverse(den)
+        loss += (1.0 - lam) * w * sum_l1
+        l1 = w * sum_l1
+    return loss, l1, d
 
 
-def _masked_reduce(s, l1, z, zl, B, C, lam, width, loss):
+@triton.jit(do_not_specialize=("B", "C", "P", "sz_b", "sz_c", "sl_b", "sl_c"))
+def _masked_reduce_kernel(
+    s_ptr, l1_ptr, z_ptr, zl_ptr, out_ptr, t_ptr, B, C, P, sz_b, sz_c, sl_b, sl_c, lam,
+    LOSS: tl.constexpr, MEAN: tl.constexpr, TERMS: tl.constexpr, HAS_L1: tl.constexpr, WIDTH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    if MEAN:  # one program: the batch's mean loss, the images added in order
+        total = 0.0
+        first = tl.program_id(0).to(tl.int64)  # 0: the image index as an int64 tensor
+        for b in range(0, B):
+            loss, _, _ = _masked_image(
+                s_ptr, l1_ptr, z_ptr, zl_ptr, out_ptr, first + b, C, P, sz_b, sz_c, sl_b, sl_c, lam, True,
+                HAS_L1, WIDTH, BLOCK,
+            )  # fmt: skip
+            total += loss
+        tl.store(out_ptr, tl.math.div_rn(total, B.to(tl.float32)))
+    else:
+        b = tl.program_id(0).to(tl.int64)
+        loss, l1, d = _masked_image(
+            s_ptr, l1_ptr, z_ptr, zl_ptr, out_ptr, b, C, P, sz_b, sz_c, sl_b, sl_c, lam, LOSS, HAS_L1, WIDTH, BLOCK
+        )
+        if LOSS:
+            tl.store(out_ptr + b, loss)
+            if TERMS:  # the loss's L1 and D-SSIM terms
+                tl.store(t_ptr + b, l1)
+                tl.store(t_ptr + B + b, d)
+
+
+def _masked_reduce(s, l1, z, zl, B, C, lam, width, loss, mean=False, terms=None):
     P = s.numel() // (B * C * width)
-    out = torch.empty((B,) if loss else (B, C), dtype=torch.float32, device=s.device)
+    out = torch.empty(() if mean else (B,) if loss else (B, C), dtype=torch.float32, device=s.device)
     block = max(16, min(1024, next_power_of_2(P)))
     zl_ = zl if zl is not None else z
     with device_guard(s):
-        launch_kernel(_masked_reduce_kernel, (B,),
-            s, l1 if l1 is not None else s, z, zl_, out, C, P, *z.stride(), *zl_.stride(), float(lam),
-            LOSS=loss, HAS_L1=l1 is not None, WIDTH=width, BLOCK=block, **launch_options(1 if block <= 128 else 4),
+        launch_kernel(_masked_reduce_kernel, (1 if mean else B,),
+            s, l1 if l1 is not None else s, z, zl_, out, terms if terms is not None else out, B, C, P, *z.stride(),
+            *zl_.stride(), float(lam), LOSS=loss, MEAN=mean, TERMS=terms is not None, HAS_L1=l1 is not None,
+            WIDTH=width, BLOCK=block,
+            **launch_options(1 if block <= 128 else 4),
         )  # fmt: skip
     return out
 
@@ -253,14 +321,17 @@ def masked_means(s: Tensor, z: Tensor, width: int = 1) -> Tensor:
 
 
 def masked_dssim_l1_loss(
-    s: Tensor, l1: Optional[Tensor], z: Tensor, zl: Optional[Tensor], lam: float, width: int = 1
-) -> Tensor:
+    s: Tensor, l1: Optional[Tensor], z: Tensor, zl: Optional[Tensor], lam: float, width: int = 1, mean: bool = False,
+    terms: Optional[Tensor] = None,
+) -> Tensor:  # fmt: skip
     """The masked 3DGS loss per image ``[B]``, ``(1 - lam) sum M |x - y| / sum M + lam (1 - masked
     SSIM)``, from the partial sums of the deficit ``s`` and of the masked ``|x - y|`` ``l1`` (as
     :func:`dssim_l1_loss`; ``l1`` None: the SSIM part alone, ``lam (1 - masked SSIM)``), ``z`` the
     centre weights and ``zl`` the mask's plane sums (``[B, C]``, any strides; ``sum M`` is their sum
-    over the channels). One launch."""
+    over the channels). ``mean``: the loss's mean over the batch instead, a 0-dim tensor (one
+    program adds the images in order). ``terms``: a float32 ``[2, B]`` tensor to write the losses' L1
+    terms (0 without ``l1``) and D-SSIM terms into, as they enter them. One launch."""
     B, C = z.shape
     if (l1 is None) != (zl is None):
         raise ValueError("masked_dssim_l1_loss: give l1 and zl together, or neither")
-    return _masked_reduce(s, l1, z, zl, B, C, lam, width, loss=True)
+    return _masked_reduce(s, l1, z, zl, B, C, lam, width, loss=True, mean=mean, terms=terms)

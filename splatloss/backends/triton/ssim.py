@@ -51,9 +51,10 @@ from .glue import (
     zeros_if_none,
 )
 from .launch import out_size
+from .partials import dssim_l1_loss
 from .partials import means as partial_means
 
-__all__ = ["ssim_map", "ssim_stats", "ssim_term", "ssim_mean_and_grad", "stats_bwd_op"]
+__all__ = ["ssim_loss", "ssim_map", "ssim_stats", "ssim_term", "ssim_mean_and_grad", "stats_bwd_op"]
 
 Tensor = torch.Tensor
 
@@ -295,6 +296,81 @@ def _term_backward(ctx, g_t, _gx, _gy):
 _term_call = with_autograd(_term_op, _term_impl, _term_save, _term_backward)
 
 
+def _loss_impl(
+    img1: Tensor,
+    img2: Tensor,
+    window: Tensor,
+    padding: str,
+    c1: float,
+    c2: float,
+    dssim: bool,
+    need1: bool,
+    need2: bool,
+    expect: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The batch's mean SSIM (``dssim``: mean D-SSIM, ``1 - SSIM`` per image) as a 0-dim tensor,
+    and for each image that needs one its gradient for the upstream ``expect`` per (image, channel)
+    mean (:func:`_term_impl`'s): the mean over channels and images taken in the launch that forms
+    the loss from the kernel's partial sums, so a loss call launches no reductions of its own and
+    autograd runs one node for it."""
+    n = map_numel(img1, window, padding)
+    B, C = img1.shape[:2]
+    kind = "dssim" if dssim else "ssim"
+    empty = img1.new_empty(0, dtype=torch.float32)
+    if not (need1 or need2):
+        s, _ = launch_fwd(img1, img2, window, padding, c1, c2, "stats", raw=True)
+        return dssim_l1_loss(s, None, B, C, 0.0, C * n, 1, mean=True, kind=kind), empty, empty.clone()
+    unit = unit_upstreams([n], B * C, img1.device, expect)[0].view(B, C)  # shared, read only
+    gx, gy, parts, _ = launch_bwd(
+        img1, img2, window, padding, c1, c2, unit, None, need1, need2, sums=True, grad_dtype=torch.float32,
+        raw_sums=True,
+    )  # fmt: skip
+    loss = dssim_l1_loss(parts, None, B, C, 0.0, C * n, 1, width=2, mean=True, kind=kind)
+    return loss, (gx if need1 else empty), (gy if need2 else empty.clone())
+
+
+_loss_op = torch.library.custom_op("splatloss::triton_ssim_loss", _loss_impl, mutates_args=())
+
+
+@_loss_op.register_fake
+def _(img1, img2, window, padding, c1, c2, dssim, need1, need2, expect):
+    gx, gy = fake_unit_grads(img1, img2, need1, need2)
+    return img1.new_empty((), dtype=torch.float32), gx, gy
+
+
+def _loss_save(ctx, inputs, output):
+    img1, img2, window, padding, c1, c2, dssim, need1, need2, expect = inputs
+    save_unit_grads(ctx, img1, img2, window, *output[1:])
+    ctx.cfg = (padding, c1, c2, dssim)
+    ctx.batch = tuple(img1.shape[:2])
+    ctx.expect = expect
+
+
+def _loss_backward(ctx, g, _gx, _gy):
+    padding, c1, c2, dssim = ctx.cfg
+    B, C = ctx.batch
+
+    def per_mean(g):
+        # each (image, channel) mean's upstream as autograd's mean backwards form it: the batch
+        # mean's ``g / B`` (negated for D-SSIM), then the channels' ``/ C``
+        return g.expand(B, C) / (-B if dssim else B) / C
+
+    def recompute(img1, img2, window, need1, need2):
+        g_t = per_mean(g)
+        return stats_bwd_op(g_t, torch.zeros_like(g_t), img1, img2, window, padding, c1, c2, need1, need2)
+
+    if g is None or ctx.expect == 1.0:  # kept for an upstream of 1 per mean (see ssim_loss): scaled by each
+        u = None if g is None else per_mean(g)
+        return backward_from_unit_grads(ctx, u, 2, recompute, "ssim loss", n_inputs=10, expect=1.0)
+    # kept for the loss's upstream in ``1 - ssim`` (-1), which is the D-SSIM mean's upstream 1 too:
+    # scaled by the loss's upstream over that, once per image (none where it is that)
+    u = g.reshape(1).expand(B)
+    return backward_from_unit_grads(ctx, u, 1, recompute, "ssim loss", n_inputs=10, expect=1.0 if dssim else -1.0)
+
+
+_loss_call = with_autograd(_loss_op, _loss_impl, _loss_save, _loss_backward)
+
+
 # ------------------------------------------------------------------------------------------------
 # Backend entry points (splatloss/backends/base.py)
 # ------------------------------------------------------------------------------------------------
@@ -354,6 +430,30 @@ def ssim_term(img1: Tensor, img2: Tensor, cfg, cs: bool = False, expect: Optiona
             wants_grad(img2),
             dssim_mean_upstream(img1) if expect is None else float(expect),
         )
+    return s
+
+
+def ssim_loss(img1: Tensor, img2: Tensor, cfg, dssim: bool = False) -> Tensor:
+    """The batch's mean SSIM (``dssim``: mean ``1 - SSIM``), a 0-dim float32 tensor: what
+    ``splatloss.ssim`` / ``dssim`` return with ``reduction="mean"``, in one op (:func:`_loss_impl`).
+    Its gradient, when an input requires one, is computed in the forward for the upstream of the
+    D-SSIM loss (``1 - ssim(x, y)``, ``dssim(x, y)``) and handed on untouched in that case (eager,
+    float32 images; elsewhere for an upstream of 1 per (image, channel) mean, scaled in the backward,
+    as :func:`.glue.dssim_mean_upstream` says).
+
+    Examples:
+        >>> from splatloss.config import SSIMConfig
+        >>> x = torch.rand(2, 1, 16, 16, requires_grad=True)  # on CPU: the Triton interpreter
+        >>> loss = ssim_loss(x, x.detach(), SSIMConfig(), dssim=True)
+        >>> loss.backward()
+        >>> loss.shape, abs(float(loss)) < 1e-6, x.grad.shape
+        (torch.Size([]), True, torch.Size([2, 1, 16, 16]))
+    """
+    with functorch_guard():
+        s, _, _ = _loss_call(
+            img1, img2, *_args(img1, img2, cfg), bool(dssim), wants_grad(img1), wants_grad(img2),
+            dssim_mean_upstream(img1),
+        )  # fmt: skip
     return s
 
 
