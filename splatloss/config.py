@@ -266,10 +266,23 @@ window, k1, k2, c1, c2, padding (or config=SSIMConfig(...))
                 f"{', '.join(OPTION_ORDER)} (or config=SSIMConfig(...))"
             )
     if config is None:
+        if all(type(v) in _PLAIN for v in options.values()):
+            # a loss called with the same keywords step after step: validated once (the config is
+            # frozen); the types are part of the key, so 1 and True stay apart
+            return _validated(tuple((k, type(v), v) for k, v in sorted(options.items())))
         return SSIMConfig(**options)
     if not isinstance(config, SSIMConfig):
         raise TypeError(f"config must be a splatloss.SSIMConfig or None, got {type(config).__name__}")
     return dataclasses.replace(config, **options) if options else config
+
+
+#: Option values whose validated config :func:`resolve` keeps (immutable, compared by value).
+_PLAIN = (int, float, str, bool, type(None))
+
+
+@functools.lru_cache(maxsize=256)
+def _validated(items: tuple) -> SSIMConfig:
+    return SSIMConfig(**{k: v for k, _, v in items})
 
 
 #: The options in the order the documentation and error messages list them (users think of

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -503,16 +504,21 @@ CACHED = True
 _TAILS: dict = {}
 
 
-def _key(args: tuple, kw: dict, device: int) -> tuple:
-    key = [device]
-    for a in args:
-        if type(a) is torch.Tensor:
-            key.append(a.dtype)
-            key.append(a.data_ptr() & 15)
-        else:
-            key.append(a)
-    key.extend(kw.values())
-    return tuple(key)
+def _key(fn, args: tuple, kw: dict, device: int) -> tuple:
+    """What decides Triton's specialisation of ``fn(*args, **kw)``: each tensor's dtype and 16-byte
+    alignment, every other argument's value. A call site passes its tensors at the same places call
+    after call; those places are found once per kernel and argument count."""
+    places = fn.__dict__.get("_tensor_places")
+    if places is None or places[0] != len(args):
+        at = tuple(i for i, a in enumerate(args) if type(a) is torch.Tensor)
+        rest = tuple(i for i in range(len(args)) if i not in at)
+        places = fn._tensor_places = (len(args), at, operator.itemgetter(*rest) if rest else (lambda a: ()))
+    _, at, others = places
+    try:
+        tensors = tuple((args[i].dtype, args[i].data_ptr() & 15) for i in at)
+    except AttributeError:  # not a tensor where the first call had one: specialised by value
+        tensors = tuple(args[i] for i in at)
+    return (device, others(args), tensors, tuple(kw.values()))
 
 
 def _plain_launch() -> bool:
@@ -541,7 +547,7 @@ def launch_kernel(fn, grid: tuple, *args, **kw):
         return fn[grid](*args, **kw)
     active = driver.active
     device = active.get_current_device()
-    key = _key(args, kw, device)
+    key = _key(fn, args, kw, device)
     compiled = table.get(key)
     if compiled is None:
         compiled = fn[grid](*args, **kw)
