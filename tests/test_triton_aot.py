@@ -67,18 +67,19 @@ FAMILIES = {
     "rescale_kernel",
 }
 
-# the sm_80 calls (labels of check_kernels.aot_calls), as --only patterns
+# the sm_80 calls (labels of check_kernels.aot_calls), as --only patterns; the two-launch variant's
+# kernel families come from the calls named with "(two launches)"
 SM80_CALLS = (
     r"dssim_l1 reflect K=(11|31) (both grads|no grad)",
     r"ssim_map \+cs reflect K=11 both grads",
-    r"ssim same channels-last",
+    r"ssim same channels-last( \(two launches\))?",
     r"ssim same no grad",
     r"ssim same no grad K=9",
     r"dssim_l1 same no grad K=(9|11)",
     r"ms_ssim same no grad",
-    r"masked dssim_l1 valid K=11 grad x",
-    r"masked dssim_l1 same K=11 grad y, per channel bf16",
-    r"ms_ssim loss float16",
+    r"masked dssim_l1 valid K=11 grad x( \(two launches\))?",
+    r"masked dssim_l1 same K=11 grad y, per channel bf16( \(two launches\))?",
+    r"ms_ssim loss float16( \(two launches\))?",
     r"ms_ssim odd sides, both grads",
     r"ms_ssim no grad",
     r"pyramid step alone",

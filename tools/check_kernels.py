@@ -132,6 +132,21 @@ class Call(NamedTuple):
     layout: str = "contiguous"
 
 
+def two_launches(fn):
+    """``fn`` run with the backward's two lean launches (``splatloss.backends.triton.split.ENABLED``):
+    the variant the GPU check times against the one-launch kernels, compiled and counted beside them."""
+
+    def run(x, y):
+        split = importlib.import_module("splatloss.backends.triton.split")
+        split.ENABLED = True
+        try:
+            return fn(x, y)
+        finally:
+            split.ENABLED = False
+
+    return run
+
+
 def cost_calls() -> Dict[str, Call]:
     """The calls of the cost model (see docs/triton.md)."""
     import torch
@@ -163,6 +178,10 @@ def cost_calls() -> Dict[str, Call]:
         "dssim_l1_fwd_bwd": Call(loss_dssim_l1, COST_SHAPE),
         "ms_ssim_loss_fwd_bwd": Call(loss_ms_ssim, COST_SHAPE),
         "dssim_l1_masked_fwd_bwd": Call(loss_dssim_l1_masked, COST_SHAPE),
+        # the two-launch variant of the one-gradient losses (off by default until a GPU times it)
+        "ssim_loss_fwd_bwd_two_launches": Call(two_launches(loss_ssim), COST_SHAPE),
+        "ms_ssim_loss_fwd_bwd_two_launches": Call(two_launches(loss_ms_ssim), COST_SHAPE),
+        "dssim_l1_masked_fwd_bwd_two_launches": Call(two_launches(loss_dssim_l1_masked), COST_SHAPE),
     }
 
 
@@ -339,21 +358,8 @@ def aot_calls(quick: bool = False) -> Dict[str, Call]:
 
     out["ms_ssim coarse scales, 128 lanes"] = Call(coarse_narrow, (1, 3, 540, 960), grads=(False, False))
 
-    def two_launches(fn):
-        # the backward's two lean launches (splatloss.backends.triton.split.ENABLED), a variant the
-        # GPU check times against the one-launch kernels: compiled and checked beside them
-        def run(x, y):
-            split = importlib.import_module("splatloss.backends.triton.split")
-            split.ENABLED = True
-            try:
-                return fn(x, y)
-            finally:
-                split.ENABLED = False
-
-        return run
-
     lean = [k for k in out if " grad x" in k or " grad y" in k or k.startswith("ms_ssim loss ")]
-    lean += ["1080p ssim_loss_fwd_bwd", "1080p dssim_l1_masked_fwd_bwd"]
+    lean += ["ssim same channels-last", "ssim same hwc render"]  # columns a constant stride apart
     out.update({f"1080p {k}": v for k, v in cost_calls().items()})
     for k in lean:
         c = out[k]

@@ -131,13 +131,10 @@ def _dssim_l1_kernel(
     s_ptr, l1_ptr, out_ptr, t_ptr, B, C, P, lam, n_map, n_img,
     KIND: tl.constexpr, MEAN: tl.constexpr, TERMS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    if MEAN:  # one program: the batch's mean, the images added in order
-        total = 0.0
-        first = tl.program_id(0).to(tl.int64)  # 0: the image index as an int64 tensor
-        for b in range(0, B):
-            loss, _, _ = _image_loss(s_ptr, l1_ptr, first + b, C, P, lam, n_map, n_img, KIND, WIDTH, BLOCK)
-            total += loss
-        tl.store(out_ptr, tl.math.div_rn(total, B.to(tl.float32)))
+    if MEAN:  # one program: the batch's mean as one image of B * C rows (n_map, n_img: the batch's)
+        first = tl.program_id(0).to(tl.int64)  # 0, as an int64 tensor
+        loss, _, _ = _image_loss(s_ptr, l1_ptr, first, B * C, P, lam, n_map, n_img, KIND, WIDTH, BLOCK)
+        tl.store(out_ptr, loss)
     else:  # a program per image
         b = tl.program_id(0).to(tl.int64)
         loss, l1, d = _image_loss(s_ptr, l1_ptr, b, C, P, lam, n_map, n_img, KIND, WIDTH, BLOCK)
@@ -166,6 +163,8 @@ def dssim_l1_loss(
     P = s.numel() // (B * C * width)
     out = torch.empty(() if mean else (B,), dtype=torch.float32, device=s.device)
     block = max(16, min(1024, next_power_of_2(P)))
+    if mean:  # the batch's pixel-channels: its mean is the loss of the batch as one image
+        n_map, n_img = n_map * B, n_img * B
     with device_guard(s):
         launch_kernel(_dssim_l1_kernel, (1 if mean else B,),
             s, l1 if l1 is not None else s, out, terms if terms is not None else out, B, C, P, float(lam),
@@ -274,15 +273,38 @@ def _masked_reduce_kernel(
     LOSS: tl.constexpr, MEAN: tl.constexpr, TERMS: tl.constexpr, HAS_L1: tl.constexpr, WIDTH: tl.constexpr,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
-    if MEAN:  # one program: the batch's mean loss, the images added in order
+    if MEAN:  # one program: the batch's mean loss, the (image, channel) rows in order, an image's
+        # loss formed at its last channel as the per-image programs form it (one loop of rows, as theirs)
         total = 0.0
-        first = tl.program_id(0).to(tl.int64)  # 0: the image index as an int64 tensor
-        for b in range(0, B):
-            loss, _, _ = _masked_image(
-                s_ptr, l1_ptr, z_ptr, zl_ptr, out_ptr, first + b, C, P, sz_b, sz_c, sl_b, sl_c, lam, True,
-                HAS_L1, WIDTH, BLOCK,
-            )  # fmt: skip
-            total += loss
+        sum_means = 0.0
+        sum_l1 = 0.0
+        den = 0.0
+        first = tl.program_id(0).to(tl.int64)  # 0, as an int64 tensor
+        for r in range(0, B * C):
+            b = first + r // C
+            c = r % C
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            acc_l1 = tl.zeros([BLOCK], dtype=tl.float32)
+            for s0 in range(0, P, BLOCK):
+                i = s0 + tl.arange(0, BLOCK)
+                at = ((first + r) * P + i) * WIDTH
+                acc += tl.load(s_ptr + at, mask=i < P, other=0.0)
+                if HAS_L1:
+                    acc_l1 += tl.load(l1_ptr + at, mask=i < P, other=0.0)
+            z = tl.load(z_ptr + b * sz_b + c * sz_c)
+            v = 1.0 - tl.sum(acc, axis=0) * _inverse(z)
+            v = tl.where(v < -1.0, -1.0, tl.where(v > 1.0, 1.0, v))  # NaN stays NaN
+            sum_means += tl.where(z > 0, v, 1.0)
+            loss = lam * (1.0 - tl.math.div_rn(sum_means, C.to(tl.float32)))
+            if HAS_L1:
+                sum_l1 += tl.sum(acc_l1, axis=0)
+                den += tl.load(zl_ptr + b * sl_b + c * sl_c)
+                loss += (1.0 - lam) * _inverse(den) * sum_l1
+            last = c == C - 1
+            total += tl.where(last, loss, 0.0)
+            sum_means = tl.where(last, 0.0, sum_means)
+            sum_l1 = tl.where(last, 0.0, sum_l1)
+            den = tl.where(last, 0.0, den)
         tl.store(out_ptr, tl.math.div_rn(total, B.to(tl.float32)))
     else:
         b = tl.program_id(0).to(tl.int64)

@@ -446,7 +446,7 @@ def ssim_loss(img1: Tensor, img2: Tensor, cfg, dssim: bool = False) -> Tensor:
         >>> x = torch.rand(2, 1, 16, 16, requires_grad=True)  # on CPU: the Triton interpreter
         >>> loss = ssim_loss(x, x.detach(), SSIMConfig(), dssim=True)
         >>> loss.backward()
-        >>> loss.shape, abs(float(loss)) < 1e-6, x.grad.shape
+        >>> loss.shape, abs(loss.item()) < 1e-6, x.grad.shape
         (torch.Size([]), True, torch.Size([2, 1, 16, 16]))
     """
     with functorch_guard():
