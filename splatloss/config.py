@@ -83,6 +83,10 @@ def to_accumulation_dtype(t: torch.Tensor) -> torch.Tensor:
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
 
 
+#: Whether any device's autocast is on (one query; a torch without it asks device by device).
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
 def without_autocast(fn: Callable) -> Callable:
     """``fn`` run with every active ``torch.autocast`` region switched off.
 
@@ -100,6 +104,8 @@ def without_autocast(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if not _any_autocast():  # one query where none is on (a training loop's every call)
+            return fn(*args, **kwargs)
         active = [d for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
         if not active:
             return fn(*args, **kwargs)

@@ -10,7 +10,7 @@ through a scratch row in global memory (written and read back by the same CTA ar
 so it stays in L1), as Triton has no shared-memory API. Windows up to ``launch.COLUMN_TAPS`` taps.
 
 The adjoint: the gradient at input pixel ``q`` gathers, through the window, the partial
-derivatives of every map value that used ``q`` (DESIGN.md): ``g[q] = sum_p P[p] w[q - p + pad]``
+derivatives of every map value that used ``q`` (docs/triton.md, "How they work"): ``g[q] = sum_p P[p] w[q - p + pad]``
 over map positions ``p`` (``P`` is zero off the map), i.e. the partials convolved with the window:
 the column kernels, masked or not, vertically (pending sums, :func:`push_moved`) then
 horizontally (through the scratch row, :func:`hadjoint_moved`); the ring kernels through a ring
