@@ -185,24 +185,6 @@ def geometry(
     maxnreg: int = 128,
     wide_halo: bool = True,
 ) -> Geometry:
-    """:func:`plan_geometry`, cached: a launcher plans on every call, and the geometry follows from
-    these arguments and the module's settings alone (which are part of the cache key)."""
-    cuda = device.type == "cuda" or FORCE_CUDA_GEOMETRY
-    sms = sm_count(device) if cuda else 0
-    steps = tuple(ROW_STEPS)
-    return _plan_geometry(frame, rows, window_size, bc, cuda, sms, halo, maxnreg, wide_halo, CUDA_ROWS, steps)
-
-
-def plan_geometry(
-    frame: int,
-    rows: int,
-    window_size: int,
-    bc: int,
-    device: torch.device,
-    halo: bool = False,
-    maxnreg: int = 128,
-    wide_halo: bool = True,
-) -> Geometry:
     """Geometry for rows of ``frame`` lanes of work (map width, or image width + K - 1 halo).
 
     On CUDA: 128 lanes (64 for windows of 17..31 taps), 128 rows per program; rows of at most
@@ -217,12 +199,14 @@ def plan_geometry(
     Rows per program: ``CUDA_ROWS``, or fewer (:data:`ROW_STEPS`) where that grid would make fewer
     than :data:`FULL_WAVES` waves of the SMs' resident slots (``maxnreg``: the launch's register
     ceiling, which sets how many programs an SM holds).
+
+    Cached: a launcher plans on every call, and the geometry follows from these arguments and the
+    module's settings alone (part of the cache key).
     """
     cuda = device.type == "cuda" or FORCE_CUDA_GEOMETRY
     sms = sm_count(device) if cuda else 0
-    return _plan_geometry.__wrapped__(
-        frame, rows, window_size, bc, cuda, sms, halo, maxnreg, wide_halo, CUDA_ROWS, tuple(ROW_STEPS)
-    )
+    steps = tuple(ROW_STEPS)
+    return _plan_geometry(frame, rows, window_size, bc, cuda, sms, halo, maxnreg, wide_halo, CUDA_ROWS, steps)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -17,9 +17,9 @@ Kernels (column bodies, windows up to ``COLUMN_TAPS``; wider windows take the sh
   to each gradient row's shift, then its horizontal adjoint against each map column's shift
   (:func:`.columns.push_moved`, :func:`.columns.hadjoint_moved`). The upstream at map position
   ``p`` is the channel's scalar times the centre mask at ``p`` (already divided by the channel's
-  weight sum on the host). With one gradient under zero padding the backward runs as two lean
-  launches instead, the masked moments and their adjoint (:mod:`.masked_split`, the same
-  gradients; this kernel is measured beside them on CUDA and runs where they do not apply).
+  weight sum on the host). With one gradient under zero padding the backward can run as two lean
+  launches instead (:data:`.split.ENABLED`, off by default), the masked moments and their adjoint
+  (:mod:`.masked_split`, the same gradients; this kernel runs by default and where they do not apply).
 
 Costs per pixel-channel beyond the unmasked kernels: one more read (the mask, 4 B, or none where
 it broadcasts over channels and stays in cache), a fifth filtered sum and a multiply per tap.
