@@ -115,7 +115,7 @@ def test_a_learning_rate_that_makes_the_gaussians_non_finite_stops_the_run_namin
     assert type(info.value).__name__ == "TrainingDiverged", info.value
     message = str(info.value)
     assert re.fullmatch(
-        r"training diverged at step (\d) of 5: the Gaussians' (\w+, )*log_scales(, \w+)* (is|are) no longer finite "
+        r"training diverged at step (\d) of 5: the Gaussians' (\w+, )*log_scales(, \w+)* (is|are) not finite "
         r"\(NaN or inf\) after the optimizer step; their learning rates: (model\.lr\.\w+=[\d.e+-]+, )*"
         r"model\.lr\.log_scales=1e\+06.*\. Lower them \(model\.lr\.<name>=\.\.\.\); nothing of this run after the "
         r"last finite state was saved",

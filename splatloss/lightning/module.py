@@ -431,7 +431,7 @@ class SplatModule(L.LightningModule):
         total = f" of {int(self.trainer.max_steps)}" if self._trainer is not None else ""
         raise TrainingDiverged(
             f"training diverged at step {step + 1}{total}: the Gaussians' {', '.join(names)} "
-            f"{'is' if len(names) == 1 else 'are'} no longer finite (NaN or inf) after the optimizer step; their "
+            f"{'is' if len(names) == 1 else 'are'} not finite (NaN or inf) after the optimizer step; their "
             f"learning rates: {rates}. Lower them (model.lr.<name>=...); nothing of this run after the last finite "
             "state was saved"
         )
