@@ -59,6 +59,10 @@ def test_refuses_a_bad_shape_and_runs_only_as_a_fresh_process():
         [sys.executable, "tools/host_time.py", "--shape", "1x3x64"], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert proc.returncode == 2 and "--shape must be BxCxHxW" in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "tools/host_time.py", "--shape", "1x3x8x8"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "--shape needs images of at least 11x11" in proc.stderr
     code = "import triton\nfrom tools import host_time\nhost_time.install_stub_driver(None)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode != 0 and "Triton was imported before the stub driver" in proc.stderr

@@ -352,6 +352,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--stub-dir", type=Path, default=None, help="where to build the stub driver")
     args = parser.parse_args(argv)
+    if min(args.shape[2:]) < 11:  # the cases' default window must fit inside "valid" images
+        parser.error(f"--shape needs images of at least 11x11 (the 11-tap window), got {args.shape[2]}x{args.shape[3]}")
     if args.rounds < 1 or args.calls < 1:
         parser.error(f"--rounds and --calls must be at least 1, got {args.rounds} and {args.calls}")
     if args.json is not None and not os.access(args.json.parent if str(args.json.parent) else ".", os.W_OK):
@@ -428,4 +430,8 @@ def _cpu() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # nothing half-written: the JSON is written whole at the end, or not at all
+        print("host_time: interrupted; no results written", file=sys.stderr)
+        sys.exit(130)
