@@ -30,6 +30,7 @@ from .backward import launch_bwd
 from .forward import launch_fwd
 from .glue import (
     backward_from_unit_grads,
+    batch_mean_factor,
     batch_mean_upstream,
     check_inputs,
     fake_grads,
@@ -209,11 +210,7 @@ def _mean_backward(ctx, g, _gx, _gy):
         # each image's upstream as autograd's mean backward forms it: ``g / B``
         return _dssim_l1_bwd_op(g.expand(B) / B, img1, img2, window, *ctx.cfg, need1, need2)
 
-    if g is None or B == 1 or ctx.expect == 1.0:
-        # each image's loss's upstream, ``g / B``, the kept gradients' factor (see the forward)
-        u = None if g is None else g.expand(B) / B
-    else:  # kept for the mean's upstream 1 of ``loss.backward()``: scaled by the mean's upstream
-        u = g.reshape(1).expand(B)
+    u = batch_mean_factor(g, B, ctx.expect)
     return backward_from_unit_grads(ctx, u, 1, recompute, "dssim_l1", n_inputs=10, expect=1.0)
 
 

@@ -223,6 +223,19 @@ def dssim_mean_upstream(img: Tensor) -> float:
     return f32_quotient(-1.0, int(img.shape[0]), int(img.shape[1]))
 
 
+def batch_mean_factor(g: Optional[Tensor], B: int, expect: float) -> Optional[Tensor]:
+    """The per-image factor a batch-mean loss op's backward scales its kept gradients by (``[B]``,
+    with :func:`backward_from_unit_grads` and ``expect=1``): where the forward kept them for each
+    image's upstream ``1 / B`` (eager, float32: ``expect`` is that), the mean's upstream ``g`` as it
+    is; where it kept them for an upstream of 1 per image (``expect == 1``), ``g / B`` as autograd's
+    mean backward forms it (the same for one image)."""
+    if g is None:
+        return None
+    if B == 1 or expect == 1.0:
+        return g.expand(B) / B
+    return g.reshape(1).expand(B)
+
+
 def backward_from_unit_grads(
     ctx, upstream: Optional[Tensor], dims: int, recompute, op: str, n_inputs: int = 9, expect: float = 1.0
 ) -> tuple:
